@@ -1,0 +1,88 @@
+# tokenloop build. `make` builds the library and the binary; `make test` sets up
+# (models, Python test deps) and runs the whole suite; `make run` streams an answer.
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+          -Wno-unused-parameter
+CFLAGS  = -std=c11 $(OPT) -g $(WARN) -D_GNU_SOURCE -Iinclude -Isrc -fPIC -MMD -MP $(SAN)
+LDFLAGS = $(SAN)
+LDLIBS  = -lpcre2-8 -lm -lpthread
+
+LIB_SRC  = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+CLI_SRC  = $(wildcard cli/*.c)
+TEST_SRC = $(wildcard tests/unit/test_*.c)
+TOOL_SRC = $(wildcard tests/tools/*.c)
+
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN = $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TOOL_BIN = $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
+
+# Per-ISA kernel files are the only ones compiled with wider instruction sets;
+# the rest of the binary runs on any x86-64 and picks kernels at run time.
+$(BUILD)/src/cpu/kern_avx2.o:   ISA = -mavx2 -mfma -mf16c
+$(BUILD)/src/cpu/kern_avx512.o: ISA = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+
+.PHONY: all lib test unit run models clean asan format fixtures
+all: $(BUILD)/libtokenloop.a tokenloop $(TEST_BIN) $(TOOL_BIN)
+
+lib: $(BUILD)/libtokenloop.a
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ISA) -c $< -o $@
+
+$(BUILD)/libtokenloop.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+tokenloop: $(BUILD)/tokenloop
+	cp $< $@
+
+$(BUILD)/tokenloop: $(CLI_OBJ) $(BUILD)/libtokenloop.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libtokenloop.a $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libtokenloop.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libtokenloop.a $(LDLIBS)
+
+# Test-only helpers (they may use internal headers), e.g. tensor dumps for the
+# Python checks against the gguf package.
+$(BUILD)/tools/%: $(BUILD)/tests/tools/%.o $(BUILD)/libtokenloop.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libtokenloop.a $(LDLIBS)
+
+# Installs what is missing (Debian packages, Python test deps), fetches models.
+setup:
+	@scripts/setup.sh
+
+models:
+	@scripts/fetch-models.sh
+
+test: setup models all
+	@tests/run.sh $(BUILD)
+
+# The unit tests alone, no models or Python needed.
+unit: all
+	@tests/run.sh $(BUILD) --unit
+
+# The suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" all
+	@TL_ASAN=1 tests/run.sh build-asan
+
+run: setup models all
+	@./tokenloop run -n 96 --chat -p "$${PROMPT:-What is the capital of France? Answer in two sentences.}"
+
+fixtures:
+	@tests/oracle/make_fixtures.sh
+
+format:
+	clang-format -i include/*.h src/*.[ch] src/cpu/*.[ch] cli/*.[ch] tests/unit/*.[ch]
+
+clean:
+	rm -rf $(BUILD) build-asan tokenloop
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/tests/unit/%.d)

@@ -1,0 +1,214 @@
+/* tokenloop: LLM inference in C. The public API.
+ *
+ * Every function that can fail returns a tl_status (0 on success, negative
+ * otherwise) and, when given a tl_error, fills it with a human-readable message.
+ * Nothing here exits or aborts on bad input. Objects are opaque and come in
+ * _new/_load and _free pairs; no global mutable state. */
+#ifndef TOKENLOOP_H
+#define TOKENLOOP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TL_VERSION "0.1.0"
+
+typedef enum tl_status {
+    TL_OK = 0,
+    TL_ERR_IO = -1,          /* file could not be opened, read or mapped */
+    TL_ERR_FORMAT = -2,      /* file is corrupt, truncated or not what it claims */
+    TL_ERR_NOMEM = -3,       /* allocation failed */
+    TL_ERR_ARG = -4,         /* invalid argument from the caller */
+    TL_ERR_UNSUPPORTED = -5, /* valid but not supported (architecture, type, ...) */
+    TL_ERR_CONTEXT_FULL = -6 /* the KV cache has no room for more tokens */
+} tl_status;
+
+typedef struct tl_error {
+    int status;
+    char msg[512];
+} tl_error;
+
+/* ---- models ------------------------------------------------------------- */
+
+/* A loaded GGUF file: mapped weights (if any) and its tokenizer. A
+ * vocabulary-only file loads too; it can tokenize but not run. Immutable after
+ * load, so one model can serve many contexts. */
+typedef struct tl_model tl_model;
+
+int tl_model_load(const char *path, tl_model **out, tl_error *err);
+/* Loads only the header, metadata and tokenizer, not the architecture. */
+int tl_model_load_vocab(const char *path, tl_model **out, tl_error *err);
+void tl_model_free(tl_model *model);
+
+/* Prints a human-readable summary of a GGUF file (architecture,
+ * hyperparameters, tensor types, vocabulary, special tokens, template, size).
+ * Works on any valid GGUF file, including vocabulary-only ones. */
+int tl_gguf_describe(const char *path, FILE *out, tl_error *err);
+
+int tl_model_n_vocab(const tl_model *model);
+int tl_model_n_ctx_train(const tl_model *model);
+int tl_model_can_run(const tl_model *model); /* 1 if it has runnable weights */
+/* The chat template from the file's metadata, or NULL. */
+const char *tl_model_chat_template(const tl_model *model);
+
+/* ---- tokens --------------------------------------------------------------- */
+
+enum {
+    TL_TOK_ADD_BOS = 1,       /* prepend BOS */
+    TL_TOK_PARSE_SPECIAL = 2, /* special-token text (e.g. "<|im_start|>") becomes the token */
+};
+
+/* Tokenizes text[0..len) (any bytes). *ids is allocated; free with tl_free. */
+int tl_tokenize(const tl_model *model, const char *text, size_t len, int flags,
+                int32_t **ids, size_t *n_ids, tl_error *err);
+/* Whether the model's metadata asks for a BOS token on completions. */
+int tl_model_add_bos(const tl_model *model);
+int32_t tl_token_bos(const tl_model *model); /* -1 if none */
+int32_t tl_token_eos(const tl_model *model); /* -1 if none */
+/* End of generation: EOS, EOT and the other end markers (<|im_end|>, ...). */
+int tl_token_is_eog(const tl_model *model, int32_t id);
+/* The bytes a token stands for. Control tokens give their text only if
+ * `special`. Returns the length (may exceed cap; then out holds a prefix). */
+size_t tl_token_piece(const tl_model *model, int32_t id, int special, char *out, size_t cap);
+
+/* Streaming detokenizer: holds back an incomplete UTF-8 sequence until the
+ * next token completes it, so streamed output never splits a character. */
+typedef struct tl_detok {
+    char held[8];
+    int n_held;
+    int special;
+} tl_detok;
+void tl_detok_init(tl_detok *d, int special);
+/* Appends the complete UTF-8 produced by token id to out (NUL-terminated).
+ * Returns the byte count written; cap must be at least 8 + the longest piece. */
+size_t tl_detok_push(tl_detok *d, const tl_model *model, int32_t id, char *out, size_t cap);
+/* Emits whatever is still held (an invalid or truncated sequence, as is). */
+size_t tl_detok_flush(tl_detok *d, char *out, size_t cap);
+
+void tl_free(void *p);
+
+/* ---- contexts: the KV cache and the forward pass ---------------------------- */
+
+typedef struct tl_ctx tl_ctx;
+
+typedef struct tl_ctx_params {
+    int n_ctx;     /* KV cache positions; 0 = min(model's training context, 4096) */
+    int n_threads; /* 0 = all online CPUs */
+    int n_batch;   /* max tokens per forward call; 0 = 512 */
+} tl_ctx_params;
+
+int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
+void tl_ctx_free(tl_ctx *ctx);
+int tl_ctx_n_ctx(const tl_ctx *ctx);
+int tl_ctx_n_past(const tl_ctx *ctx);
+/* Forgets positions >= n_past (0 clears the sequence). */
+int tl_ctx_truncate(tl_ctx *ctx, int n_past, tl_error *err);
+
+/* Appends tokens at positions n_past.. and runs the model over them (in
+ * chunks of n_batch). If all_logits, logits of every token are kept (for
+ * perplexity and scoring); otherwise only of the last. */
+int tl_ctx_eval(tl_ctx *ctx, const int32_t *tokens, size_t n, int all_logits, tl_error *err);
+/* Logits row i of the last eval (i = -1: the last token). NULL if not kept. */
+const float *tl_ctx_logits(const tl_ctx *ctx, int i);
+/* The CPU code path in use, e.g. "avx512-vnni". */
+const char *tl_ctx_backend(const tl_ctx *ctx);
+
+/* ---- sampling -------------------------------------------------------------- */
+
+typedef struct tl_logit_bias {
+    int32_t token;
+    float bias; /* added to the logit; -INFINITY bans the token */
+} tl_logit_bias;
+
+typedef struct tl_sampler_params {
+    float temp;             /* <= 0: greedy argmax of the raw logits */
+    int top_k;              /* <= 0: off */
+    float top_p;            /* >= 1: off */
+    float min_p;            /* <= 0: off */
+    float repeat_penalty;   /* 1: off */
+    float freq_penalty;     /* 0: off */
+    float presence_penalty; /* 0: off */
+    int penalty_last_n;     /* window of previous tokens the penalties see; -1 = whole history */
+    uint64_t seed;          /* TL_SEED_RANDOM draws one from the clock */
+    const tl_logit_bias *logit_bias;
+    int n_logit_bias;
+} tl_sampler_params;
+
+#define TL_SEED_RANDOM UINT64_MAX
+
+/* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalties off. */
+tl_sampler_params tl_sampler_default_params(void);
+
+typedef struct tl_sampler tl_sampler;
+
+typedef struct tl_token_prob {
+    int32_t token;
+    float prob;    /* probability under the model's softmax of the raw logits */
+    float logprob; /* its natural log */
+} tl_token_prob;
+
+int tl_sampler_new(const tl_sampler_params *params, int n_vocab, tl_sampler **out, tl_error *err);
+void tl_sampler_free(tl_sampler *s);
+/* Samples from one row of logits (not modified). If top != NULL, fills up to
+ * n_top most probable tokens of the model's distribution and *chosen with the
+ * sampled token's entry. Returns the token id. */
+int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *chosen,
+                          tl_token_prob *top, int n_top);
+/* Records a token in the penalty history (prompt tokens and generated ones). */
+void tl_sampler_accept(tl_sampler *s, int32_t token);
+void tl_sampler_reset(tl_sampler *s);
+
+/* ---- generation: the loop ----------------------------------------------------- */
+
+typedef enum tl_stop_reason {
+    TL_STOP_NONE = 0,
+    TL_STOP_EOG,        /* end-of-generation token */
+    TL_STOP_STRING,     /* a stop string appeared (not emitted) */
+    TL_STOP_LENGTH,     /* n_predict reached */
+    TL_STOP_CONTEXT,    /* KV cache full */
+    TL_STOP_CALLBACK    /* the callback asked to stop */
+} tl_stop_reason;
+
+typedef struct tl_gen_event {
+    int32_t token;
+    const char *text;  /* text now safe to emit (complete UTF-8, stop strings held back) */
+    size_t text_len;
+    tl_token_prob chosen;
+    const tl_token_prob *top; /* n_top alternatives, most probable first */
+    int n_top;
+} tl_gen_event;
+
+/* Return nonzero to stop. */
+typedef int (*tl_gen_callback)(const tl_gen_event *ev, void *user);
+
+typedef struct tl_gen_params {
+    int n_predict;             /* max new tokens; < 0: until the context is full */
+    const char *const *stop;   /* stop strings */
+    int n_stop;
+    int n_top;                 /* alternatives reported per token (0..20) */
+    tl_gen_callback on_token;
+    void *user;
+} tl_gen_params;
+
+typedef struct tl_gen_stats {
+    int n_prompt;        /* tokens evaluated for the prompt (excluding cached ones) */
+    int n_gen;           /* tokens generated */
+    double prefill_s;    /* time to evaluate the prompt */
+    double ttft_s;       /* from call to first token sampled */
+    double decode_s;     /* time after the first token */
+    tl_stop_reason stop;
+} tl_gen_stats;
+
+/* Appends prompt tokens to the context, then samples and appends until a stop
+ * condition. Text goes to the callback as it becomes final. */
+int tl_generate(tl_ctx *ctx, tl_sampler *sampler, const int32_t *prompt, size_t n_prompt,
+                const tl_gen_params *params, tl_gen_stats *stats, tl_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

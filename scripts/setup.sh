@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need and is missing: a C compiler,
+# make, PCRE2 (Debian packages) and the Python packages the tests check
+# against (gguf, numpy). Idempotent and quiet when everything is there.
+set -euo pipefail
+need_pkgs=()
+command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
+command -v make >/dev/null 2>&1 || need_pkgs+=(make)
+command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
+[ -f /usr/include/pcre2.h ] || need_pkgs+=(libpcre2-dev)
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    echo "setup: installing ${need_pkgs[*]}" >&2
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
+fi
+if ! python3 -c 'import gguf, numpy' >/dev/null 2>&1; then
+    echo "setup: installing Python packages gguf, numpy" >&2
+    python3 -m pip install -q gguf numpy >&2 ||
+        python3 -m pip install -q --break-system-packages gguf numpy >&2
+fi

@@ -1,0 +1,123 @@
+/* quant: the weight formats. Block layouts (byte-identical to GGUF/ggml),
+ * dequantization, quantization of rows, and the scalar reference dot product of
+ * a weight row with an activation row in the format it pairs with. Knows
+ * nothing of threads or SIMD: src/cpu/ builds fast kernels and tests them
+ * against the reference here. */
+#ifndef TL_QUANT_H
+#define TL_QUANT_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Type ids as stored in GGUF tensor infos (ggml_type). */
+typedef enum tl_type {
+    TL_F32 = 0,
+    TL_F16 = 1,
+    TL_Q4_0 = 2,
+    TL_Q4_1 = 3,
+    TL_Q5_0 = 6,
+    TL_Q5_1 = 7,
+    TL_Q8_0 = 8,
+    TL_Q8_1 = 9,
+    TL_Q2_K = 10,
+    TL_Q3_K = 11,
+    TL_Q4_K = 12,
+    TL_Q5_K = 13,
+    TL_Q6_K = 14,
+    TL_Q8_K = 15,
+    TL_BF16 = 30,
+    TL_TYPE_COUNT = 40 /* table size; ids above are rejected */
+} tl_type;
+
+#define QK4_0 32
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define QK8_0 32
+#define QK8_1 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+/* Scales are IEEE half (uint16_t bits) unless said otherwise. */
+typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;               /* x = d*(q-8) */
+typedef struct { uint16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;            /* x = d*q + m */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0; /* x = d*(q-16) */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
+typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;                     /* x = d*q */
+typedef struct { uint16_t d, s; int8_t qs[QK8_1]; } block_q8_1;                  /* s = d*sum(q) */
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* 4-bit scale | 4-bit min per 16 */
+    uint8_t qs[QK_K / 4];
+    uint16_t d, dmin;
+} block_q2_K;
+typedef struct {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;
+} block_q3_K;
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min) */
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+typedef struct {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    uint16_t d;
+} block_q6_K;
+typedef struct {
+    float d;                 /* float, not half */
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16]; /* sums of groups of 16 qs */
+} block_q8_K;
+
+static_assert(sizeof(block_q4_0) == 18, "q4_0");
+static_assert(sizeof(block_q4_1) == 20, "q4_1");
+static_assert(sizeof(block_q5_0) == 22, "q5_0");
+static_assert(sizeof(block_q5_1) == 24, "q5_1");
+static_assert(sizeof(block_q8_0) == 34, "q8_0");
+static_assert(sizeof(block_q8_1) == 36, "q8_1");
+static_assert(sizeof(block_q2_K) == 84, "q2_K");
+static_assert(sizeof(block_q3_K) == 110, "q3_K");
+static_assert(sizeof(block_q4_K) == 144, "q4_K");
+static_assert(sizeof(block_q5_K) == 176, "q5_K");
+static_assert(sizeof(block_q6_K) == 210, "q6_K");
+static_assert(sizeof(block_q8_K) == 292, "q8_K");
+
+typedef struct tl_type_traits {
+    const char *name;   /* "Q4_1" */
+    int64_t block_size; /* elements per block */
+    size_t type_size;   /* bytes per block */
+    int can_dequant;    /* dequantize_row implemented */
+    int can_dot;        /* usable as a matmul weight: has vec_dot_type and a dot */
+    tl_type vec_dot_type; /* the activation format a weight row is multiplied with,
+                           * as in ggml: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1,
+                           * Q8_K for K-quants, F16 for F16, BF16 for BF16, F32 for F32 */
+} tl_type_traits;
+
+/* NULL for an unknown id (type >= TL_TYPE_COUNT or a hole in the table). */
+const tl_type_traits *tl_type_info(uint32_t type);
+
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size
+ * or on overflow. */
+size_t tl_row_size(tl_type type, int64_t n);
+
+/* Row conversions. n must be a multiple of the type's block size.
+ * Return 0, or -1 if the type does not support the operation. */
+int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n);
+int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n);
+
+/* Reference (scalar, plain C) dot of weight row w (type) with activation row a
+ * (in type's vec_dot_type), n elements. The oracle for every SIMD kernel. */
+float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a);
+
+#endif

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs the whole suite: every C unit-test binary, then the Python checks
+# against the oracle fixtures and the gguf package. Each program prints a last
+# line "N passed, N failed"; this sums them and ends with the total.
+# Usage: tests/run.sh BUILD_DIR [--unit]
+set -u
+build=${1:-build}
+unit_only=${2:-}
+cd "$(dirname "$0")/.."
+total_pass=0 total_fail=0 failed_progs=()
+
+run_one() { # name, command...
+    local name=$1; shift
+    echo "== $name"
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | tail -n 40
+    local line p f
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "!! $name printed no summary (rc=$rc)"; p=0; f=1
+    else
+        p=${line%% passed*}; f=${line#*, }; f=${f%% failed*}
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    fi
+    total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
+    [ "$f" -eq 0 ] || failed_progs+=("$name")
+}
+
+for t in "$build"/tests/test_*; do
+    [ -x "$t" ] || continue
+    run_one "$(basename "$t")" "$t"
+done
+
+if [ "$unit_only" != "--unit" ]; then
+    PY=${PYTHON:-python3}
+    [ -x .venv/bin/python ] && PY=.venv/bin/python
+    for t in tests/py/test_*.py; do
+        [ -f "$t" ] || continue
+        run_one "$(basename "$t")" env TL_BIN="$build/tokenloop" "$PY" "$t"
+    done
+fi
+
+echo
+[ ${#failed_progs[@]} -eq 0 ] || echo "failing: ${failed_progs[*]}"
+echo "$total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]
