@@ -61,7 +61,9 @@ setup:
 models:
 	@scripts/fetch-models.sh
 
-test: setup models all
+test:
+	@scripts/setup.sh && scripts/fetch-models.sh
+	@$(MAKE) --no-print-directory all
 	@tests/run.sh $(BUILD)
 
 # The unit tests alone, no models or Python needed.
@@ -73,7 +75,9 @@ asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" all
 	@TL_ASAN=1 tests/run.sh build-asan
 
-run: setup models all
+run:
+	@scripts/setup.sh && scripts/fetch-models.sh
+	@$(MAKE) --no-print-directory all >/dev/null
 	@./tokenloop run -n 96 --chat -p "$${PROMPT:-What is the capital of France? Answer in two sentences.}"
 
 fixtures:
