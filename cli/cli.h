@@ -1,0 +1,37 @@
+/* cli: the tokenloop command line. Shared helpers for the subcommands: option
+ * parsing, error printing, default model lookup. Uses only the public header. */
+#ifndef TL_CLI_H
+#define TL_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenloop.h"
+
+/* Exit codes: 0 success, 1 runtime error, 2 usage error. */
+#define EXIT_USAGE 2
+
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_tl_error(const tl_error *err);
+
+/* Value of option argv[*i] (which needs one); advances *i. NULL + message if missing. */
+const char *cli_value(int argc, char **argv, int *i);
+int cli_int(const char *opt, const char *v, long lo, long hi, int *out);
+int cli_float(const char *opt, const char *v, float *out);
+int cli_u64(const char *opt, const char *v, uint64_t *out);
+
+/* The default model: $TOKENLOOP_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
+ * relative to the current directory or to the binary's directory. */
+const char *cli_default_model(char *buf, size_t cap);
+
+/* Reads a whole file (or stdin for "-") into a malloc'ed buffer. */
+char *cli_read_file(const char *path, size_t *len);
+
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+
+#endif

@@ -1,0 +1,343 @@
+/* cli/tools: tokenize, info, perplexity and logits: the subcommands that
+ * inspect a file or measure a model rather than chat with it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define USAGE_ERR(...) (cli_error(__VA_ARGS__), EXIT_USAGE)
+
+/* ---- tokenize ---- */
+
+static const char TOKENIZE_HELP[] =
+    "usage: tokenloop tokenize -m FILE (-p TEXT | --stdin) [--ids] [--bos] [--no-special]\n"
+    "\n"
+    "  -m, --model FILE  GGUF file (a vocabulary-only file is enough)\n"
+    "  -p, --prompt TEXT the text\n"
+    "      --stdin       read the text from stdin, verbatim (no escape processing)\n"
+    "      --ids         print the ids as one JSON array on one line\n"
+    "      --bos         prepend the BOS token (default: none)\n"
+    "      --no-special  treat special-token text such as <|im_start|> as plain text\n"
+    "\n"
+    "Without --ids, prints one line per token: id and its text.\n";
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL;
+    int from_stdin = 0, ids_only = 0, bos = 0, special = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(TOKENIZE_HELP, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(prompt = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "--stdin")) {
+            from_stdin = 1;
+        } else if (!strcmp(a, "--ids")) {
+            ids_only = 1;
+        } else if (!strcmp(a, "--bos")) {
+            bos = 1;
+        } else if (!strcmp(a, "--no-special")) {
+            special = 0;
+        } else {
+            return USAGE_ERR("unknown option '%s' (try 'tokenloop tokenize --help')", a);
+        }
+    }
+    if (!model) return USAGE_ERR("tokenize needs -m FILE");
+    if (!prompt == !from_stdin) return USAGE_ERR("give exactly one of -p TEXT or --stdin");
+    size_t len;
+    char *owned = NULL;
+    if (from_stdin) {
+        if (!(owned = cli_read_file("-", &len))) return 1;
+        prompt = owned;
+    } else {
+        len = strlen(prompt);
+    }
+    tl_error err = {0};
+    tl_model *m = NULL;
+    if (tl_model_load_vocab(model, &m, &err)) {
+        free(owned);
+        cli_error("%s: %s", model, err.msg);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int flags = (bos ? TL_TOK_ADD_BOS : 0) | (special ? TL_TOK_PARSE_SPECIAL : 0);
+    int rc = tl_tokenize(m, prompt, len, flags, &ids, &n, &err);
+    if (rc) {
+        cli_tl_error(&err);
+    } else if (ids_only) {
+        putchar('[');
+        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+        puts("]");
+    } else {
+        char piece[512];
+        for (size_t i = 0; i < n; i++) {
+            size_t pl = tl_token_piece(m, ids[i], 1, piece, sizeof piece);
+            printf("%6d -> '%.*s'\n", ids[i], (int)(pl < sizeof piece ? pl : sizeof piece), piece);
+        }
+    }
+    tl_free(ids);
+    tl_model_free(m);
+    free(owned);
+    return rc ? 1 : 0;
+}
+
+/* ---- info ---- */
+
+int cmd_info(int argc, char **argv) {
+    const char *model = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            puts("usage: tokenloop info -m FILE\n\nDescribes a GGUF file: architecture, "
+                 "hyperparameters, tensor types, vocabulary,\nspecial tokens, chat template, "
+                 "file size. Corrupt files get an error, exit status 1.");
+            return 0;
+        } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
+            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!model && argv[i][0] != '-') {
+            model = argv[i];
+        } else {
+            return USAGE_ERR("unknown option '%s' (try 'tokenloop info --help')", argv[i]);
+        }
+    }
+    if (!model) return USAGE_ERR("info needs -m FILE");
+    tl_error err = {0};
+    if (tl_gguf_describe(model, stdout, &err)) {
+        fflush(stdout);
+        cli_error("%s: %s", model, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- shared: load a runnable model and a context ---- */
+
+static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, tl_model **m,
+                    tl_ctx **ctx) {
+    char buf[4096];
+    tl_error err = {0};
+    const char *path = model ? model : cli_default_model(buf, sizeof buf);
+    if (tl_model_load(path, m, &err)) {
+        cli_error("%s: %s", path, err.msg);
+        return -1;
+    }
+    tl_ctx_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .n_threads = n_threads};
+    if (tl_ctx_new(*m, &cp, ctx, &err)) {
+        cli_tl_error(&err);
+        tl_model_free(*m);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- perplexity: llama.cpp's protocol (tools/perplexity) ---- */
+
+static const char PPL_HELP[] =
+    "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [-b N] [-t N]\n"
+    "\n"
+    "The text is tokenized whole and cut into non-overlapping chunks of -c tokens;\n"
+    "the first token of each chunk becomes BOS where the model adds one; only the\n"
+    "second half of each chunk is scored. Needs at least 2*c tokens. Prints a running\n"
+    "estimate per chunk and a last line 'Final estimate: PPL = <value> +/- <stderr>'.\n";
+
+/* -log p(tok | logits), with the log-sum-exp in double. */
+static double nll_of(const float *logits, int n_vocab, int32_t tok) {
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - mx));
+    return log(sum) - (double)(logits[tok] - mx);
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *model = NULL, *file = NULL;
+    int n_ctx = 512, n_batch = 0, n_threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(PPL_HELP, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(file = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 8, 1 << 20, &n_ctx)) return EXIT_USAGE;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
+        } else {
+            return USAGE_ERR("unknown option '%s' (try 'tokenloop perplexity --help')", a);
+        }
+    }
+    if (!file) return USAGE_ERR("perplexity needs -f TEXT");
+    size_t len;
+    char *text = cli_read_file(file, &len);
+    if (!text) return 1;
+    tl_model *m;
+    tl_ctx *ctx;
+    if (open_ctx(model, n_ctx, n_batch ? n_batch : n_ctx, n_threads, &m, &ctx)) {
+        free(text);
+        return 1;
+    }
+    tl_error err = {0};
+    int32_t *ids = NULL, *chunk = NULL;
+    size_t n = 0;
+    int rc = 1, add_bos = tl_model_add_bos(m), nv = tl_model_n_vocab(m);
+    if (tl_tokenize(m, text, len, TL_TOK_PARSE_SPECIAL | (add_bos ? TL_TOK_ADD_BOS : 0), &ids, &n, &err)) {
+        cli_tl_error(&err);
+        goto done;
+    }
+    if (n < 2 * (size_t)n_ctx) {
+        cli_error("the text has %zu tokens; perplexity with -c %d needs at least %d", n, n_ctx, 2 * n_ctx);
+        goto done;
+    }
+    size_t n_chunk = n / (size_t)n_ctx;
+    int first = n_ctx / 2;
+    fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d, scoring positions %d..%d\n", n,
+            n_chunk, n_ctx, first, n_ctx - 2);
+    if (!(chunk = malloc((size_t)n_ctx * sizeof *chunk))) {
+        cli_error("out of memory");
+        goto done;
+    }
+    double nll = 0, nll2 = 0;
+    long count = 0;
+    for (size_t c = 0; c < n_chunk; c++) {
+        size_t start = c * (size_t)n_ctx;
+        memcpy(chunk, ids + start, (size_t)n_ctx * sizeof *chunk);
+        if (add_bos) chunk[0] = tl_token_bos(m);
+        if (tl_ctx_truncate(ctx, 0, &err) || tl_ctx_eval(ctx, chunk, (size_t)n_ctx, 1, &err)) {
+            cli_tl_error(&err);
+            goto done;
+        }
+        for (int j = first; j < n_ctx - 1; j++) {
+            double v = nll_of(tl_ctx_logits(ctx, j), nv, ids[start + (size_t)j + 1]);
+            nll += v;
+            nll2 += v * v;
+            count++;
+        }
+        fprintf(stderr, "[%zu]%.4f,", c + 1, exp(nll / (double)count));
+        fflush(stderr);
+    }
+    double mean = nll / (double)count, var = nll2 / (double)count - mean * mean;
+    double ppl = exp(mean);
+    double se = var > 0 && count > 1 ? sqrt(var / (double)(count - 1)) : 0;
+    fprintf(stderr, "\n");
+    printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, se * ppl);
+    rc = 0;
+done:
+    free(chunk);
+    tl_free(ids);
+    tl_ctx_free(ctx);
+    tl_model_free(m);
+    free(text);
+    return rc;
+}
+
+/* ---- logits: raw logits of a token sequence, for comparison with peers ---- */
+
+static int parse_ids(const char *s, int32_t **out, size_t *n) {
+    size_t cap = 64, k = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return -1;
+    while (*s) {
+        if (*s == '[' || *s == ']' || *s == ',' || *s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') {
+            s++;
+            continue;
+        }
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        if (k == cap) {
+            int32_t *ni = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!ni) {
+                free(ids);
+                return -1;
+            }
+            ids = ni;
+        }
+        ids[k++] = (int32_t)v;
+        s = end;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+int cmd_logits(int argc, char **argv) {
+    const char *model = NULL, *ids_file = NULL, *ids_arg = NULL, *outp = NULL;
+    int n_threads = 0, n_batch = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            puts("usage: tokenloop logits -m FILE (--ids-file F.json | --ids 1,2,3) -o OUT.bin "
+                 "[-t N] [-b N]\n\nEvaluates the token ids from an empty cache (in one batched "
+                 "forward call unless -b\nsays otherwise) and writes n_tokens x n_vocab float32 "
+                 "little-endian logits.");
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "--ids-file")) {
+            if (!(ids_file = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "--ids")) {
+            if (!(ids_arg = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "-o")) {
+            if (!(outp = cli_value(argc, argv, &i))) return EXIT_USAGE;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+        } else {
+            return USAGE_ERR("unknown option '%s' (try 'tokenloop logits --help')", a);
+        }
+    }
+    if (!outp || !ids_file == !ids_arg) return USAGE_ERR("logits needs -o OUT and one of --ids-file/--ids");
+    size_t len;
+    char *owned = ids_file ? cli_read_file(ids_file, &len) : NULL;
+    if (ids_file && !owned) return 1;
+    int32_t *ids;
+    size_t n;
+    if (parse_ids(owned ? owned : ids_arg, &ids, &n) || n == 0) {
+        free(owned);
+        return USAGE_ERR("could not parse the token ids (a JSON array of non-negative integers)");
+    }
+    free(owned);
+    tl_model *m;
+    tl_ctx *ctx;
+    int need = (int)n;
+    if (open_ctx(model, need, n_batch ? n_batch : need, n_threads, &m, &ctx)) {
+        free(ids);
+        return 1;
+    }
+    tl_error err = {0};
+    int rc = 1;
+    FILE *f = NULL;
+    if (tl_ctx_eval(ctx, ids, n, 1, &err)) {
+        cli_tl_error(&err);
+    } else if (!(f = fopen(outp, "wb"))) {
+        cli_error("cannot write %s", outp);
+    } else {
+        int nv = tl_model_n_vocab(m);
+        rc = 0;
+        for (size_t i = 0; i < n && !rc; i++)
+            if (fwrite(tl_ctx_logits(ctx, (int)i), sizeof(float), (size_t)nv, f) != (size_t)nv) rc = 1;
+        if (fclose(f) || rc) {
+            cli_error("write to %s failed", outp);
+            rc = 1;
+        }
+    }
+    free(ids);
+    tl_ctx_free(ctx);
+    tl_model_free(m);
+    return rc;
+}

@@ -1,0 +1,161 @@
+/* cli/main: subcommand dispatch, top-level help and the shared helpers. */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const char USAGE[] =
+    "tokenloop " TL_VERSION " - LLM inference in C\n"
+    "\n"
+    "usage: tokenloop COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  run         generate a completion for a prompt, streamed to stdout\n"
+    "  chat        interactive multi-turn chat (reuses the KV cache across turns)\n"
+    "  tokenize    print the token ids of a text\n"
+    "  info        describe a GGUF file (architecture, shapes, types, vocabulary)\n"
+    "  perplexity  perplexity of a text, with llama.cpp's protocol\n"
+    "  logits      write the logits of a token sequence (for testing against peers)\n"
+    "\n"
+    "Run 'tokenloop COMMAND --help' for the options of a command.\n"
+    "Supported: architecture llama; tokenizer gpt2 (byte-level BPE); weights F32, F16,\n"
+    "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.\n";
+
+void cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tokenloop: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void cli_tl_error(const tl_error *err) { cli_error("%s", err->msg[0] ? err->msg : "unknown error"); }
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        cli_error("option %s needs a value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_int(const char *opt, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        cli_error("%s: '%s' is not an integer in %ld..%ld", opt, v, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int cli_float(const char *opt, const char *v, float *out) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end || x != x) {
+        cli_error("%s: '%s' is not a number", opt, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cli_u64(const char *opt, const char *v, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (*v == '-') {
+        cli_error("%s: '%s' must not be negative", opt, v);
+        return -1;
+    }
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end) {
+        cli_error("%s: '%s' is not a non-negative integer", opt, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static const char DEFAULT_MODEL[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+const char *cli_default_model(char *buf, size_t cap) {
+    const char *env = getenv("TOKENLOOP_MODEL");
+    if (env && *env) return env;
+    if (access(DEFAULT_MODEL, R_OK) == 0) return DEFAULT_MODEL;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(buf, cap, "%s/%s", exe, DEFAULT_MODEL);
+            if (access(buf, R_OK) == 0) return buf;
+            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_MODEL);
+            if (access(buf, R_OK) == 0) return buf;
+        }
+    }
+    return DEFAULT_MODEL; /* the open fails with a clear message */
+}
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        cli_error("cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        char *nb = cap > ((size_t)1 << 32) ? NULL : realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        cli_error("cannot read %s", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("tokenloop %s\n", TL_VERSION);
+        return 0;
+    }
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } cmds[] = {{"run", cmd_run},   {"chat", cmd_chat},     {"tokenize", cmd_tokenize},
+                {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (try 'tokenloop --help')", argv[1]);
+    return EXIT_USAGE;
+}

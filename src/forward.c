@@ -1,0 +1,434 @@
+/* forward: the transformer forward pass on the CPU and the context that owns
+ * its state. Numerics follow llama.cpp's CPU backend where it matters for
+ * agreement: activations quantized per row to the weight's partner format,
+ * RMSNorm sums in double, K and V cached as f16, Q rounded to f16 for the
+ * scores, softmax weights rounded to f16 before multiplying V. */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+struct tl_ctx {
+    const tl_model *m;
+    tl_kernels kern;
+    tl_pool *pool;
+    int n_ctx, n_batch, n_past;
+    int q_dim, kv_dim;
+    uint16_t *kc, *vc;  /* [n_layer][n_ctx][kv_dim] f16 */
+    float *x, *xb;      /* [n_batch][d] residual, normed */
+    float *q, *k, *v;   /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
+    uint16_t *q16;      /* [n_batch][q_dim] q rounded to f16 */
+    float *att;         /* [n_batch][q_dim] attention output */
+    float *hb, *hb2;    /* [n_batch][n_ff] */
+    uint8_t *xa;        /* quantized activations: n_batch rows of xa_row bytes */
+    size_t xa_row;
+    float *scores;      /* [n_threads][n_ctx] */
+    float *vacc;        /* [n_threads][head_dim] */
+    float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
+    float *logits;      /* eval output */
+    size_t logits_cap;  /* floats */
+    int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
+};
+
+/* ---------------------------------------------------------------- matmul */
+
+/* Up to three matrices sharing one quantized input (q/k/v, gate/up). */
+typedef struct mm_job {
+    const tl_kernels *k;
+    int n_mat;
+    tl_w w[3];
+    float *y[3];        /* [n_tok][w->ne[1]] */
+    const uint8_t *xa;  /* n_tok rows of xa_row bytes */
+    size_t xa_row;
+    int n_tok;
+} mm_job;
+
+#define MM_ROW_TILE 16
+
+static void mm_worker(void *arg, int ith, int nth) {
+    const mm_job *j = arg;
+    for (int mi = 0; mi < j->n_mat; mi++) {
+        tl_w w = j->w[mi];
+        int64_t rows = w->ne[1], cols = w->ne[0];
+        size_t rb = tl_row_size((tl_type)w->type, cols);
+        tl_vec_dot_fn dot = j->k->vec_dot[w->type];
+        int64_t lo, hi;
+        tl_split(rows, ith, nth, &lo, &hi);
+        /* A tile of weight rows stays in cache while every token passes it. */
+        for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE) {
+            int64_t r1 = r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi;
+            for (int t = 0; t < j->n_tok; t++) {
+                const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
+                float *y = j->y[mi] + (size_t)t * rows;
+                for (int64_t r = r0; r < r1; r++)
+                    y[r] = dot(cols, (const uint8_t *)w->data + (size_t)r * rb, xa);
+            }
+        }
+    }
+}
+
+/* Quantizes n_tok rows of x (width cols, stride cols) into the activation
+ * format of w's type, then y_i = W_i x for each matrix. */
+static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
+    int64_t cols = w[0]->ne[0];
+    tl_type vt = tl_type_info(w[0]->type)->vec_dot_type;
+    size_t row = tl_row_size(vt, cols);
+    tl_quantize_fn qf = c->kern.quantize[vt];
+    for (int t = 0; t < n_tok; t++) qf(x + (size_t)t * cols, c->xa + (size_t)t * row, cols);
+    mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok};
+    for (int i = 0; i < n_mat; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+    }
+    tl_pool_run(c->pool, mm_worker, &j);
+}
+
+/* -------------------------------------------------------- element-wise */
+
+/* RMSNorm as ggml: sum of squares in double, then x*scale, then *weight. */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    float mean = (float)(sum / n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* cos/sin per position and rotary pair, with theta built as ggml builds it:
+ * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
+static void rope_cache(tl_ctx *c, int n_tok) {
+    const tl_hparams *hp = &c->m->hp;
+    float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    for (int t = 0; t < n_tok; t++) {
+        float theta = (float)(c->n_past + t);
+        float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+        for (int i = 0; i < hp->n_rot / 2; i++) {
+            cs[2 * i] = cosf(theta);
+            cs[2 * i + 1] = sinf(theta);
+            theta *= theta_scale;
+        }
+    }
+}
+
+static void rope_apply(const tl_ctx *c, float *v, int n_heads, int t) {
+    const tl_hparams *hp = &c->m->hp;
+    const float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+    int half = hp->n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * hp->head_dim;
+        for (int i = 0; i < half; i++) {
+            /* adjacent pairs (llama); NeoX pairs i with i + n_rot/2 */
+            int a = c->m->arch->rope_neox ? i : 2 * i;
+            int b = c->m->arch->rope_neox ? i + half : 2 * i + 1;
+            float x0 = x[a], x1 = x[b], co = cs[2 * i], si = cs[2 * i + 1];
+            x[a] = x0 * co - x1 * si;
+            x[b] = x0 * si + x1 * co;
+        }
+    }
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ------------------------------------------------------------- attention */
+
+typedef struct att_job {
+    tl_ctx *c;
+    int layer, n_tok;
+} att_job;
+
+/* out += p * v over f16 v, the inner loop of the V product. */
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(int n, float p,
+                                                                     const uint16_t *v,
+                                                                     float *out) {
+    int i = 0;
+    __m256 pp = _mm256_set1_ps(p);
+    for (; i + 8 <= n; i += 8) {
+        __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pp, vv, _mm256_loadu_ps(out + i)));
+    }
+    for (; i < n; i++) out[i] += p * tl_fp16_to_fp32(v[i]);
+}
+#endif
+
+static void axpy_f16(const tl_ctx *c, int n, float p, const uint16_t *v, float *out) {
+#if defined(__x86_64__)
+    if (c->kern.level >= TL_CPU_AVX2) {
+        axpy_f16_avx2(n, p, v, out);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) out[i] += p * tl_fp16_to_fp32(v[i]);
+}
+
+/* One (token, head): scores over all cached positions <= its own, softmax,
+ * weighted sum of V. Keys are visited in position order whatever the batch. */
+static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, pos = c->n_past + t;
+    int kvh = h / (hp->n_head / hp->n_head_kv);
+    const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
+    size_t lstride = (size_t)c->n_ctx * c->kv_dim;
+    const uint16_t *kb = c->kc + (size_t)layer * lstride + (size_t)kvh * hd;
+    const uint16_t *vb = c->vc + (size_t)layer * lstride + (size_t)kvh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+        s[j] = c->kern.dot_f16(hd, kb + (size_t)j * c->kv_dim, q) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    double sum = 0.0;
+    for (int j = 0; j <= pos; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += (double)s[j];
+    }
+    float inv = (float)(1.0 / sum);
+    memset(acc, 0, (size_t)hd * sizeof *acc);
+    for (int j = 0; j <= pos; j++) {
+        /* ggml multiplies V by the weights converted to f16 */
+        float p = tl_fp16_to_fp32(tl_fp32_to_fp16(s[j] * inv));
+        axpy_f16(c, hd, p, vb + (size_t)j * c->kv_dim, acc);
+    }
+    memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc, (size_t)hd * sizeof *acc);
+}
+
+static void att_worker(void *arg, int ith, int nth) {
+    att_job *j = arg;
+    tl_ctx *c = j->c;
+    int nh = c->m->hp.n_head;
+    int64_t lo, hi;
+    tl_split((int64_t)j->n_tok * nh, ith, nth, &lo, &hi);
+    float *s = c->scores + (size_t)ith * c->n_ctx;
+    float *acc = c->vacc + (size_t)ith * c->m->hp.head_dim;
+    for (int64_t i = lo; i < hi; i++) attend(c, j->layer, (int)(i / nh), (int)(i % nh), s, acc);
+}
+
+/* ---------------------------------------------------------------- layers */
+
+static void attention_block(tl_ctx *c, int il, int n) {
+    const tl_hparams *hp = &c->m->hp;
+    const tl_layer *L = &c->m->layers[il];
+    int d = hp->n_embd;
+    for (int t = 0; t < n; t++)
+        rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)t * d, L->attn_norm->data, d, hp->norm_eps);
+    tl_w w[3] = {L->wq, L->wk, L->wv};
+    float *y[3] = {c->q, c->k, c->v};
+    matmul(c, 3, w, y, c->xb, n);
+    size_t lstride = (size_t)c->n_ctx * c->kv_dim;
+    for (int t = 0; t < n; t++) {
+        float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
+        float *v = c->v + (size_t)t * c->kv_dim;
+        rope_apply(c, q, hp->n_head, t);
+        rope_apply(c, k, hp->n_head_kv, t);
+        uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
+        for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
+        size_t at = (size_t)il * lstride + (size_t)(c->n_past + t) * c->kv_dim;
+        for (int i = 0; i < c->kv_dim; i++) {
+            c->kc[at + i] = tl_fp32_to_fp16(k[i]);
+            c->vc[at + i] = tl_fp32_to_fp16(v[i]);
+        }
+    }
+    att_job aj = {c, il, n};
+    tl_pool_run(c->pool, att_worker, &aj);
+    tl_w wo = L->wo;
+    float *o = c->xb; /* reuse: [n][d] */
+    matmul(c, 1, &wo, &o, c->att, n);
+    for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
+}
+
+static void ffn_block(tl_ctx *c, int il, int n) {
+    const tl_hparams *hp = &c->m->hp;
+    const tl_layer *L = &c->m->layers[il];
+    int d = hp->n_embd;
+    for (int t = 0; t < n; t++)
+        rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)t * d, L->ffn_norm->data, d, hp->norm_eps);
+    tl_w w[2] = {L->w_gate, L->w_up};
+    float *y[2] = {c->hb, c->hb2};
+    matmul(c, 2, w, y, c->xb, n);
+    for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+    tl_w wd = L->w_down;
+    float *o = c->xb;
+    matmul(c, 1, &wd, &o, c->hb, n);
+    for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
+}
+
+int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *out,
+               tl_error *err) {
+    const tl_model *m = c->m;
+    const tl_hparams *hp = &m->hp;
+    int d = hp->n_embd;
+    if (n <= 0 || n > c->n_batch || first_logit < 0 || first_logit > n)
+        return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (max %d)", n, c->n_batch);
+    if (c->n_past + n > c->n_ctx)
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %d tokens exceed %d",
+                       c->n_past, n, c->n_ctx);
+    size_t erow = tl_row_size((tl_type)m->tok_embd->type, d);
+    for (int t = 0; t < n; t++) {
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+            return tl_fail(err, TL_ERR_ARG, "token id %d out of range 0..%d", tokens[t],
+                           hp->n_vocab - 1);
+        tl_dequantize_row((tl_type)m->tok_embd->type,
+                          (const uint8_t *)m->tok_embd->data + (size_t)tokens[t] * erow,
+                          c->x + (size_t)t * d, d);
+    }
+    rope_cache(c, n);
+    for (int il = 0; il < hp->n_layer; il++) {
+        attention_block(c, il, n);
+        ffn_block(c, il, n);
+    }
+    c->n_past += n;
+    int nl = n - first_logit;
+    if (nl > 0) {
+        for (int t = 0; t < nl; t++)
+            rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)(first_logit + t) * d,
+                    m->output_norm->data, d, hp->norm_eps);
+        tl_w wo = m->output;
+        matmul(c, 1, &wo, &out, c->xb, nl);
+    }
+    return TL_OK;
+}
+
+/* --------------------------------------------------------------- context */
+
+static void *xcalloc(size_t n, size_t size, int *fail) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) *fail = 1;
+    return p;
+}
+
+int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
+    *out = NULL;
+    if (!m || !m->arch)
+        return tl_fail(err, TL_ERR_ARG, "the model has no weights to run (vocabulary only)");
+    tl_ctx_params p = params ? *params : (tl_ctx_params){0};
+    const tl_hparams *hp = &m->hp;
+    if (p.n_ctx < 0 || p.n_threads < 0 || p.n_batch < 0)
+        return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
+    if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
+    if (p.n_threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = nc > 0 ? (int)nc : 1;
+    }
+    if (p.n_batch == 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    tl_ctx *c = calloc(1, sizeof *c);
+    if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->n_ctx = p.n_ctx;
+    c->n_batch = p.n_batch;
+    c->q_dim = hp->n_head * hp->head_dim;
+    c->kv_dim = hp->n_head_kv * hp->head_dim;
+    tl_kernels_init(&c->kern, tl_cpu_choose());
+    int st = tl_pool_new(p.n_threads, &c->pool, err);
+    if (st) {
+        free(c);
+        return st;
+    }
+    int fail = 0, nb = p.n_batch, nt = p.n_threads;
+    size_t kvn = (size_t)hp->n_layer * (size_t)c->n_ctx * (size_t)c->kv_dim;
+    int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
+    if (hp->n_embd > widest) widest = hp->n_embd;
+    size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
+    c->kc = xcalloc(kvn, sizeof(uint16_t), &fail);
+    c->vc = xcalloc(kvn, sizeof(uint16_t), &fail);
+    c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
+    c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
+    c->q = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
+    c->q16 = xcalloc((size_t)nb * c->q_dim, sizeof(uint16_t), &fail);
+    c->att = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
+    c->k = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
+    c->v = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
+    c->hb = xcalloc((size_t)nb * hp->n_ff, sizeof(float), &fail);
+    c->hb2 = xcalloc((size_t)nb * hp->n_ff, sizeof(float), &fail);
+    c->xa_row = xa_row;
+    c->xa = xcalloc((size_t)nb, xa_row, &fail);
+    c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
+    c->vacc = xcalloc((size_t)nt * hp->head_dim, sizeof(float), &fail);
+    c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    if (fail) {
+        tl_ctx_free(c);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
+    }
+    *out = c;
+    return TL_OK;
+}
+
+void tl_ctx_free(tl_ctx *c) {
+    if (!c) return;
+    tl_pool_free(c->pool);
+    free(c->kc);
+    free(c->vc);
+    free(c->x);
+    free(c->xb);
+    free(c->q);
+    free(c->q16);
+    free(c->att);
+    free(c->k);
+    free(c->v);
+    free(c->hb);
+    free(c->hb2);
+    free(c->xa);
+    free(c->scores);
+    free(c->vacc);
+    free(c->rope_cs);
+    free(c->logits);
+    free(c);
+}
+
+int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
+int tl_ctx_n_past(const tl_ctx *c) { return c->n_past; }
+const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
+const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
+
+int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) {
+    if (n_past < 0 || n_past > c->n_past)
+        return tl_fail(err, TL_ERR_ARG, "cannot truncate to %d (have %d)", n_past, c->n_past);
+    c->n_past = n_past;
+    c->logits_n = 0;
+    return TL_OK;
+}
+
+int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
+    int nv = c->m->hp.n_vocab;
+    c->logits_n = 0;
+    if (n == 0) return TL_OK;
+    if (n > (size_t)(c->n_ctx - c->n_past))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %zu tokens exceed %d",
+                       c->n_past, n, c->n_ctx);
+    size_t rows = all_logits ? n : 1;
+    if (rows * (size_t)nv > c->logits_cap) {
+        float *nl = realloc(c->logits, rows * (size_t)nv * sizeof(float));
+        if (!nl) return tl_fail(err, TL_ERR_NOMEM, "out of memory for logits");
+        c->logits = nl;
+        c->logits_cap = rows * (size_t)nv;
+    }
+    for (size_t done = 0; done < n;) {
+        int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
+        int last = done + (size_t)nb == n;
+        int first = all_logits ? 0 : (last ? nb - 1 : nb);
+        float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
+        int st = tl_forward(c, tokens + done, nb, first, out, err);
+        if (st) return st;
+        done += (size_t)nb;
+    }
+    c->logits_first = all_logits ? 0 : (int)n - 1;
+    c->logits_n = (int)rows;
+    return TL_OK;
+}
+
+const float *tl_ctx_logits(const tl_ctx *c, int i) {
+    if (c->logits_n == 0) return NULL;
+    int total = c->logits_first + c->logits_n;
+    if (i < 0) i = total - 1;
+    if (i < c->logits_first || i >= total) return NULL;
+    return c->logits + (size_t)(i - c->logits_first) * c->m->hp.n_vocab;
+}

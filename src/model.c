@@ -1,0 +1,237 @@
+/* model: loading a GGUF file into a tl_model. The architecture table, reading
+ * hyperparameters from metadata, binding and checking every weight tensor, and
+ * the public accessors that only need the model (tokens, template). */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static const tl_arch_info ARCHS[] = {
+    {"llama", TL_ARCH_LLAMA, 0},
+};
+
+static const tl_arch_info *find_arch(tl_str name) {
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (tl_str_eq(name, ARCHS[i].name)) return &ARCHS[i];
+    return NULL;
+}
+
+/* Reads "<arch>.<key>" as an integer; required keys fail when absent. */
+static int hp_int(const tl_model *m, const char *key, int required, int def, int *out,
+                  tl_error *err) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->arch->name, key);
+    int64_t v;
+    int r = tl_gguf_get_int(m->gguf, full, &v);
+    if (r < 0) return tl_fail(err, TL_ERR_FORMAT, "metadata %s has a non-integer type", full);
+    if (r == 0) {
+        if (required) return tl_fail(err, TL_ERR_FORMAT, "metadata %s is missing", full);
+        v = def;
+    }
+    if (v < 0 || v > (1 << 30))
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s = %lld is out of range", full, (long long)v);
+    *out = (int)v;
+    return TL_OK;
+}
+
+static int hp_float(const tl_model *m, const char *key, int required, double def, float *out,
+                    tl_error *err) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->arch->name, key);
+    double v;
+    int r = tl_gguf_get_float(m->gguf, full, &v);
+    if (r < 0) return tl_fail(err, TL_ERR_FORMAT, "metadata %s has a non-float type", full);
+    if (r == 0) {
+        if (required) return tl_fail(err, TL_ERR_FORMAT, "metadata %s is missing", full);
+        v = def;
+    }
+    if (!(v == v) || v < 0 || v > 1e30)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s = %g is out of range", full, v);
+    *out = (float)v;
+    return TL_OK;
+}
+
+static int read_hparams(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    int st;
+    if ((st = hp_int(m, "embedding_length", 1, 0, &hp->n_embd, err)) ||
+        (st = hp_int(m, "block_count", 1, 0, &hp->n_layer, err)) ||
+        (st = hp_int(m, "attention.head_count", 1, 0, &hp->n_head, err)) ||
+        (st = hp_int(m, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv, err)) ||
+        (st = hp_int(m, "feed_forward_length", 1, 0, &hp->n_ff, err)) ||
+        (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
+        (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
+        (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)))
+        return st;
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->n_ff <= 0 || hp->n_head % hp->n_head_kv != 0)
+        return tl_fail(err, TL_ERR_FORMAT,
+                       "inconsistent hyperparameters: d=%d layers=%d heads=%d kv_heads=%d ff=%d",
+                       hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->n_ff);
+    int def_hd = hp->n_embd / hp->n_head;
+    if ((st = hp_int(m, "attention.key_length", 0, def_hd, &hp->head_dim, err))) return st;
+    int vlen;
+    if ((st = hp_int(m, "attention.value_length", 0, hp->head_dim, &vlen, err))) return st;
+    if (vlen != hp->head_dim || hp->head_dim <= 0 || hp->head_dim % 2)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "head sizes k=%d v=%d not supported",
+                       hp->head_dim, vlen);
+    if ((st = hp_int(m, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err))) return st;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return tl_fail(err, TL_ERR_FORMAT, "rope.dimension_count %d invalid for head size %d",
+                       hp->n_rot, hp->head_dim);
+    return TL_OK;
+}
+
+/* Binds tensor `name` and checks its shape [ne0, ne1] (ne1 = 0: 1-D). */
+static int bind(tl_model *m, const char *name, int64_t ne0, int64_t ne1, int required,
+                int need_dot, tl_w *out, tl_error *err) {
+    const tl_gguf_tensor *t = tl_gguf_find_tensor(m->gguf, name);
+    *out = t;
+    if (!t) {
+        if (!required) return TL_OK;
+        return tl_fail(err, TL_ERR_FORMAT, "tensor %s is missing (architecture %s)", name,
+                       m->arch->name);
+    }
+    int64_t want1 = ne1 ? ne1 : 1;
+    if (t->ne[0] != ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return tl_fail(err, TL_ERR_FORMAT,
+                       "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)ne0, (long long)want1);
+    const tl_type_traits *tt = tl_type_info(t->type);
+    if (!tt || !tt->can_dequant)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor %s has unsupported type %s", name,
+                       tt ? tt->name : "?");
+    if (need_dot && !tt->can_dot)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor %s: type %s cannot be a matmul weight",
+                       name, tt->name);
+    if (!need_dot && ne1 == 0 && t->type != TL_F32)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "norm tensor %s must be F32, is %s", name,
+                       tt->name);
+    return TL_OK;
+}
+
+static int bind_weights(tl_model *m, tl_error *err) {
+    const tl_hparams *hp = &m->hp;
+    int d = hp->n_embd, hd = hp->head_dim, st;
+    const tl_gguf_tensor *emb = tl_gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!emb) return tl_fail(err, TL_ERR_FORMAT, "tensor token_embd.weight is missing");
+    m->hp.n_vocab = (int)emb->ne[1];
+    if ((st = bind(m, "token_embd.weight", d, hp->n_vocab, 1, 0, &m->tok_embd, err)) ||
+        (st = bind(m, "output_norm.weight", d, 0, 1, 0, &m->output_norm, err)) ||
+        (st = bind(m, "output.weight", d, hp->n_vocab, 0, 1, &m->output, err)))
+        return st;
+    if (!m->output) {
+        const tl_type_traits *tt = tl_type_info(m->tok_embd->type);
+        if (!tt->can_dot)
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "tied output: type %s cannot be a matmul weight",
+                           tt->name);
+        m->output = m->tok_embd;
+    }
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < hp->n_layer; i++) {
+        tl_layer *L = &m->layers[i];
+        char n[96];
+#define B(field, nm, a, b, dot)                                                    \
+    snprintf(n, sizeof n, "blk.%d." nm ".weight", i);                              \
+    if ((st = bind(m, n, a, b, 1, dot, &L->field, err))) return st;
+        B(attn_norm, "attn_norm", d, 0, 0)
+        B(wq, "attn_q", d, hp->n_head * hd, 1)
+        B(wk, "attn_k", d, hp->n_head_kv * hd, 1)
+        B(wv, "attn_v", d, hp->n_head_kv * hd, 1)
+        B(wo, "attn_output", hp->n_head * hd, d, 1)
+        B(ffn_norm, "ffn_norm", d, 0, 0)
+        B(w_gate, "ffn_gate", d, hp->n_ff, 1)
+        B(w_up, "ffn_up", d, hp->n_ff, 1)
+        B(w_down, "ffn_down", hp->n_ff, d, 1)
+#undef B
+    }
+    return TL_OK;
+}
+
+static int load_common(const char *path, tl_model **out, tl_error *err) {
+    *out = NULL;
+    tl_model *m = calloc(1, sizeof *m);
+    if (!m) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    int st = tl_gguf_open(path, &m->gguf, err);
+    if (st == TL_OK) st = tl_tokenizer_load(m->gguf, &m->tok, err);
+    if (st == TL_OK) {
+        tl_str tpl;
+        if (tl_gguf_get_str(m->gguf, "tokenizer.chat_template", &tpl) == 1) {
+            m->chat_template = malloc(tpl.len + 1);
+            if (!m->chat_template) st = tl_fail(err, TL_ERR_NOMEM, "out of memory");
+            else {
+                memcpy(m->chat_template, tpl.ptr, tpl.len);
+                m->chat_template[tpl.len] = 0;
+            }
+        }
+    }
+    if (st != TL_OK) {
+        tl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TL_OK;
+}
+
+int tl_model_load_vocab(const char *path, tl_model **out, tl_error *err) {
+    return load_common(path, out, err);
+}
+
+int tl_model_load(const char *path, tl_model **out, tl_error *err) {
+    tl_model *m;
+    int st = load_common(path, &m, err);
+    if (st) return st;
+    tl_str an;
+    int r = tl_gguf_get_str(m->gguf, "general.architecture", &an);
+    if (r != 1) {
+        st = tl_fail(err, TL_ERR_FORMAT, "metadata general.architecture is missing");
+    } else if (!(m->arch = find_arch(an))) {
+        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama)",
+                     (int)(an.len > 64 ? 64 : an.len), an.ptr);
+    } else if (m->gguf->n_tensors == 0) {
+        st = tl_fail(err, TL_ERR_FORMAT, "the file has no tensors (vocabulary only?)");
+    }
+    if (!st) st = read_hparams(m, err);
+    if (!st) st = bind_weights(m, err);
+    if (!st && m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok))
+        st = tl_fail(err, TL_ERR_FORMAT, "output has %d rows but the vocabulary has %d tokens",
+                     m->hp.n_vocab, tl_tokenizer_n_vocab(m->tok));
+    if (st) {
+        tl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return TL_OK;
+}
+
+void tl_model_free(tl_model *m) {
+    if (!m) return;
+    free(m->chat_template);
+    free(m->layers);
+    tl_tokenizer_free(m->tok);
+    tl_gguf_close(m->gguf);
+    free(m);
+}
+
+int tl_model_n_vocab(const tl_model *m) { return tl_tokenizer_n_vocab(m->tok); }
+int tl_model_n_ctx_train(const tl_model *m) { return m->arch ? m->hp.n_ctx_train : 0; }
+int tl_model_can_run(const tl_model *m) { return m->arch != NULL; }
+const char *tl_model_chat_template(const tl_model *m) { return m->chat_template; }
+
+int tl_tokenize(const tl_model *m, const char *text, size_t len, int flags, int32_t **ids,
+                size_t *n_ids, tl_error *err) {
+    return tl_tokenizer_encode(m->tok, text, len, flags, ids, n_ids, err);
+}
+int tl_model_add_bos(const tl_model *m) { return tl_tokenizer_add_bos(m->tok); }
+int32_t tl_token_bos(const tl_model *m) { return tl_tokenizer_bos(m->tok); }
+int32_t tl_token_eos(const tl_model *m) { return tl_tokenizer_eos(m->tok); }
+int tl_token_is_eog(const tl_model *m, int32_t id) { return tl_tokenizer_is_eog(m->tok, id); }
+size_t tl_token_piece(const tl_model *m, int32_t id, int special, char *out, size_t cap) {
+    return tl_tokenizer_piece(m->tok, id, special, out, cap);
+}
+void tl_free(void *p) { free(p); }

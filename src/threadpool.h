@@ -1,0 +1,27 @@
+/* threadpool: a persistent pool of worker threads that run one parallel
+ * function at a time (fork-join). Workers spin briefly, then sleep, so a
+ * forward pass pays no thread creation and little synchronisation. */
+#ifndef TL_THREADPOOL_H
+#define TL_THREADPOOL_H
+
+#include "tokenloop.h"
+
+typedef struct tl_pool tl_pool;
+
+/* fn(arg, ith, nth) is called once by each of nth threads (ith = 0..nth-1). */
+typedef void (*tl_pool_fn)(void *arg, int ith, int nth);
+
+int tl_pool_new(int n_threads, tl_pool **out, tl_error *err);
+void tl_pool_free(tl_pool *p);
+int tl_pool_size(const tl_pool *p);
+/* Runs fn on all threads (the caller is thread 0) and returns when all finished. */
+void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg);
+
+/* The contiguous share [*lo, *hi) of n items for thread ith of nth. */
+static inline void tl_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    int64_t per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+#endif
