@@ -36,7 +36,9 @@ typedef struct tl_str {
 typedef struct tl_gguf_kv {
     tl_str key;
     tl_gguf_type type;
-    const uint8_t *data;   /* the value's bytes in the file (little-endian, unaligned) */
+    const uint8_t *data;   /* the value's bytes in the file (little-endian, unaligned);
+                            * a string: its u64 length, then the bytes; an array:
+                            * its first element */
     /* arrays only: */
     tl_gguf_type arr_type;
     uint64_t arr_n;
