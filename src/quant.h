@@ -115,6 +115,12 @@ size_t tl_row_size(tl_type type, int64_t n);
  * Return 0, or -1 if the type does not support the operation. */
 int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n);
 int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n);
+/* Activation rows (F32, F16, BF16, Q8_0, Q8_1, Q8_K) exactly as llama.cpp's
+ * x86 CPU backend quantizes them for a matmul. Differs from tl_quantize_row
+ * only for Q8_0, whose weight quantizer (ggml's reference, also gguf-py's)
+ * rounds x/d half away from zero where the activation one rounds x*127/amax
+ * half to even. Returns 0, or -1 for other types. */
+int tl_quantize_row_act(tl_type type, const float *src, void *dst, int64_t n);
 
 /* Reference (scalar, plain C) dot of weight row w (type) with activation row a
  * (in type's vec_dot_type), n elements. The oracle for every SIMD kernel. */

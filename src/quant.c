@@ -1,0 +1,876 @@
+/* quant: the type traits table, row dequantization (bit-identical to ggml's
+ * dequantize_row_*), quantization (ggml's reference weight quantizers and the
+ * x86 CPU backend's activation quantizers) and the scalar reference dots.
+ * Pure functions on caller buffers; no allocation, no state. */
+#include "quant.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "util.h"
+
+/* Every float expression here must round exactly like ggml's separately
+ * rounded multiplies and adds (and numpy's, for the gguf package checks);
+ * a fused multiply-add would change the last bit. GCC in ISO C mode already
+ * never contracts; clang needs to be told. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define T(id, nm, bs, ts, dq, dot, vdt) \
+    [id] = {.name = nm, .block_size = bs, .type_size = ts, .can_dequant = dq, .can_dot = dot, .vec_dot_type = vdt}
+
+static const tl_type_traits k_traits[TL_TYPE_COUNT] = {
+    T(TL_F32, "F32", 1, 4, 1, 1, TL_F32),
+    T(TL_F16, "F16", 1, 2, 1, 1, TL_F16),
+    T(TL_BF16, "BF16", 1, 2, 1, 1, TL_BF16),
+    T(TL_Q4_0, "Q4_0", QK4_0, sizeof(block_q4_0), 1, 1, TL_Q8_0),
+    T(TL_Q4_1, "Q4_1", QK4_1, sizeof(block_q4_1), 1, 1, TL_Q8_1),
+    T(TL_Q5_0, "Q5_0", QK5_0, sizeof(block_q5_0), 1, 1, TL_Q8_0),
+    T(TL_Q5_1, "Q5_1", QK5_1, sizeof(block_q5_1), 1, 1, TL_Q8_1),
+    T(TL_Q8_0, "Q8_0", QK8_0, sizeof(block_q8_0), 1, 1, TL_Q8_0),
+    T(TL_Q8_1, "Q8_1", QK8_1, sizeof(block_q8_1), 1, 0, TL_Q8_1),
+    T(TL_Q2_K, "Q2_K", QK_K, sizeof(block_q2_K), 1, 1, TL_Q8_K),
+    T(TL_Q3_K, "Q3_K", QK_K, sizeof(block_q3_K), 1, 1, TL_Q8_K),
+    T(TL_Q4_K, "Q4_K", QK_K, sizeof(block_q4_K), 1, 1, TL_Q8_K),
+    T(TL_Q5_K, "Q5_K", QK_K, sizeof(block_q5_K), 1, 1, TL_Q8_K),
+    T(TL_Q6_K, "Q6_K", QK_K, sizeof(block_q6_K), 1, 1, TL_Q8_K),
+    T(TL_Q8_K, "Q8_K", QK_K, sizeof(block_q8_K), 1, 0, TL_Q8_K),
+};
+#undef T
+
+const tl_type_traits *tl_type_info(uint32_t type) {
+    if (type >= TL_TYPE_COUNT || !k_traits[type].name) return NULL;
+    return &k_traits[type];
+}
+
+size_t tl_row_size(tl_type type, int64_t n) {
+    const tl_type_traits *t = tl_type_info((uint32_t)type);
+    if (!t || n < 0 || n % t->block_size) return 0;
+    uint64_t bytes;
+    if (tl_mul_u64((uint64_t)(n / t->block_size), t->type_size, &bytes) || bytes > SIZE_MAX) return 0;
+    return (size_t)bytes;
+}
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static inline float h2f(uint16_t h) { return tl_fp16_to_fp32(h); }
+static inline uint16_t f2h(float f) { return tl_fp32_to_fp16(f); }
+
+/* ggml's nearest_int: adding 1.5*2^23 leaves the integer in the low mantissa
+ * bits, rounded half to even by the float add itself. Valid for |f| < 2^22. */
+static inline int nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* The 6-bit scale and min of sub-block j in the 12 packed bytes of Q4_K/Q5_K. */
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* The 16 signed 6-bit scales of Q3_K (biased by 32 in storage). */
+static void q3k_scales(const uint8_t *packed, int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* ---- dequantization ------------------------------------------------------------ */
+
+static void dq_q4_0(const block_q4_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = (float)((x[i].qs[j] & 0xF) - 8) * d;
+            y[j + QK4_0 / 2] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void dq_q4_1(const block_q4_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_1) {
+        const float d = h2f(x[i].d), m = h2f(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = (float)(x[i].qs[j] & 0xF) * d + m;
+            y[j + QK4_1 / 2] = (float)(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* The 5-bit quants of a Q5_0/Q5_1 block: low nibbles plus bit j of qh. */
+static void q5_unpack(const uint8_t *qs, const uint8_t qh_bytes[4], int q[32]) {
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+        q[j + 16] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+static void dq_q5_0(const block_q5_0 *x, float *y, int64_t nb) {
+    int q[32];
+    for (int64_t i = 0; i < nb; i++, y += QK5_0) {
+        const float d = h2f(x[i].d);
+        q5_unpack(x[i].qs, x[i].qh, q);
+        for (int j = 0; j < 32; j++) y[j] = (float)(q[j] - 16) * d;
+    }
+}
+
+static void dq_q5_1(const block_q5_1 *x, float *y, int64_t nb) {
+    int q[32];
+    for (int64_t i = 0; i < nb; i++, y += QK5_1) {
+        const float d = h2f(x[i].d), m = h2f(x[i].m);
+        q5_unpack(x[i].qs, x[i].qh, q);
+        for (int j = 0; j < 32; j++) y[j] = (float)q[j] * d + m;
+    }
+}
+
+static void dq_q8_0(const block_q8_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+static void dq_q8_1(const block_q8_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_1) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < QK8_1; j++) y[j] = (float)x[i].qs[j] * d;
+    }
+}
+
+static void dq_q8_K(const block_q8_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K)
+        for (int j = 0; j < QK_K; j++) y[j] = x[i].d * (float)x[i].qs[j];
+}
+
+/* K-quants with 2- and 3-bit fields share one layout of qs: element
+ * 128*h + 32*s + l sits in byte 32*h + l at bit 2*s. Sub-block of 16 = e/16. */
+static inline int q2_field(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static void dq_q2_K(const block_q2_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        for (int s = 0; s < 16; s++) {
+            const float dl = d * (float)(x[i].scales[s] & 0xF);
+            const float ml = dmin * (float)(x[i].scales[s] >> 4);
+            for (int e = 16 * s; e < 16 * s + 16; e++) y[e] = dl * (float)q2_field(x[i].qs, e) - ml;
+        }
+    }
+}
+
+/* Q3_K element e: 2 low bits as in Q2_K; its high bit is bit e/32 of hmask[e%32],
+ * and a clear high bit means "subtract 4". */
+static inline int q3_value(const block_q3_K *b, int e) {
+    int hi = (b->hmask[e % 32] >> (e / 32)) & 1;
+    return q2_field(b->qs, e) - (hi ? 0 : 4);
+}
+
+static void dq_q3_K(const block_q3_K *x, float *y, int64_t nb) {
+    int8_t sc[16];
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = h2f(x[i].d);
+        q3k_scales(x[i].scales, sc);
+        for (int s = 0; s < 16; s++) {
+            const float dl = d * (float)sc[s];
+            for (int e = 16 * s; e < 16 * s + 16; e++) y[e] = dl * (float)q3_value(&x[i], e);
+        }
+    }
+}
+
+/* Q4_K/Q5_K element e: sub-block e/32; nibble of qs[32*(e/64) + e%32], low for
+ * even sub-blocks; Q5_K's fifth bit is bit e/32 of qh[e%32]. */
+static inline int q4k_value(const uint8_t *qs, int e) {
+    uint8_t b = qs[32 * (e / 64) + e % 32];
+    return ((e / 32) & 1) ? b >> 4 : b & 0xF;
+}
+
+static void dq_q4_K(const block_q4_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            scale_min_k4(s, x[i].scales, &sc, &mn);
+            const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+            for (int e = 32 * s; e < 32 * s + 32; e++) y[e] = d1 * (float)q4k_value(x[i].qs, e) - m1;
+        }
+    }
+}
+
+static inline int q5k_value(const block_q5_K *b, int e) {
+    return q4k_value(b->qs, e) + (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+
+static void dq_q5_K(const block_q5_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            scale_min_k4(s, x[i].scales, &sc, &mn);
+            const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+            for (int e = 32 * s; e < 32 * s + 32; e++) y[e] = d1 * (float)q5k_value(&x[i], e) - m1;
+        }
+    }
+}
+
+/* Q6_K element e = 128*h + 32*s + l: low nibble from ql[64*h + l + 32*(s&1)]
+ * (high nibble when s >= 2), two high bits at bit 2*s of qh[32*h + l]. */
+static inline int q6k_value(const block_q6_K *b, int e) {
+    int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    uint8_t lo = b->ql[64 * h + l + 32 * (s & 1)];
+    int v = (s >= 2 ? lo >> 4 : lo & 0xF) | (((b->qh[32 * h + l] >> (2 * s)) & 3) << 4);
+    return v - 32;
+}
+
+static void dq_q6_K(const block_q6_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = h2f(x[i].d);
+        for (int e = 0; e < QK_K; e++) y[e] = d * (float)x[i].scales[e / 16] * (float)q6k_value(&x[i], e);
+    }
+}
+
+int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n) {
+    const tl_type_traits *t = tl_type_info((uint32_t)type);
+    if (!t || !t->can_dequant || n < 0 || n % t->block_size) return -1;
+    const int64_t nb = n / t->block_size;
+    switch (type) {
+    case TL_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case TL_F16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = tl_fp16_to_fp32(h[i]);
+        break;
+    }
+    case TL_BF16: {
+        const uint16_t *h = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = tl_bf16_to_fp32(h[i]);
+        break;
+    }
+    case TL_Q4_0: dq_q4_0(src, dst, nb); break;
+    case TL_Q4_1: dq_q4_1(src, dst, nb); break;
+    case TL_Q5_0: dq_q5_0(src, dst, nb); break;
+    case TL_Q5_1: dq_q5_1(src, dst, nb); break;
+    case TL_Q8_0: dq_q8_0(src, dst, nb); break;
+    case TL_Q8_1: dq_q8_1(src, dst, nb); break;
+    case TL_Q2_K: dq_q2_K(src, dst, nb); break;
+    case TL_Q3_K: dq_q3_K(src, dst, nb); break;
+    case TL_Q4_K: dq_q4_K(src, dst, nb); break;
+    case TL_Q5_K: dq_q5_K(src, dst, nb); break;
+    case TL_Q6_K: dq_q6_K(src, dst, nb); break;
+    case TL_Q8_K: dq_q8_K(src, dst, nb); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+/* ---- quantization: legacy weight formats (ggml's *_ref) --------------------------- */
+
+/* The element of largest magnitude, sign kept (the first one on ties). */
+static float signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
+static void min_max(const float *x, int n, float *mn, float *mx) {
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+static void q_q4_0(const float *x, block_q4_0 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK4_0) {
+        const float d = signed_absmax(x, QK4_0) / -8;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            /* the int8 cast truncates, as ggml's does */
+            int a = imin(15, (int8_t)(x[j] * id + 8.5f));
+            int b = imin(15, (int8_t)(x[j + QK4_0 / 2] * id + 8.5f));
+            y[i].qs[j] = (uint8_t)(a | (b << 4));
+        }
+    }
+}
+
+static void q_q4_1(const float *x, block_q4_1 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK4_1) {
+        float mn, mx;
+        min_max(x, QK4_1, &mn, &mx);
+        const float d = (mx - mn) / 15;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        y[i].m = f2h(mn);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            int a = imin(15, (int8_t)((x[j] - mn) * id + 0.5f));
+            int b = imin(15, (int8_t)((x[j + QK4_1 / 2] - mn) * id + 0.5f));
+            y[i].qs[j] = (uint8_t)(a | (b << 4));
+        }
+    }
+}
+
+/* Packs 32 five-bit quants: low nibbles in qs, fifth bits in qh (bit j). */
+static void q5_pack(const int q[32], uint8_t qs[16], uint8_t qh_bytes[4]) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+        qh |= (uint32_t)((q[j] >> 4) & 1) << j;
+        qh |= (uint32_t)((q[j + 16] >> 4) & 1) << (j + 16);
+    }
+    memcpy(qh_bytes, &qh, 4);
+}
+
+static void q_q5_0(const float *x, block_q5_0 *y, int64_t nb) {
+    int q[32];
+    for (int64_t i = 0; i < nb; i++, x += QK5_0) {
+        const float d = signed_absmax(x, QK5_0) / -16;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        for (int j = 0; j < 32; j++) q[j] = (uint8_t)imin(31, (int8_t)(x[j] * id + 16.5f));
+        q5_pack(q, y[i].qs, y[i].qh);
+    }
+}
+
+static void q_q5_1(const float *x, block_q5_1 *y, int64_t nb) {
+    int q[32];
+    for (int64_t i = 0; i < nb; i++, x += QK5_1) {
+        float mn, mx;
+        min_max(x, QK5_1, &mn, &mx);
+        const float d = (mx - mn) / 31;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        y[i].m = f2h(mn);
+        for (int j = 0; j < 32; j++) q[j] = (uint8_t)((x[j] - mn) * id + 0.5f);
+        q5_pack(q, y[i].qs, y[i].qh);
+    }
+}
+
+static float absmax(const float *x, int n) {
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]);
+    return amax;
+}
+
+/* Weight Q8_0 (llama-quantize, gguf-py): d = amax/127, q = roundf(x / d). */
+static void q_q8_0_ref(const float *x, block_q8_0 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        const float d = absmax(x, QK8_0) / 127;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f2h(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+/* ---- quantization: activation formats, as the x86 CPU backend does them ----------- */
+
+/* x86 AVX Q8_0/Q8_1: multiplier 127/amax (not 1/d) and round half to even. */
+static int act_q8_block(const float *x, int8_t *qs, float *d_out) {
+    const float amax = absmax(x, 32);
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        float r = rintf(x[j] * id); /* default rounding mode: half to even */
+        int v = r > 127.f ? 127 : r < -128.f ? -128 : (int)r;
+        qs[j] = (int8_t)v;
+        sum += v;
+    }
+    *d_out = amax / 127.f;
+    return sum;
+}
+
+static void act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        float d;
+        act_q8_block(x, y[i].qs, &d);
+        y[i].d = f2h(d);
+    }
+}
+
+static void act_q8_1(const float *x, block_q8_1 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_1) {
+        float d;
+        int sum = act_q8_block(x, y[i].qs, &d);
+        y[i].d = f2h(d);
+        y[i].s = f2h(d * (float)sum);
+    }
+}
+
+/* Q8_K: x86 uses the reference; d is a float, multiplier -127/max. */
+static void act_q8_K(const float *x, block_q8_K *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        const float max = signed_absmax(x, QK_K);
+        memset(&y[i], 0, sizeof y[i]);
+        if (max == 0.0f) continue;
+        const float iscale = -127.f / max;
+        for (int j = 0; j < QK_K; j++) y[i].qs[j] = (int8_t)imin(127, nearest_int(iscale * x[j]));
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+int tl_quantize_row_act(tl_type type, const float *src, void *dst, int64_t n) {
+    const tl_type_traits *t = tl_type_info((uint32_t)type);
+    if (!t || n < 0 || n % t->block_size) return -1;
+    const int64_t nb = n / t->block_size;
+    switch (type) {
+    case TL_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case TL_F16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = tl_fp32_to_fp16(src[i]);
+        break;
+    }
+    case TL_BF16: {
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n; i++) h[i] = tl_fp32_to_bf16(src[i]);
+        break;
+    }
+    case TL_Q8_0: act_q8_0(src, dst, nb); break;
+    case TL_Q8_1: act_q8_1(src, dst, nb); break;
+    case TL_Q8_K: act_q8_K(src, dst, nb); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+/* ---- quantization: K-quant weight formats (ggml's *_ref, no importance matrix) ---- */
+
+/* Asymmetric fit of n values to 0..nmax with a scale and a min (ggml's
+ * make_qkx2_quants): starts from the min/max grid, then tries nstep+1 grid
+ * stretches and keeps the weighted least-squares fit with least error.
+ * Returns the scale; *neg_min gets -min (>= 0). */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                           float rmin, float rdelta, int nstep) {
+    uint8_t Laux[32];
+    float mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (mn > 0) mn = 0;
+    if (mx == mn) {
+        memset(L, 0, (size_t)n);
+        *neg_min = -mn;
+        return 0.f;
+    }
+    float iscale = nmax / (mx - mn), scale = 1 / iscale, best_err = 0;
+    for (int i = 0; i < n; i++) {
+        L[i] = (uint8_t)imax(0, imin(nmax, nearest_int(iscale * (x[i] - mn))));
+        float diff = scale * L[i] + mn - x[i];
+        best_err += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (mx - mn);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = imax(0, imin(nmax, nearest_int(iscale * (x[i] - mn))));
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (!(D > 0)) continue;
+        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (this_min > 0) {
+            this_min = 0;
+            this_scale = sum_xl / sum_l2;
+        }
+        float err = 0;
+        for (int i = 0; i < n; i++) {
+            float diff = this_scale * Laux[i] + this_min - x[i];
+            err += w[i] * (diff * diff);
+        }
+        if (err < best_err) {
+            memcpy(L, Laux, (size_t)n);
+            best_err = err;
+            scale = this_scale;
+            mn = this_min;
+        }
+    }
+    *neg_min = -mn;
+    return scale;
+}
+
+/* Symmetric fit of n values to -nmax..nmax-1 (ggml's make_qx_quants with
+ * rmse_type 1, no weights): tries 19 grid stretches around nmax/max and keeps
+ * the best x^2-weighted least-squares scale. L gets the quants + nmax. */
+static float fit_scale_sym(int n, int nmax, const float *x, int8_t *L) {
+    float max = signed_absmax(x, n);
+    if (fabsf(max) < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[i])));
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[i])));
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++)
+                L[i] = (int8_t)(nmax + imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[i]))));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Packs 8 six-bit scales and mins into Q4_K/Q5_K's 12 bytes. */
+static void pack_scale_min_k4(const uint8_t ls[8], const uint8_t lm[8], uint8_t out[12]) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            out[j] = ls[j];
+            out[j + 4] = lm[j];
+        } else {
+            out[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            out[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            out[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
+/* Q4_K and Q5_K share the scheme: per 32 values an asymmetric fit weighted by
+ * rms + |x|, the 8 scales and mins re-quantized to 6 bits against the block's
+ * largest, then the values re-fitted to the rounded scales. Fills L with the
+ * quants (0..nmax) and the scale fields; the caller packs L. */
+static void qk_fit_block(const float *x, int nmax, float rmin, int nstep, uint8_t L[QK_K], uint16_t *d_out,
+                         uint16_t *dmin_out, uint8_t packed[12]) {
+    uint8_t ls[8], lm[8];
+    float w[32], mins[8], scales[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        scales[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < 8; j++) {
+        /* the uint8 truncation before the clamp is ggml's */
+        ls[j] = (uint8_t)imin(63, (uint8_t)nearest_int(inv_scale * scales[j]));
+        lm[j] = (uint8_t)imin(63, (uint8_t)nearest_int(inv_min * mins[j]));
+    }
+    memset(packed, 0, 12);
+    pack_scale_min_k4(ls, lm, packed);
+    *d_out = f2h(max_scale / 63.f);
+    *dmin_out = f2h(max_min / 63.f);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        scale_min_k4(j, packed, &sc, &mn);
+        const float d = h2f(*d_out) * sc;
+        if (d == 0.0f) continue;
+        const float dm = h2f(*dmin_out) * mn;
+        for (int l = 0; l < 32; l++)
+            L[32 * j + l] = (uint8_t)imax(0, imin(nmax, nearest_int((x[32 * j + l] + dm) / d)));
+    }
+}
+
+static void q_q4_K(const float *x, block_q4_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        qk_fit_block(x, 15, -1.f, 20, L, &y[i].d, &y[i].dmin, y[i].scales);
+        for (int j = 0; j < QK_K; j += 64)
+            for (int l = 0; l < 32; l++) y[i].qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+    }
+}
+
+static void q_q5_K(const float *x, block_q5_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        qk_fit_block(x, 31, -0.5f, 15, L, &y[i].d, &y[i].dmin, y[i].scales);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int j = 0; j < QK_K; j += 64) {
+            for (int l = 0; l < 32; l++) {
+                int lo = L[j + l], hi = L[j + l + 32];
+                y[i].qh[l] |= (uint8_t)(((lo >> 4) << (j / 32)) | ((hi >> 4) << (j / 32 + 1)));
+                y[i].qs[j / 2 + l] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+            }
+        }
+    }
+}
+
+static void q_q6_K(const float *x, block_q6_K *y, int64_t nb) {
+    int8_t L[QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float max_scale = 0, max_abs = 0;
+        for (int s = 0; s < 16; s++) {
+            scales[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
+            if (fabsf(scales[s]) > max_abs) {
+                max_abs = fabsf(scales[s]);
+                max_scale = scales[s];
+            }
+        }
+        memset(&y[i], 0, sizeof y[i]);
+        if (max_abs < 1e-15f) continue; /* all zero: d = 0 */
+        const float iscale = -128.f / max_scale;
+        y[i].d = f2h(1 / iscale);
+        for (int s = 0; s < 16; s++) y[i].scales[s] = (int8_t)imin(127, nearest_int(iscale * scales[s]));
+        for (int s = 0; s < 16; s++) {
+            const float d = h2f(y[i].d) * y[i].scales[s];
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; l++)
+                L[16 * s + l] = (int8_t)(imax(-32, imin(31, nearest_int(x[16 * s + l] / d))) + 32);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int8_t *Lh = L + 128 * h;
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+                ql[l + 32] = (uint8_t)((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+                qh[l] = (uint8_t)((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) |
+                                  ((Lh[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n) {
+    const tl_type_traits *t = tl_type_info((uint32_t)type);
+    if (!t || n < 0 || n % t->block_size) return -1;
+    const int64_t nb = n / t->block_size;
+    switch (type) {
+    case TL_Q4_0: q_q4_0(src, dst, nb); return 0;
+    case TL_Q4_1: q_q4_1(src, dst, nb); return 0;
+    case TL_Q5_0: q_q5_0(src, dst, nb); return 0;
+    case TL_Q5_1: q_q5_1(src, dst, nb); return 0;
+    case TL_Q8_0: q_q8_0_ref(src, dst, nb); return 0;
+    case TL_Q4_K: q_q4_K(src, dst, nb); return 0;
+    case TL_Q5_K: q_q5_K(src, dst, nb); return 0;
+    case TL_Q6_K: q_q6_K(src, dst, nb); return 0;
+    default: return tl_quantize_row_act(type, src, dst, n);
+    }
+}
+
+/* ---- reference dot products ------------------------------------------------------ */
+
+/* Float formats: products rounded to float, summed in double, in order. */
+static float dot_f32(int64_t n, const float *x, const float *y) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)(x[i] * y[i]);
+    return (float)s;
+}
+
+static float dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)(tl_fp16_to_fp32(x[i]) * tl_fp16_to_fp32(y[i]));
+    return (float)s;
+}
+
+static float dot_bf16(int64_t n, const uint16_t *x, const uint16_t *y) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)(tl_bf16_to_fp32(x[i]) * tl_bf16_to_fp32(y[i]));
+    return (float)s;
+}
+
+static float dot_q4_0(int64_t nb, const block_q4_0 *x, const block_q8_0 *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        s += (float)sumi * h2f(x[i].d) * h2f(y[i].d);
+    }
+    return s;
+}
+
+static float dot_q4_1(int64_t nb, const block_q4_1 *x, const block_q8_1 *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += (x[i].qs[j] & 0xF) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi + h2f(x[i].m) * h2f(y[i].s);
+    }
+    return s;
+}
+
+static float dot_q5_0(int64_t nb, const block_q5_0 *x, const block_q8_0 *y) {
+    float s = 0;
+    int q[32];
+    for (int64_t i = 0; i < nb; i++) {
+        q5_unpack(x[i].qs, x[i].qh, q);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += (q[j] - 16) * y[i].qs[j];
+        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi;
+    }
+    return s;
+}
+
+static float dot_q5_1(int64_t nb, const block_q5_1 *x, const block_q8_1 *y) {
+    float s = 0;
+    int q[32];
+    for (int64_t i = 0; i < nb; i++) {
+        q5_unpack(x[i].qs, x[i].qh, q);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += q[j] * y[i].qs[j];
+        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi + h2f(x[i].m) * h2f(y[i].s);
+    }
+    return s;
+}
+
+static float dot_q8_0(int64_t nb, const block_q8_0 *x, const block_q8_0 *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        s += (float)sumi * (h2f(x[i].d) * h2f(y[i].d));
+    }
+    return s;
+}
+
+/* The K-quant dots: per super-block an integer sum of scale * (q . q8) and,
+ * for the formats with mins, of min * bsum; one float update per block. */
+static float dot_q2_K(int64_t nb, const block_q2_K *x, const block_q8_K *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0, summs = 0;
+        for (int g = 0; g < 16; g++) {
+            int sub = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) sub += y[i].qs[e] * q2_field(x[i].qs, e);
+            isum += (x[i].scales[g] & 0xF) * sub;
+            summs += y[i].bsums[g] * (x[i].scales[g] >> 4);
+        }
+        const float dall = y[i].d * h2f(x[i].d), dmin = y[i].d * h2f(x[i].dmin);
+        s += dall * (float)isum - dmin * (float)summs;
+    }
+    return s;
+}
+
+static float dot_q3_K(int64_t nb, const block_q3_K *x, const block_q8_K *y) {
+    float s = 0;
+    int8_t sc[16];
+    for (int64_t i = 0; i < nb; i++) {
+        q3k_scales(x[i].scales, sc);
+        int isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int sub = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) sub += y[i].qs[e] * q3_value(&x[i], e);
+            isum += sc[g] * sub;
+        }
+        s += h2f(x[i].d) * y[i].d * (float)isum;
+    }
+    return s;
+}
+
+static float dot_q4_K(int64_t nb, const block_q4_K *x, const block_q8_K *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0, summs = 0;
+        for (int g = 0; g < 8; g++) {
+            uint8_t sc, mn;
+            scale_min_k4(g, x[i].scales, &sc, &mn);
+            int sub = 0;
+            for (int e = 32 * g; e < 32 * g + 32; e++) sub += y[i].qs[e] * q4k_value(x[i].qs, e);
+            isum += sc * sub;
+            summs += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+        }
+        const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
+        s += d * (float)isum - dmin * (float)summs;
+    }
+    return s;
+}
+
+static float dot_q5_K(int64_t nb, const block_q5_K *x, const block_q8_K *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0, summs = 0;
+        for (int g = 0; g < 8; g++) {
+            uint8_t sc, mn;
+            scale_min_k4(g, x[i].scales, &sc, &mn);
+            int sub = 0;
+            for (int e = 32 * g; e < 32 * g + 32; e++) sub += y[i].qs[e] * q5k_value(&x[i], e);
+            isum += sc * sub;
+            summs += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+        }
+        const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
+        s += d * (float)isum - dmin * (float)summs;
+    }
+    return s;
+}
+
+static float dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_K *y) {
+    float s = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        int isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int sub = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) sub += y[i].qs[e] * q6k_value(&x[i], e);
+            isum += x[i].scales[g] * sub;
+        }
+        s += h2f(x[i].d) * y[i].d * (float)isum;
+    }
+    return s;
+}
+
+float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
+    const tl_type_traits *t = tl_type_info((uint32_t)type);
+    if (!t || !t->can_dot || n < 0 || n % t->block_size) return NAN;
+    const int64_t nb = n / t->block_size;
+    switch (type) {
+    case TL_F32: return dot_f32(n, w, a);
+    case TL_F16: return dot_f16(n, w, a);
+    case TL_BF16: return dot_bf16(n, w, a);
+    case TL_Q4_0: return dot_q4_0(nb, w, a);
+    case TL_Q4_1: return dot_q4_1(nb, w, a);
+    case TL_Q5_0: return dot_q5_0(nb, w, a);
+    case TL_Q5_1: return dot_q5_1(nb, w, a);
+    case TL_Q8_0: return dot_q8_0(nb, w, a);
+    case TL_Q2_K: return dot_q2_K(nb, w, a);
+    case TL_Q3_K: return dot_q3_K(nb, w, a);
+    case TL_Q4_K: return dot_q4_K(nb, w, a);
+    case TL_Q5_K: return dot_q5_K(nb, w, a);
+    case TL_Q6_K: return dot_q6_K(nb, w, a);
+    default: return NAN;
+    }
+}
