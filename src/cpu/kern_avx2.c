@@ -1,0 +1,422 @@
+/* cpu/kern_avx2: the AVX2 + FMA + F16C kernels: quantized weight-row x activation-row
+ * dots (integer dot per block, scaled per block in float as ggml does) and the
+ * activation quantizers, bit-identical to the scalar references in quant.c. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static inline float hsum_f8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_i8x32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15 of a
+ * 32-block), then high nibbles (elements 16..31), as the Q4/Q5 layouts store them. */
+static inline __m256i nibbles32(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j). */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                         2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u), sel);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* u (0..128) x s (-127..127) bytes -> 8 exact int32 partial sums (no int16
+ * saturation: 2*128*127 < 32768). */
+static inline __m256i dot_us8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Signed x signed via |x| and sign(x)*y; exact while y != -128 (activations are
+ * quantized to -127..127). */
+static inline __m256i dot_ss8(__m256i x, __m256i y) {
+    return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* ---- Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 ------------------------------------------------ */
+
+/* Each sums_* gives one 32-block's integer dot as 8 float lanes (exact partial sums). */
+static inline __m256 sums_q4_0(const block_q4_0 *x, const block_q8_0 *y) {
+    const __m256i qx = _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8));
+    return _mm256_cvtepi32_ps(dot_ss8(qx, load32(y->qs)));
+}
+
+static inline __m256 sums_q4_1(const block_q4_1 *x, const block_q8_1 *y) {
+    return _mm256_cvtepi32_ps(dot_us8(nibbles32(x->qs), load32(y->qs)));
+}
+
+/* q - 16 as a signed byte: the nibble where the 5th bit is set, nibble | 0xF0 where not. */
+static inline __m256 sums_q5_0(const block_q5_0 *x, const block_q8_0 *y) {
+    const __m256i hi = _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0));
+    const __m256i qx = _mm256_or_si256(nibbles32(x->qs), hi);
+    return _mm256_cvtepi32_ps(dot_ss8(qx, load32(y->qs)));
+}
+
+static inline __m256 sums_q5_1(const block_q5_1 *x, const block_q8_1 *y) {
+    const __m256i hi = _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10));
+    const __m256i qx = _mm256_or_si256(nibbles32(x->qs), hi);
+    return _mm256_cvtepi32_ps(dot_us8(qx, load32(y->qs)));
+}
+
+static inline __m256 sums_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
+    return _mm256_cvtepi32_ps(dot_ss8(load32(x->qs), load32(y->qs)));
+}
+
+/* The half-float pairs at offset 0 of 4 consecutive blocks (d and m, or d and s)
+ * -> [a0, b0, a1, b1, a2, b2, a3, b3]. Without pair the b are zeroed: those bytes
+ * are quants, and random halves may be subnormals that slow the multiply. */
+static inline __m256 halves4(const void *p, size_t stride, int pair) {
+    const uint8_t *b = p;
+    uint32_t u[4];
+    for (int k = 0; k < 4; k++) memcpy(&u[k], b + (size_t)k * stride, 4);
+    __m128i v = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+    if (!pair) v = _mm_and_si128(v, _mm_set1_epi32(0xFFFF));
+    return _mm256_cvtph_ps(v);
+}
+
+static inline __m256 lane(__m256 v, int k) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k)); }
+
+/* Four blocks per step into four accumulators (hiding the FMA latency), their
+ * scales converted together: lanes 2k of sc are d_w*d_a of block k, lanes 2k+1
+ * m_w*s_a (the Q4_1/Q5_1 term for x = d*q + m, BIASED). The tail goes block by
+ * block into the first accumulator: the summation order depends on n alone. */
+#define DOT_32(NAME, WT, AT, SUMS, BIASED)                                                 \
+    static float NAME(int64_t n, const void *vw, const void *va) {                        \
+        const WT *x = vw;                                                                 \
+        const AT *y = va;                                                                 \
+        const int64_t nb = n / 32;                                                        \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, bv = a0;              \
+        int64_t i = 0;                                                                    \
+        for (; i + 4 <= nb; i += 4) {                                                     \
+            const __m256 sc = _mm256_mul_ps(halves4(x + i, sizeof *x, BIASED),            \
+                                            halves4(y + i, sizeof *y, BIASED));           \
+            a0 = _mm256_fmadd_ps(lane(sc, 0), SUMS(x + i, y + i), a0);                    \
+            a1 = _mm256_fmadd_ps(lane(sc, 2), SUMS(x + i + 1, y + i + 1), a1);            \
+            a2 = _mm256_fmadd_ps(lane(sc, 4), SUMS(x + i + 2, y + i + 2), a2);            \
+            a3 = _mm256_fmadd_ps(lane(sc, 6), SUMS(x + i + 3, y + i + 3), a3);            \
+            if (BIASED) bv = _mm256_add_ps(bv, sc);                                       \
+        }                                                                                 \
+        float tail = 0.0f;                                                                \
+        for (; i < nb; i++) {                                                             \
+            const float d = h2f(x[i].d) * h2f(y[i].d);                                    \
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(d), SUMS(x + i, y + i), a0);              \
+            if (BIASED) tail += h2f(((const uint16_t *)&x[i])[1]) * h2f(((const uint16_t *)&y[i])[1]); \
+        }                                                                                 \
+        float s = hsum_f8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));   \
+        if (BIASED) s += hsum_f8(_mm256_blend_ps(_mm256_setzero_ps(), bv, 0xAA)) + tail;  \
+        return s;                                                                         \
+    }
+
+DOT_32(dot_q4_0, block_q4_0, block_q8_0, sums_q4_0, 0)
+DOT_32(dot_q4_1, block_q4_1, block_q8_1, sums_q4_1, 1)
+DOT_32(dot_q5_0, block_q5_0, block_q8_0, sums_q5_0, 0)
+DOT_32(dot_q5_1, block_q5_1, block_q8_1, sums_q5_1, 1)
+DOT_32(dot_q8_0, block_q8_0, block_q8_0, sums_q8_0, 0)
+
+/* ---- K-quants against Q8_K: one 256-superblock per step ----------------------------- */
+
+/* The 12 packed bytes -> 16 int16: the 8 six-bit scales, then the 8 six-bit mins
+ * (Q4_K/Q5_K). */
+static inline __m128i k_scales(const uint8_t *p) {
+    uint32_t a, b, c;
+    memcpy(&a, p, 4);
+    memcpy(&b, p + 4, 4);
+    memcpy(&c, p + 8, 4);
+    const uint32_t s_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)(a & 0x3f3f3f3fu), (int)s_hi, (int)(b & 0x3f3f3f3fu), (int)m_hi);
+}
+
+/* sum over the 8 sub-blocks of 32 of min * (sum of their activation quants);
+ * mins: 8 int16. */
+static inline int k_min_dot(__m128i mins, const int16_t *bsums) {
+    const __m128i b = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    const __m128i p = _mm_madd_epi16(b, mins);
+    __m128i s = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* u (0..63) x q8 bytes, times int16 scale number s of sc (both lanes hold the
+ * 8 scales) for all 32 -> 8 int32. */
+static inline __m256i scaled_dot32(__m256i u, __m256i q8, __m256i sc, int s) {
+    const __m256i pick = _mm256_set1_epi16((short)(0x0100 + 0x0202 * s));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q8), _mm256_shuffle_epi8(sc, pick));
+}
+
+/* 64 elements of a Q4_K/Q5_K superblock: sub-blocks 2j (low nibbles) and 2j+1
+ * (high nibbles), with their 5th bits from qh bits 2j and 2j+1 when qh is given.
+ * Called with literal j so the shuffle and mask constants fold. */
+static inline __m256i k_chunk64(const uint8_t *qs, const uint8_t *qh, const int8_t *q8, __m256i sc, int j) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i q = load32(qs + 32 * j);
+    __m256i lo = _mm256_and_si256(q, m4);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (qh) {
+        const __m256i h = load32(qh), b4 = _mm256_set1_epi8(0x10);
+        const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * j))), bh = _mm256_set1_epi8((char)(2 << (2 * j)));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), b4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), b4));
+    }
+    const __m256i p0 = scaled_dot32(lo, load32(q8 + 64 * j), sc, 2 * j);
+    const __m256i p1 = scaled_dot32(hi, load32(q8 + 64 * j + 32), sc, 2 * j + 1);
+    return _mm256_add_epi32(p0, p1);
+}
+
+/* Q4_K and Q5_K differ only in the 5th bit: qh is NULL for Q4_K. */
+static inline float k45_superblock(const uint8_t *scales, uint16_t hd, uint16_t hdmin, const uint8_t *qs,
+                                   const uint8_t *qh, const block_q8_K *y, __m256 *acc) {
+    const __m256i sm = _mm256_cvtepu8_epi16(k_scales(scales));
+    const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);
+    const float d = y->d * h2f(hd), dmin = y->d * h2f(hdmin);
+    const __m256i s01 = _mm256_add_epi32(k_chunk64(qs, qh, y->qs, sc, 0), k_chunk64(qs, qh, y->qs, sc, 1));
+    const __m256i s23 = _mm256_add_epi32(k_chunk64(qs, qh, y->qs, sc, 2), k_chunk64(qs, qh, y->qs, sc, 3));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), *acc);
+    return dmin * (float)k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+}
+
+static float dot_q4_K(int64_t n, const void *vw, const void *va) {
+    const block_q4_K *x = vw;
+    const block_q8_K *y = va;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, NULL, y + i, &acc);
+    return hsum_f8(acc) - summ;
+}
+
+static float dot_q5_K(int64_t n, const void *vw, const void *va) {
+    const block_q5_K *x = vw;
+    const block_q8_K *y = va;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, x[i].qh, y + i, &acc);
+    return hsum_f8(acc) - summ;
+}
+
+/* u (0..63) x q8 bytes; int8 scales sc[g] for the first 16, sc[g+1] for the next. */
+static inline __m256i q6_dot32(__m256i u, __m256i q8, __m128i scales, int g) {
+    const __m128i sel = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                     _mm_set1_epi8((char)g));
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, sel));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q8), s16);
+}
+
+/* q = (4 low bits | 2 high bits << 4) - 32; the -32 is applied once per superblock
+ * through the activation group sums. */
+static float dot_q6_K(int64_t n, const void *vw, const void *va) {
+    const block_q6_K *x = vw;
+    const block_q8_K *y = va;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m128i scales = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i bias = _mm256_madd_epi16(load32(y[i].bsums), _mm256_cvtepi8_epi16(scales));
+        __m256i sumi = _mm256_slli_epi32(bias, 5);
+        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = load32(x[i].ql + 64 * h), l1 = load32(x[i].ql + 64 * h + 32);
+            const __m256i qh = load32(x[i].qh + 32 * h);
+            const int8_t *q8 = y[i].qs + 128 * h;
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(qh, m30));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            const __m256i p0 = q6_dot32(u0, load32(q8), scales, 8 * h + 0);
+            const __m256i p1 = q6_dot32(u1, load32(q8 + 32), scales, 8 * h + 2);
+            const __m256i p2 = q6_dot32(u2, load32(q8 + 64), scales, 8 * h + 4);
+            const __m256i p3 = q6_dot32(u3, load32(q8 + 96), scales, 8 * h + 6);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_add_epi32(p0, p1),
+                                                           _mm256_add_epi32(p2, p3)));
+        }
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum_f8(acc);
+}
+
+/* ---- F16 -------------------------------------------------------------------------- */
+
+static inline __m256 load_h8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), a0);
+        a1 = _mm256_fmadd_ps(load_h8(x + i + 8), load_h8(y + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load_h8(x + i + 16), load_h8(y + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load_h8(x + i + 24), load_h8(y + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), a0);
+    float tail = 0.0f;
+    for (; i < n; i++) tail += h2f(x[i]) * h2f(y[i]);
+    return hsum_f8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
+}
+
+static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }
+
+/* ---- activation quantizers ------------------------------------------------------------ */
+
+static inline float hmax_f8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* Rounds half to even and packs 4x8 int32 into 32 int8 in element order;
+ * returns the int32 sum of the quants. */
+static inline int round_pack32(const __m256 v[4], __m256 mul, int8_t *out) {
+    __m256i q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const int sum = hsum_i8x32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    /* packs work per 128-bit lane: the permute restores element order */
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
+                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p8);
+    return sum;
+}
+
+/* One 32-block as x86 ggml does it: multiplier 127/amax (not 1/d), d = amax/127. */
+static inline int quant_blk32(const float *x, int8_t *qs, float *d) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    }
+    const float m = hmax_f8(amax);
+    *d = m / 127.f;
+    return round_pack32(v, _mm256_set1_ps(m != 0.0f ? 127.f / m : 0.0f), qs);
+}
+
+static void quantize_q8_0(const float *x, void *vy, int64_t n) {
+    block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        float d;
+        quant_blk32(x + 32 * i, y[i].qs, &d);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+static void quantize_q8_1(const float *x, void *vy, int64_t n) {
+    block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / QK8_1; i++) {
+        float d;
+        const int sum = quant_blk32(x + 32 * i, y[i].qs, &d);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        y[i].s = _cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+/* Q8_K as the reference: scale -127/max where max is the first element of largest
+ * magnitude (its sign matters), d = 1/scale kept as float, group sums of 16. */
+static void quantize_q8_K(const float *x, void *vy, int64_t n) {
+    block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        memset(&y[i], 0, sizeof y[i]);
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8)
+            amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), amax);
+        const float am = hmax_f8(amax);
+        if (am == 0.0f) continue;
+        const __m256 vam = _mm256_set1_ps(am);
+        float max = 0.0f;
+        for (int k = 0; k < QK_K; k += 8) {
+            const __m256 ax = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(ax, vam, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[k + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 mul = _mm256_set1_ps(iscale);
+        for (int k = 0; k < QK_K; k += 32) {
+            const __m256 v[4] = {_mm256_loadu_ps(x + k), _mm256_loadu_ps(x + k + 8),
+                                 _mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(x + k + 24)};
+            round_pack32(v, mul, y[i].qs + k);
+        }
+        for (int g = 0; g < QK_K / 16; g++) {
+            const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[i].qs + 16 * g)));
+            y[i].bsums[g] = (int16_t)hsum_i8x32(_mm256_madd_epi16(q, _mm256_set1_epi16(1)));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* f32 -> f16 round to nearest even; NaNs become the reference's quiet NaN
+ * (sign | 0x7e00) rather than keeping their payload as F16C does. */
+static inline __m128i f32_to_h8(__m256 v) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x7c00));
+    const __m128i qnan = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7e00));
+    return _mm_blendv_epi8(h, qnan, nan);
+}
+
+static void quantize_f16(const float *x, void *vy, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(y + i), f32_to_h8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float tmp[8] = {0};
+        uint16_t out[8];
+        memcpy(tmp, x + i, (size_t)(n - i) * sizeof(float));
+        _mm_storeu_si128((__m128i *)out, f32_to_h8(_mm256_loadu_ps(tmp)));
+        memcpy(y + i, out, (size_t)(n - i) * sizeof(uint16_t));
+    }
+}
+
+void tl_kernels_fill_avx2(tl_kernels *k) {
+    k->vec_dot[TL_Q4_0] = dot_q4_0;
+    k->vec_dot[TL_Q4_1] = dot_q4_1;
+    k->vec_dot[TL_Q5_0] = dot_q5_0;
+    k->vec_dot[TL_Q5_1] = dot_q5_1;
+    k->vec_dot[TL_Q8_0] = dot_q8_0;
+    k->vec_dot[TL_Q4_K] = dot_q4_K;
+    k->vec_dot[TL_Q5_K] = dot_q5_K;
+    k->vec_dot[TL_Q6_K] = dot_q6_K;
+    k->vec_dot[TL_F16] = dot_f16;
+    k->quantize[TL_Q8_0] = quantize_q8_0;
+    k->quantize[TL_Q8_1] = quantize_q8_1;
+    k->quantize[TL_Q8_K] = quantize_q8_K;
+    k->quantize[TL_F16] = quantize_f16;
+    k->dot_f16 = dot_f16_f16;
+}

@@ -1,0 +1,332 @@
+/* cpu/kern_avx512: the AVX-512 (F/BW/VL/DQ) dots, with VNNI (vpdpbusd, vpdpwssd)
+ * in the vnni variant: two 32-blocks or 64 K-quant elements per 512-bit vector,
+ * per-block integer dots scaled in float as ggml does. The activation quantizers
+ * stay the AVX2 ones (bit-identical either way, and cheap next to the dots). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+/* The helpers take vnni as an argument; forced inlining with a constant folds the
+ * branch so each public kernel exists once per variant. */
+#define AI static inline __attribute__((always_inline))
+
+AI float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+AI float hsum_f8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float hsum_f16(__m512 v) {
+    return hsum_f8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* u (0..128) x s (-127..127) bytes -> 16 exact int32 sums of 4 products. */
+AI __m512i dot_us8(__m512i u, __m512i s, int vnni) {
+    if (vnni) return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+}
+
+/* Signed x signed as |x| x (y negated where x < 0): there is no 512-bit vpsignb. */
+AI __m512i dot_ss8(__m512i x, __m512i y, int vnni) {
+    const __mmask64 neg = _mm512_movepi8_mask(x);
+    return dot_us8(_mm512_abs_epi8(x), _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y), vnni);
+}
+
+/* 32 bytes at p0 then 32 at p1. */
+AI __m512i load2x32(const void *p0, const void *p1) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)p0), b = _mm256_loadu_si256((const __m256i *)p1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+/* Two blocks' 16 bytes of nibbles -> their 2x32 quants in element order. */
+AI __m512i nibbles2x32(const uint8_t *p0, const uint8_t *p1) {
+    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                              _mm_loadu_si128((const __m128i *)p1), 1);
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+    const __m512i v = _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); /* lo0 lo1 hi0 hi1 */
+    return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), v);
+}
+
+/* Two blocks' 32 fifth bits: bit k of the mask is element k of the pair. */
+AI __mmask64 bits2x32(const uint8_t *p0, const uint8_t *p1) {
+    uint32_t a, b;
+    memcpy(&a, p0, 4);
+    memcpy(&b, p1, 4);
+    return (__mmask64)a | ((__mmask64)b << 32);
+}
+
+/* [s0 x8 | s1 x8]: the per-lane scale of a pair of blocks. */
+AI __m512 scale2(float s0, float s1) {
+    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+}
+
+/* ---- 32-blocks, two per vector. Each sums2_* gives the integer dots of blocks
+ * 0 and 1 as float lanes [block 0 x8 | block 1 x8] (exact partial sums). */
+
+#define PAIR_ARGS(WT, AT) const WT *x0, const WT *x1, const AT *y0, const AT *y1, int vnni
+
+AI __m512 sums2_q4_0(PAIR_ARGS(block_q4_0, block_q8_0)) {
+    const __m512i qx = _mm512_sub_epi8(nibbles2x32(x0->qs, x1->qs), _mm512_set1_epi8(8));
+    return _mm512_cvtepi32_ps(dot_ss8(qx, load2x32(y0->qs, y1->qs), vnni));
+}
+
+AI __m512 sums2_q4_1(PAIR_ARGS(block_q4_1, block_q8_1)) {
+    return _mm512_cvtepi32_ps(dot_us8(nibbles2x32(x0->qs, x1->qs), load2x32(y0->qs, y1->qs), vnni));
+}
+
+/* q - 16: the nibble where the 5th bit is set, nibble - 16 where not. */
+AI __m512 sums2_q5_0(PAIR_ARGS(block_q5_0, block_q8_0)) {
+    const __m512i nib = nibbles2x32(x0->qs, x1->qs);
+    const __m512i q = _mm512_mask_sub_epi8(nib, (__mmask64)~bits2x32(x0->qh, x1->qh), nib, _mm512_set1_epi8(16));
+    return _mm512_cvtepi32_ps(dot_ss8(q, load2x32(y0->qs, y1->qs), vnni));
+}
+
+AI __m512 sums2_q5_1(PAIR_ARGS(block_q5_1, block_q8_1)) {
+    const __m512i nib = nibbles2x32(x0->qs, x1->qs);
+    const __m512i q = _mm512_mask_add_epi8(nib, bits2x32(x0->qh, x1->qh), nib, _mm512_set1_epi8(16));
+    return _mm512_cvtepi32_ps(dot_us8(q, load2x32(y0->qs, y1->qs), vnni));
+}
+
+AI __m512 sums2_q8_0(PAIR_ARGS(block_q8_0, block_q8_0)) {
+    return _mm512_cvtepi32_ps(dot_ss8(load2x32(x0->qs, x1->qs), load2x32(y0->qs, y1->qs), vnni));
+}
+
+/* The half-float pairs at offset 0 of 4 consecutive blocks (d and m, or d and s)
+ * -> [a0, b0, a1, b1, a2, b2, a3, b3]. Without pair the b are zeroed: those bytes
+ * are quants, and random halves may be subnormals that slow the multiply. */
+AI __m256 halves4(const void *p, size_t stride, int pair) {
+    const uint8_t *b = p;
+    uint32_t u[4];
+    for (int k = 0; k < 4; k++) memcpy(&u[k], b + (size_t)k * stride, 4);
+    __m128i v = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+    if (!pair) v = _mm_and_si128(v, _mm_set1_epi32(0xFFFF));
+    return _mm256_cvtph_ps(v);
+}
+
+/* [v[a] x8 | v[b] x8] */
+AI __m512 spread2(__m256 v, int a, int b) {
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
+}
+
+AI float h2f_at(const void *block, int k) {
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)block + 2 * k, 2);
+    return h2f(h);
+}
+
+/* Four blocks per step into two accumulators, their scales converted together:
+ * lanes 2k of sc are d_w*d_a of block k, lanes 2k+1 m_w*s_a (the Q4_1/Q5_1 term
+ * for x = d*q + m, BIASED). Then a pair, then a lone last block paired with
+ * itself whose copy gets scale 0 (its partial sums are small finite integers, so
+ * 0*p adds 0). The summation order depends on n alone. */
+#define DOT_PAIRS(NAME, WT, AT, SUMS2, BIASED)                                                  \
+    AI float NAME(int64_t n, const void *vw, const void *va, int vnni) {                        \
+        const WT *x = vw;                                                                        \
+        const AT *y = va;                                                                        \
+        const int64_t nb = n / 32;                                                               \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                                \
+        __m256 bv = _mm256_setzero_ps();                                                         \
+        float tail = 0.0f;                                                                       \
+        int64_t i = 0;                                                                           \
+        for (; i + 4 <= nb; i += 4) {                                                            \
+            const __m256 sc = _mm256_mul_ps(halves4(x + i, sizeof *x, BIASED),                  \
+                                            halves4(y + i, sizeof *y, BIASED));                  \
+            a0 = _mm512_fmadd_ps(spread2(sc, 0, 2), SUMS2(x + i, x + i + 1, y + i, y + i + 1, vnni), a0); \
+            a1 = _mm512_fmadd_ps(spread2(sc, 4, 6),                                              \
+                                 SUMS2(x + i + 2, x + i + 3, y + i + 2, y + i + 3, vnni), a1);   \
+            if (BIASED) bv = _mm256_add_ps(bv, sc);                                              \
+        }                                                                                        \
+        for (; i < nb; i += 2) {                                                                 \
+            const int lone = i + 1 == nb;                                                        \
+            const int64_t j = lone ? i : i + 1;                                                  \
+            const float s0 = h2f(x[i].d) * h2f(y[i].d), s1 = lone ? 0.0f : h2f(x[j].d) * h2f(y[j].d); \
+            a0 = _mm512_fmadd_ps(scale2(s0, s1), SUMS2(x + i, x + j, y + i, y + j, vnni), a0);   \
+            if (BIASED) {                                                                        \
+                tail += h2f_at(x + i, 1) * h2f_at(y + i, 1);                                     \
+                if (!lone) tail += h2f_at(x + j, 1) * h2f_at(y + j, 1);                          \
+            }                                                                                    \
+        }                                                                                        \
+        float s = hsum_f16(_mm512_add_ps(a0, a1));                                               \
+        if (BIASED) s += hsum_f8(_mm256_blend_ps(_mm256_setzero_ps(), bv, 0xAA)) + tail;         \
+        return s;                                                                                \
+    }
+
+DOT_PAIRS(dot_q4_0, block_q4_0, block_q8_0, sums2_q4_0, 0)
+DOT_PAIRS(dot_q4_1, block_q4_1, block_q8_1, sums2_q4_1, 1)
+DOT_PAIRS(dot_q5_0, block_q5_0, block_q8_0, sums2_q5_0, 0)
+DOT_PAIRS(dot_q5_1, block_q5_1, block_q8_1, sums2_q5_1, 1)
+DOT_PAIRS(dot_q8_0, block_q8_0, block_q8_0, sums2_q8_0, 0)
+
+/* ---- K-quants: 64 elements (two 32 sub-blocks, or four 16 groups) per vector -- */
+
+/* The 12 packed bytes -> 8 scales then 8 mins, as bytes (Q4_K/Q5_K). */
+AI __m128i k_scales(const uint8_t *p) {
+    uint32_t a, b, c;
+    memcpy(&a, p, 4);
+    memcpy(&b, p + 4, 4);
+    memcpy(&c, p + 8, 4);
+    const uint32_t s_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)(a & 0x3f3f3f3fu), (int)s_hi, (int)(b & 0x3f3f3f3fu), (int)m_hi);
+}
+
+/* int16 lanes 0..31 <- sc16[first + lane / per]: with per = 16 one scale per 32
+ * sub-block (Q4_K/Q5_K), with per = 8 one per group of 16 (Q6_K). */
+AI __m512i pick_scales(__m512i sc16, int first, int per) {
+    static const short div16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    static const short div8[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    const __m512i idx = _mm512_add_epi16(_mm512_loadu_si512(per == 16 ? div16 : div8),
+                                         _mm512_set1_epi16((short)first));
+    return _mm512_permutexvar_epi16(idx, sc16);
+}
+
+/* sumi += (u x q8 pairs) * scales, exact int32 (u <= 63 keeps maddubs in int16). */
+AI __m512i scaled_acc(__m512i sumi, __m512i u, __m512i q8, __m512i scales, int vnni) {
+    const __m512i p16 = _mm512_maddubs_epi16(u, q8);
+    if (vnni) return _mm512_dpwssd_epi32(sumi, p16, scales);
+    return _mm512_add_epi32(sumi, _mm512_madd_epi16(p16, scales));
+}
+
+AI int k_min_dot(__m128i mins, const int16_t *bsums) {
+    const __m128i b = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    const __m128i p = _mm_madd_epi16(b, mins);
+    __m128i s = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Q4_K (qh NULL) and Q5_K: returns the min term, adds the scaled dot to acc. */
+AI float k45_superblock(const uint8_t *scales, uint16_t hd, uint16_t hdmin, const uint8_t *qs, const uint8_t *qh,
+                        const block_q8_K *y, __m512 *acc, int vnni) {
+    const __m256i sm = _mm256_cvtepu8_epi16(k_scales(scales));
+    const __m512i sc = _mm512_castsi256_si512(sm); /* lanes 0..7 scales; the rest unused */
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __mmask64 hbits[4] = {0, 0, 0, 0};
+    if (qh) { /* element 64j + l takes bit 2j of qh[l], element 64j + 32 + l bit 2j+1 */
+        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        for (int j = 0; j < 4; j++) {
+            const __mmask32 lo = _mm256_test_epi8_mask(h, _mm256_set1_epi8((char)(1 << (2 * j))));
+            const __mmask32 hi = _mm256_test_epi8_mask(h, _mm256_set1_epi8((char)(2 << (2 * j))));
+            hbits[j] = (__mmask64)lo | ((__mmask64)hi << 32);
+        }
+    }
+    __m512i sumi = _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        __m512i u = _mm512_and_si512(w, m4);
+        if (qh) u = _mm512_mask_add_epi8(u, hbits[j], u, _mm512_set1_epi8(16));
+        sumi = scaled_acc(sumi, u, _mm512_loadu_si512(y->qs + 64 * j), pick_scales(sc, 2 * j, 16), vnni);
+    }
+    const float d = y->d * h2f(hd), dmin = y->d * h2f(hdmin);
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), *acc);
+    return dmin * (float)k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+}
+
+AI float dot_q4_K(int64_t n, const void *vw, const void *va, int vnni) {
+    const block_q4_K *x = vw;
+    const block_q8_K *y = va;
+    __m512 acc = _mm512_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, NULL, y + i, &acc, vnni);
+    return hsum_f16(acc) - summ;
+}
+
+AI float dot_q5_K(int64_t n, const void *vw, const void *va, int vnni) {
+    const block_q5_K *x = vw;
+    const block_q8_K *y = va;
+    __m512 acc = _mm512_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, x[i].qh, y + i, &acc, vnni);
+    return hsum_f16(acc) - summ;
+}
+
+/* Q6_K: q = (4 low bits | 2 high bits << 4) - 32, int8 scale per 16; the -32 is
+ * applied once per superblock through the activation group sums. */
+AI float dot_q6_K(int64_t n, const void *vw, const void *va, int vnni) {
+    const block_q6_K *x = vw;
+    const block_q8_K *y = va;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i sc256 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m512i sc = _mm512_castsi256_si512(sc256);
+        const __m256i bias = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc256);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * h); /* bytes of u0,u1 | u2,u3 nibbles */
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            const __m512i h01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(qh, 4)),
+                                                   _mm256_slli_epi16(qh, 2), 1);
+            const __m512i h23 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            const __m512i ua = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(h01, m30));
+            const __m512i ub = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                               _mm512_and_si512(h23, m30));
+            const int8_t *q8 = y[i].qs + 128 * h;
+            sumi = scaled_acc(sumi, ua, _mm512_loadu_si512(q8), pick_scales(sc, 8 * h, 8), vnni);
+            sumi = scaled_acc(sumi, ub, _mm512_loadu_si512(q8 + 64), pick_scales(sc, 8 * h + 4, 8), vnni);
+        }
+        __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+        s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
+        const float d = y[i].d * h2f(x[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc);
+    }
+    return hsum_f8(acc);
+}
+
+/* ---- F16: 64 elements per step into four accumulators, then 16, then a scalar tail */
+
+AI __m512 load_h16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), a0);
+        a1 = _mm512_fmadd_ps(load_h16(x + i + 16), load_h16(y + i + 16), a1);
+        a2 = _mm512_fmadd_ps(load_h16(x + i + 32), load_h16(y + i + 32), a2);
+        a3 = _mm512_fmadd_ps(load_h16(x + i + 48), load_h16(y + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), a0);
+    float tail = 0.0f;
+    for (; i < n; i++) tail += h2f(x[i]) * h2f(y[i]);
+    return hsum_f16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + tail;
+}
+
+static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }
+
+/* One named function per (kernel, variant): the table holds plain pointers. */
+#define VARIANTS(K)                                                                                   \
+    static float K##_512(int64_t n, const void *w, const void *a) { return K(n, w, a, 0); }          \
+    static float K##_vnni(int64_t n, const void *w, const void *a) { return K(n, w, a, 1); }
+VARIANTS(dot_q4_0)
+VARIANTS(dot_q4_1)
+VARIANTS(dot_q5_0)
+VARIANTS(dot_q5_1)
+VARIANTS(dot_q8_0)
+VARIANTS(dot_q4_K)
+VARIANTS(dot_q5_K)
+VARIANTS(dot_q6_K)
+
+void tl_kernels_fill_avx512(tl_kernels *k, int vnni) {
+    k->vec_dot[TL_Q4_0] = vnni ? dot_q4_0_vnni : dot_q4_0_512;
+    k->vec_dot[TL_Q4_1] = vnni ? dot_q4_1_vnni : dot_q4_1_512;
+    k->vec_dot[TL_Q5_0] = vnni ? dot_q5_0_vnni : dot_q5_0_512;
+    k->vec_dot[TL_Q5_1] = vnni ? dot_q5_1_vnni : dot_q5_1_512;
+    k->vec_dot[TL_Q8_0] = vnni ? dot_q8_0_vnni : dot_q8_0_512;
+    k->vec_dot[TL_Q4_K] = vnni ? dot_q4_K_vnni : dot_q4_K_512;
+    k->vec_dot[TL_Q5_K] = vnni ? dot_q5_K_vnni : dot_q5_K_512;
+    k->vec_dot[TL_Q6_K] = vnni ? dot_q6_K_vnni : dot_q6_K_512;
+    k->vec_dot[TL_F16] = dot_f16;
+    k->dot_f16 = dot_f16_f16;
+}

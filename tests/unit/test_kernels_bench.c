@@ -1,0 +1,235 @@
+/* test_kernels_bench: the SIMD kernel levels this CPU can run (AVX2, AVX-512,
+ * AVX-512 VNNI) against quant.c's scalar reference: activation quantizers
+ * bit for bit, dots within 1e-5 of sum|terms|, results independent of
+ * alignment; then prints weight-byte throughput (information only, no timing
+ * asserts) for a 4096-wide row in cache and a 4096x4096 matrix out of cache. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+#include "quant.h"
+#include "tl_test.h"
+#include "util.h"
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint32_t rnd(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 16);
+}
+
+static float frand(rng *r) { return (float)rnd(r) / 2147483648.0f - 1.0f; } /* [-1, 1) */
+
+static const tl_type wtypes[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0,
+                                 TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_F16};
+/* the model widths asked for, plus odd block counts that reach every tail path */
+static const int64_t sizes[] = {576, 1536, 2048, 4096, 160, 224, 256, 768};
+
+/* Where each block keeps its half-float scales (d, then m/dmin if any). */
+static int scale_offsets(tl_type t, size_t off[2]) {
+    switch (t) {
+    case TL_Q4_0: case TL_Q5_0: case TL_Q8_0: off[0] = 0; return 1;
+    case TL_Q4_1: case TL_Q5_1: case TL_Q4_K: case TL_Q5_K: off[0] = 0; off[1] = 2; return 2;
+    case TL_Q6_K: off[0] = offsetof(block_q6_K, d); return 1;
+    default: return 0;
+    }
+}
+
+/* Random bytes everywhere (every quant bit pattern, Q8_0's -128 included) but
+ * finite scales of a realistic size. */
+static void make_weights(tl_type t, void *w, int64_t n, rng *r) {
+    const tl_type_traits *tt = tl_type_info((uint32_t)t);
+    const size_t bytes = tl_row_size(t, n);
+    uint8_t *p = w;
+    if (t == TL_F16) {
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)w)[i] = tl_fp32_to_fp16(frand(r));
+        return;
+    }
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)rnd(r);
+    size_t off[2];
+    const int ns = scale_offsets(t, off);
+    for (size_t b = 0; b < bytes / tt->type_size; b++)
+        for (int s = 0; s < ns; s++) {
+            const uint16_t h = tl_fp32_to_fp16(0.05f * frand(r));
+            memcpy(p + b * tt->type_size + off[s], &h, 2);
+        }
+}
+
+static void make_acts(float *x, int64_t n, rng *r) {
+    for (int64_t i = 0; i < n; i++) x[i] = frand(r) * (i % 7 == 0 ? 4.0f : 1.0f);
+}
+
+/* sum |w_i a_i| over the dequantized rows: the scale of the rounding error. */
+static double abs_terms(tl_type t, int64_t n, const void *w, const void *a) {
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+    float *dw = malloc((size_t)n * sizeof(float)), *da = malloc((size_t)n * sizeof(float));
+    double s = 0;
+    if (dw && da && tl_dequantize_row(t, w, dw, n) == 0 && tl_dequantize_row(at, a, da, n) == 0)
+        for (int64_t i = 0; i < n; i++) s += fabs((double)dw[i] * da[i]);
+    else
+        s = NAN;
+    free(dw);
+    free(da);
+    return s;
+}
+
+static void check_quantizers(const tl_kernels *k, rng *r) {
+    static const tl_type at[] = {TL_Q8_0, TL_Q8_1, TL_Q8_K, TL_F16};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        const int64_t n = sizes[si];
+        float *x = malloc((size_t)n * sizeof(float));
+        uint8_t *want = malloc(tl_row_size(TL_F32, n)), *got = malloc(tl_row_size(TL_F32, n));
+        CHECK(x && want && got, "alloc");
+        if (!x || !want || !got) return;
+        make_acts(x, n, r);
+        for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;            /* an all-zero Q8_0 block */
+        x[70] = 3.0f, x[71] = -3.0f; /* ties in |max|: the first one sets the sign */
+        if (n > 256) x[260] = -5.0f, x[261] = 5.0f;
+        for (size_t ti = 0; ti < sizeof at / sizeof *at; ti++) {
+            const tl_type t = at[ti];
+            if (n % tl_type_info((uint32_t)t)->block_size) continue;
+            const size_t bytes = tl_row_size(t, n);
+            memset(want, 0xAA, bytes);
+            memset(got, 0x55, bytes);
+            CHECK(tl_quantize_row_act(t, x, want, n) == 0, "ref quantize %s", tl_type_info(t)->name);
+            CHECK(k->quantize[t] != NULL, "%s: no quantize[%s]", k->name, tl_type_info(t)->name);
+            if (!k->quantize[t]) continue;
+            k->quantize[t](x, got, n);
+            CHECK(memcmp(want, got, bytes) == 0, "%s quantize %s n=%lld differs from reference", k->name,
+                  tl_type_info(t)->name, (long long)n);
+        }
+        free(x);
+        free(want);
+        free(got);
+    }
+}
+
+/* One (type, n) case: value against the reference, and the same value from
+ * copies moved off vector alignment (by 2 and 4 bytes: the blocks' own
+ * alignment, which rows in a GGUF file always keep). */
+static void check_dot_case(const tl_kernels *k, tl_type t, int64_t n, rng *r) {
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(at, n);
+    uint8_t *w = malloc(wb + 2), *a = malloc(ab + 4);
+    float *x = malloc((size_t)n * sizeof(float));
+    CHECK(w && a && x, "alloc");
+    if (w && a && x) {
+        make_weights(t, w, n, r);
+        make_acts(x, n, r);
+        CHECK(tl_quantize_row_act(at, x, a, n) == 0, "quantize act");
+        const float ref = tl_vec_dot_ref(t, n, w, a);
+        const float got = k->vec_dot[t](n, w, a);
+        const double mag = abs_terms(t, n, w, a);
+        CHECK(fabs((double)got - ref) <= 1e-5 * mag, "%s %s n=%lld: %.9g vs ref %.9g (sum|terms| %g)", k->name,
+              tl_type_info(t)->name, (long long)n, got, ref, mag);
+        memmove(w + 2, w, wb);
+        memmove(a + 4, a, ab);
+        const float moved = k->vec_dot[t](n, w + 2, a + 4);
+        CHECK(memcmp(&moved, &got, sizeof got) == 0, "%s %s n=%lld: %.9g at other addresses vs %.9g", k->name,
+              tl_type_info(t)->name, (long long)n, moved, got);
+    }
+    free(w);
+    free(a);
+    free(x);
+}
+
+static void check_dots(const tl_kernels *k, rng *r) {
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) {
+        const tl_type t = wtypes[ti];
+        CHECK(k->vec_dot[t] != NULL, "%s: no vec_dot[%s]", k->name, tl_type_info(t)->name);
+        if (!k->vec_dot[t]) continue;
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+            if (sizes[si] % tl_type_info((uint32_t)t)->block_size == 0) check_dot_case(k, t, sizes[si], r);
+    }
+}
+
+static void check_dot_f16(const tl_kernels *k, rng *r) {
+    static const int64_t ns[] = {1, 7, 8, 31, 64, 100, 128, 256, 4099};
+    uint16_t *x = malloc(4099 * 2), *y = malloc(4099 * 2);
+    CHECK(x && y && k->dot_f16, "%s: alloc / dot_f16", k->name);
+    for (size_t i = 0; x && y && k->dot_f16 && i < sizeof ns / sizeof *ns; i++) {
+        const int64_t n = ns[i];
+        double want = 0, mag = 0;
+        for (int64_t j = 0; j < n; j++) {
+            x[j] = tl_fp32_to_fp16(frand(r));
+            y[j] = tl_fp32_to_fp16(frand(r));
+            const double p = (double)tl_fp16_to_fp32(x[j]) * tl_fp16_to_fp32(y[j]);
+            want += p;
+            mag += fabs(p);
+        }
+        const float got = k->dot_f16(n, x, y);
+        CHECK(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s dot_f16 n=%lld: %.9g vs %.9g", k->name, (long long)n, got,
+              want);
+    }
+    free(x);
+    free(y);
+}
+
+/* GB/s of weight bytes: one 4096 row over and over (in cache), and each row of
+ * a 4096x4096 matrix once (out of cache for the larger formats). */
+static void bench_type(const tl_kernels *k, const tl_kernels *ref, tl_type t, rng *r) {
+    const int64_t n = 4096, rows = 4096;
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+    const size_t wb = tl_row_size(t, n);
+    uint8_t *w = malloc(wb * (size_t)rows), *a = malloc(tl_row_size(at, n));
+    float *x = malloc((size_t)n * sizeof(float));
+    if (!w || !a || !x) {
+        CHECK(0, "bench alloc");
+    } else {
+        for (int64_t i = 0; i < rows; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        make_acts(x, n, r);
+        tl_quantize_row_act(at, x, a, n);
+        double gb[2][2];
+        const tl_kernels *ks[2] = {k, ref};
+        volatile float sink = 0;
+        /* best of 3 for SIMD (the machine may be shared); the scalar reference is
+         * compute-bound, so a shorter single run of it says enough */
+        for (int v = 0; v < 2; v++)
+            for (int rep = 0; rep < (v ? 1 : 3); rep++) {
+                const int64_t reps = v ? 16 : 256, nrows = v ? 256 : rows;
+                double t0 = tl_now();
+                for (int64_t i = 0; i < reps; i++) sink += ks[v]->vec_dot[t](n, w, a);
+                const double g0 = (double)wb * reps / (tl_now() - t0) / 1e9;
+                t0 = tl_now();
+                for (int64_t i = 0; i < nrows; i++) sink += ks[v]->vec_dot[t](n, w + (size_t)i * wb, a);
+                const double g1 = (double)wb * nrows / (tl_now() - t0) / 1e9;
+                gb[v][0] = rep == 0 || g0 > gb[v][0] ? g0 : gb[v][0];
+                gb[v][1] = rep == 0 || g1 > gb[v][1] ? g1 : gb[v][1];
+            }
+        (void)sink;
+        printf("  %-12s %-5s in-cache %7.2f GB/s (ref %6.2f, x%5.1f)  4096x4096 %7.2f GB/s (ref %6.2f)\n", k->name,
+               tl_type_info(t)->name, gb[0][0], gb[1][0], gb[0][0] / gb[1][0], gb[0][1], gb[1][1]);
+    }
+    free(w);
+    free(a);
+    free(x);
+}
+
+int main(void) {
+    const tl_cpu_level top = tl_cpu_detect();
+    printf("detected CPU level %d\n", (int)top);
+    tl_kernels ref;
+    tl_kernels_init(&ref, TL_CPU_SCALAR);
+    rng r = {0x9E3779B97F4A7C15ULL};
+    for (int level = TL_CPU_AVX2; level <= (int)top; level++) {
+        /* this level's own kernels only, without the table's fallbacks */
+        tl_kernels k;
+        memset(&k, 0, sizeof k);
+        tl_kernels_fill_avx2(&k);
+        if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(&k, level >= TL_CPU_AVX512VNNI);
+        k.name = level == TL_CPU_AVX2 ? "avx2" : level == TL_CPU_AVX512 ? "avx512" : "avx512-vnni";
+        check_quantizers(&k, &r);
+        check_dots(&k, &r);
+        check_dot_f16(&k, &r);
+        if (!getenv("TL_ASAN"))
+            for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
+    }
+    if (top < TL_CPU_AVX2) printf("no AVX2 on this CPU: nothing to test beyond the reference\n");
+    return tl_test_summary();
+}
