@@ -34,4 +34,10 @@ const char *tl_tokenizer_text(const tl_tokenizer *t, int32_t id);
 const char *tl_tokenizer_model_name(const tl_tokenizer *t); /* "gpt2", "llama" */
 const char *tl_tokenizer_pre_name(const tl_tokenizer *t);   /* "smollm", ... */
 
+/* The byte-level core of tl_detok_push (src/detok.c), testable without a
+ * model: appends piece[0..len) to what d holds, writes the complete UTF-8 to
+ * out (NUL-terminated, at most cap-1 bytes) and keeps back an unfinished
+ * trailing character. Returns the byte count written. */
+size_t tl_detok_feed_bytes(tl_detok *d, const char *piece, size_t len, char *out, size_t cap);
+
 #endif
