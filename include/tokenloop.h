@@ -125,7 +125,7 @@ typedef struct tl_logit_bias {
 } tl_logit_bias;
 
 typedef struct tl_sampler_params {
-    float temp;             /* <= 0: greedy argmax of the raw logits */
+    float temp;             /* <= 0: greedy argmax of the raw logits (+ logit_bias; no penalties/filters) */
     int top_k;              /* <= 0: off */
     float top_p;            /* >= 1: off */
     float min_p;            /* <= 0: off */
