@@ -10,11 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/mathfn.h"
 #include "util.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 struct tl_ctx {
     const tl_model *m;
@@ -31,7 +28,7 @@ struct tl_ctx {
     uint8_t *xa;        /* quantized activations: n_batch rows of xa_row bytes */
     size_t xa_row;
     float *scores;      /* [n_threads][n_ctx] */
-    float *vacc;        /* [n_threads][head_dim] */
+    float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
     float *logits;      /* eval output */
     size_t logits_cap;  /* floats */
@@ -135,39 +132,12 @@ static void rope_apply(const tl_ctx *c, float *v, int n_heads, int t) {
     }
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* ------------------------------------------------------------- attention */
 
 typedef struct att_job {
     tl_ctx *c;
     int layer, n_tok;
 } att_job;
-
-/* out += p * v over f16 v, the inner loop of the V product. */
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(int n, float p,
-                                                                     const uint16_t *v,
-                                                                     float *out) {
-    int i = 0;
-    __m256 pp = _mm256_set1_ps(p);
-    for (; i + 8 <= n; i += 8) {
-        __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pp, vv, _mm256_loadu_ps(out + i)));
-    }
-    for (; i < n; i++) out[i] += p * tl_fp16_to_fp32(v[i]);
-}
-#endif
-
-static void axpy_f16(const tl_ctx *c, int n, float p, const uint16_t *v, float *out) {
-#if defined(__x86_64__)
-    if (c->kern.level >= TL_CPU_AVX2) {
-        axpy_f16_avx2(n, p, v, out);
-        return;
-    }
-#endif
-    for (int i = 0; i < n; i++) out[i] += p * tl_fp16_to_fp32(v[i]);
-}
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
  * weighted sum of V. Keys are visited in position order whatever the batch. */
@@ -185,19 +155,13 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
         s[j] = c->kern.dot_f16(hd, kb + (size_t)j * c->kv_dim, q) * scale;
         if (s[j] > mx) mx = s[j];
     }
-    double sum = 0.0;
-    for (int j = 0; j <= pos; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += (double)s[j];
-    }
+    int avx2 = c->kern.level >= TL_CPU_AVX2;
+    double sum = tl_softmax_exp(pos + 1, s, mx, avx2);
     float inv = (float)(1.0 / sum);
-    memset(acc, 0, (size_t)hd * sizeof *acc);
-    for (int j = 0; j <= pos; j++) {
-        /* ggml multiplies V by the weights converted to f16 */
-        float p = tl_fp16_to_fp32(tl_fp32_to_fp16(s[j] * inv));
-        axpy_f16(c, hd, p, vb + (size_t)j * c->kv_dim, acc);
-    }
-    memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc, (size_t)hd * sizeof *acc);
+    /* ggml multiplies V by the weights converted to f16 */
+    for (int j = 0; j <= pos; j++) s[j] = tl_fp16_to_fp32(tl_fp32_to_fp16(s[j] * inv));
+    tl_attn_pv(pos + 1, hd, s, vb, c->kv_dim, acc, acc + 8 * hd, avx2);
+    memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
 static void att_worker(void *arg, int ith, int nth) {
@@ -207,7 +171,7 @@ static void att_worker(void *arg, int ith, int nth) {
     int64_t lo, hi;
     tl_split((int64_t)j->n_tok * nh, ith, nth, &lo, &hi);
     float *s = c->scores + (size_t)ith * c->n_ctx;
-    float *acc = c->vacc + (size_t)ith * c->m->hp.head_dim;
+    float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim;
     for (int64_t i = lo; i < hi; i++) attend(c, j->layer, (int)(i / nh), (int)(i % nh), s, acc);
 }
 
@@ -253,7 +217,10 @@ static void ffn_block(tl_ctx *c, int il, int n) {
     tl_w w[2] = {L->w_gate, L->w_up};
     float *y[2] = {c->hb, c->hb2};
     matmul(c, 2, w, y, c->xb, n);
-    for (size_t i = 0; i < (size_t)n * hp->n_ff; i++) c->hb[i] = silu(c->hb[i]) * c->hb2[i];
+    for (int t = 0; t < n; t++) {
+        size_t o = (size_t)t * hp->n_ff;
+        tl_swiglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
+    }
     tl_w wd = L->w_down;
     float *o = c->xb;
     matmul(c, 1, &wd, &o, c->hb, n);
@@ -352,7 +319,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->xa_row = xa_row;
     c->xa = xcalloc((size_t)nb, xa_row, &fail);
     c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
-    c->vacc = xcalloc((size_t)nt * hp->head_dim, sizeof(float), &fail);
+    c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
     c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (fail) {
         tl_ctx_free(c);

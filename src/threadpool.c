@@ -4,6 +4,7 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -121,5 +122,10 @@ void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg) {
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+    /* Spin briefly, then yield: on a busy machine a preempted worker needs
+     * this CPU to finish, and burning our time slice would only delay it. */
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < 2000) cpu_relax();
+        else sched_yield();
+    }
 }

@@ -1,0 +1,179 @@
+/* cpu/mathfn: element-wise functions in llama.cpp's operation order; see
+ * mathfn.h. The AVX2 paths are compiled with target attributes so this file
+ * needs no special flags; the scalar paths use fmaf for every fused step. */
+#include "cpu/mathfn.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "util.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TL_X86 1
+#endif
+
+static inline uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float tl_expf_fast(float x) {
+    const float r = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, r);
+    float n = z - r;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    uint32_t e = f2u(z) << 23;
+    float k = u2f(e + f2u(1.0f));
+    float u = b * b;
+    float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                   u, 0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(j, k, k);
+    uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    float s1 = u2f(g + 0x7f000000u), s2 = u2f(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+#ifdef TL_X86
+__attribute__((target("avx2,fma"))) static __m256 expf8(__m256 x) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 n = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+    const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 c = _mm256_cmp_ps(absn, _mm256_set1_ps(126), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 normal = _mm256_fmadd_ps(j, k, k);
+    if (!_mm256_movemask_ps(c)) return normal;
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 d = _mm256_cmp_ps(absn, _mm256_set1_ps(192), _CMP_GT_OQ);
+    const __m256 big = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    return _mm256_blendv_ps(_mm256_blendv_ps(normal, big, c), _mm256_mul_ps(s1, s1), d);
+}
+
+/* ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)): the x86 horizontal-sum tree. */
+__attribute__((target("avx2,fma"))) static float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static void swiglu_avx2(int n, float *y, const float *g, const float *u) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1), e));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__attribute__((target("avx2,fma"))) static double softmax_exp_avx2(int n, float *s, float max) {
+    double sum = 0.0;
+    int i = 0;
+    __m256 mx = _mm256_set1_ps(max);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = expf8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mx));
+        _mm256_storeu_ps(s + i, v);
+        sum += (double)hsum8(v);
+    }
+    if (i < n) { /* the last partial group: missing lanes are exact zeros */
+        float t[8] = {0};
+        memcpy(t, s + i, (size_t)(n - i) * sizeof *t);
+        __m256 v = expf8(_mm256_sub_ps(_mm256_loadu_ps(t), mx));
+        v = _mm256_blendv_ps(_mm256_setzero_ps(), v,
+                             _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
+                                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(t, v);
+        memcpy(s + i, t, (size_t)(n - i) * sizeof *t);
+        sum += (double)hsum8(v);
+    }
+    return sum;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd, const float *p,
+                                                                  const uint16_t *v, int64_t vs,
+                                                                  float *acc, float *out) {
+    memset(acc, 0, (size_t)8 * hd * sizeof *acc);
+    for (int j = 0; j < n; j++) {
+        float *a = acc + (size_t)(j & 7) * hd;
+        const uint16_t *vj = v + (size_t)j * vs;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        int d = 0;
+        for (; d + 8 <= hd; d += 8) {
+            __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + d)));
+            _mm256_storeu_ps(a + d, _mm256_fmadd_ps(vv, pj, _mm256_loadu_ps(a + d)));
+        }
+        for (; d < hd; d++) a[d] = fmaf(tl_fp16_to_fp32(vj[d]), p[j], a[d]);
+    }
+    for (int d = 0; d < hd; d++) {
+        const float *a = acc + d;
+        out[d] = ((a[0] + a[4 * hd]) + (a[2 * hd] + a[6 * hd])) +
+                 ((a[1 * hd] + a[5 * hd]) + (a[3 * hd] + a[7 * hd]));
+    }
+}
+#endif
+
+void tl_swiglu(int n, float *y, const float *g, const float *u, int avx2) {
+#ifdef TL_X86
+    if (avx2) {
+        swiglu_avx2(n, y, g, u);
+        return;
+    }
+#endif
+    int i = 0, nv = n & ~7; /* ggml's vector loop covers whole groups of 8 */
+    for (; i < nv; i++) y[i] = g[i] / (1.0f + tl_expf_fast(0.0f - g[i])) * u[i];
+    for (; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+double tl_softmax_exp(int n, float *s, float max, int avx2) {
+#ifdef TL_X86
+    if (avx2) return softmax_exp_avx2(n, s, max);
+#endif
+    double sum = 0.0;
+    for (int i = 0; i < n; i += 8) {
+        float e[8] = {0};
+        for (int l = 0; l < 8 && i + l < n; l++) s[i + l] = e[l] = tl_expf_fast(s[i + l] - max);
+        sum += (double)(((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7])));
+    }
+    return sum;
+}
+
+void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t vs, float *acc,
+                float *out, int avx2) {
+#ifdef TL_X86
+    if (avx2) {
+        attn_pv_avx2(n, hd, p, v, vs, acc, out);
+        return;
+    }
+#endif
+    memset(acc, 0, (size_t)8 * hd * sizeof *acc);
+    for (int j = 0; j < n; j++) {
+        float *a = acc + (size_t)(j & 7) * hd;
+        for (int d = 0; d < hd; d++) a[d] = fmaf(tl_fp16_to_fp32(v[(size_t)j * vs + d]), p[j], a[d]);
+    }
+    for (int d = 0; d < hd; d++) {
+        const float *a = acc + d;
+        out[d] = ((a[0] + a[4 * hd]) + (a[2 * hd] + a[6 * hd])) +
+                 ((a[1 * hd] + a[5 * hd]) + (a[3 * hd] + a[7 * hd]));
+    }
+}
