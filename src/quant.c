@@ -1,6 +1,7 @@
 /* quant: the type traits table, row dequantization (bit-identical to ggml's
  * dequantize_row_*), quantization (ggml's reference weight quantizers and the
- * x86 CPU backend's activation quantizers) and the scalar reference dots.
+ * x86 CPU backend's activation quantizers) and the scalar reference dots
+ * (bit-identical to the float order of llama.cpp's x86 AVX2 matmuls).
  * Pure functions on caller buffers; no allocation, no state. */
 #include "quant.h"
 
@@ -701,76 +702,116 @@ static float dot_f32(int64_t n, const float *x, const float *y) {
     return (float)s;
 }
 
-static float dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)(tl_fp16_to_fp32(x[i]) * tl_fp16_to_fp32(y[i]));
-    return (float)s;
-}
-
 static float dot_bf16(int64_t n, const uint16_t *x, const uint16_t *y) {
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += (double)(tl_bf16_to_fp32(x[i]) * tl_bf16_to_fp32(y[i]));
     return (float)s;
 }
 
-static float dot_q4_0(int64_t nb, const block_q4_0 *x, const block_q8_0 *y) {
-    float s = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0;
-        for (int j = 0; j < 16; j++)
-            sumi += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
-        s += (float)sumi * h2f(x[i].d) * h2f(y[i].d);
-    }
-    return s;
+/* The quantized dots reproduce llama.cpp's x86 AVX2 kernels bit for bit, since
+ * a different float order in one matmul output flips the rounding of the next
+ * 8-bit activation quantization. Their shape: per block, 8 float lanes that
+ * hold exact integer partial sums, lane k the products of elements 4k..4k+3
+ * (maddubs + madd); each lane gets acc[k] = fma(d, lane[k], acc[k]), block
+ * after block; then ggml's hsum_float_8 tree below. */
+static float hsum8(const float a[8]) {
+    const float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
 }
 
-static float dot_q4_1(int64_t nb, const block_q4_1 *x, const block_q8_1 *y) {
-    float s = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0;
-        for (int j = 0; j < 16; j++)
-            sumi += (x[i].qs[j] & 0xF) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + 16];
-        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi + h2f(x[i].m) * h2f(y[i].s);
-    }
-    return s;
+/* w x a the way ggml multiplies signed bytes: |w| times a with w's sign
+ * (vpsignb), where negating a = -128 wraps back to -128. Only reachable with
+ * a = -128, which the activation quantizers never produce; kept so every level
+ * agrees on any bytes. */
+static inline int mul_signed(int w, int a) {
+    int s = w < 0 ? -a : w ? a : 0;
+    if (s == 128) s = -128;
+    return (w < 0 ? -w : w) * s;
 }
 
-static float dot_q5_0(int64_t nb, const block_q5_0 *x, const block_q8_0 *y) {
-    float s = 0;
+/* A 32-block's 8 lanes: q the weight quants in element order. */
+static void lanes32(const int q[32], const int8_t *a, int is_signed, float lane[8]) {
+    for (int k = 0; k < 8; k++) {
+        int s = 0;
+        for (int j = 4 * k; j < 4 * k + 4; j++) s += is_signed ? mul_signed(q[j], a[j]) : q[j] * a[j];
+        lane[k] = (float)s;
+    }
+}
+
+static void unpack_q4(const uint8_t *qs, int off, int q[32]) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = (qs[j] & 0xF) - off;
+        q[j + 16] = (qs[j] >> 4) - off;
+    }
+}
+
+/* Q4_0, Q5_0, Q8_0: scale d_w * d_a per block. */
+static float dot_sym32(tl_type t, int64_t nb, const void *w, const block_q8_0 *y) {
+    float acc[8] = {0}, lane[8];
     int q[32];
     for (int64_t i = 0; i < nb; i++) {
-        q5_unpack(x[i].qs, x[i].qh, q);
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += (q[j] - 16) * y[i].qs[j];
-        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi;
+        uint16_t dw;
+        if (t == TL_Q4_0) {
+            const block_q4_0 *x = (const block_q4_0 *)w + i;
+            unpack_q4(x->qs, 8, q);
+            dw = x->d;
+        } else if (t == TL_Q5_0) {
+            const block_q5_0 *x = (const block_q5_0 *)w + i;
+            q5_unpack(x->qs, x->qh, q);
+            for (int j = 0; j < 32; j++) q[j] -= 16;
+            dw = x->d;
+        } else {
+            const block_q8_0 *x = (const block_q8_0 *)w + i;
+            for (int j = 0; j < 32; j++) q[j] = x->qs[j];
+            dw = x->d;
+        }
+        lanes32(q, y[i].qs, 1, lane);
+        const float d = h2f(dw) * h2f(y[i].d);
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(d, lane[k], acc[k]);
     }
-    return s;
+    return hsum8(acc);
 }
 
-static float dot_q5_1(int64_t nb, const block_q5_1 *x, const block_q8_1 *y) {
-    float s = 0;
+/* Q4_1, Q5_1 (x = d*q + m): plus m_w * s_a per block, a separate running sum
+ * that ggml's compiler contracts into a scalar fma, added at the end. */
+static float dot_asym32(tl_type t, int64_t nb, const void *w, const block_q8_1 *y) {
+    float acc[8] = {0}, lane[8], summs = 0.0f;
     int q[32];
     for (int64_t i = 0; i < nb; i++) {
-        q5_unpack(x[i].qs, x[i].qh, q);
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += q[j] * y[i].qs[j];
-        s += (h2f(x[i].d) * h2f(y[i].d)) * (float)sumi + h2f(x[i].m) * h2f(y[i].s);
+        uint16_t dw, mw;
+        if (t == TL_Q4_1) {
+            const block_q4_1 *x = (const block_q4_1 *)w + i;
+            unpack_q4(x->qs, 0, q);
+            dw = x->d, mw = x->m;
+        } else {
+            const block_q5_1 *x = (const block_q5_1 *)w + i;
+            q5_unpack(x->qs, x->qh, q);
+            dw = x->d, mw = x->m;
+        }
+        lanes32(q, y[i].qs, 0, lane);
+        const float d = h2f(dw) * h2f(y[i].d);
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(d, lane[k], acc[k]);
+        summs = fmaf(h2f(mw), h2f(y[i].s), summs);
     }
+    return hsum8(acc) + summs;
+}
+
+/* F16 as llamafile's tinyBLAS (AVX2 + F16C) computes an output of llama.cpp's
+ * attention scores: one 8-lane fma accumulator over chunks of 8, then
+ * hsum_float_8. A tail shorter than 8 (never for head sizes) goes on in order. */
+static float dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(h2f(x[i + k]), h2f(y[i + k]), acc[k]);
+    float s = hsum8(acc);
+    for (; i < n; i++) s = fmaf(h2f(x[i]), h2f(y[i]), s);
     return s;
 }
 
-static float dot_q8_0(int64_t nb, const block_q8_0 *x, const block_q8_0 *y) {
-    float s = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += x[i].qs[j] * y[i].qs[j];
-        s += (float)sumi * (h2f(x[i].d) * h2f(y[i].d));
-    }
-    return s;
-}
-
-/* The K-quant dots: per super-block an integer sum of scale * (q . q8) and,
- * for the formats with mins, of min * bsum; one float update per block. */
+/* Q2_K, Q3_K (no SIMD level has them, so every level runs these): per
+ * super-block an integer sum of scale * (q . q8) and, with mins, of min * bsum;
+ * one float update per block. Not ggml's float order. */
 static float dot_q2_K(int64_t nb, const block_q2_K *x, const block_q8_K *y) {
     float s = 0;
     for (int64_t i = 0; i < nb; i++) {
@@ -803,54 +844,75 @@ static float dot_q3_K(int64_t nb, const block_q3_K *x, const block_q8_K *y) {
     return s;
 }
 
+/* Q4_K as llama.cpp runs it on AVX2: its weights are repacked (q4_K_8x8, CPU
+ * "extra buffer"), and one token's row goes through ggml_gemv_q4_K_8x8_q8_K:
+ * per super-block the exact integer sums of scale*(q.q8) and of min*bsum,
+ * each accumulated with one fma, the min total subtracted at the end.
+ * (A batch's groups of 4 rows go through the gemm, which fmas per 64.) */
 static float dot_q4_K(int64_t nb, const block_q4_K *x, const block_q8_K *y) {
-    float s = 0;
+    float acc = 0.0f, accm = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int isum = 0, summs = 0;
+        int isum = 0, imin = 0;
         for (int g = 0; g < 8; g++) {
             uint8_t sc, mn;
             scale_min_k4(g, x[i].scales, &sc, &mn);
             int sub = 0;
             for (int e = 32 * g; e < 32 * g + 32; e++) sub += y[i].qs[e] * q4k_value(x[i].qs, e);
             isum += sc * sub;
-            summs += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+            imin += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         }
-        const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-        s += d * (float)isum - dmin * (float)summs;
+        acc = fmaf((float)isum, h2f(x[i].d) * y[i].d, acc);
+        accm = fmaf((float)imin, h2f(x[i].dmin) * y[i].d, accm);
     }
-    return s;
+    return acc - accm;
 }
 
+/* Q5_K, ggml's AVX2 vec_dot: int32 lane k = sum over the 8 sub-blocks of
+ * scale * (products of the sub-block's elements 4k..4k+3); the min term is a
+ * scalar running fma of -d_a*dmin_w with the block's integer sum. */
 static float dot_q5_K(int64_t nb, const block_q5_K *x, const block_q8_K *y) {
-    float s = 0;
+    float acc[8] = {0}, summs = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-        int isum = 0, summs = 0;
+        int lane[8] = {0}, imin = 0;
         for (int g = 0; g < 8; g++) {
             uint8_t sc, mn;
             scale_min_k4(g, x[i].scales, &sc, &mn);
-            int sub = 0;
-            for (int e = 32 * g; e < 32 * g + 32; e++) sub += y[i].qs[e] * q5k_value(&x[i], e);
-            isum += sc * sub;
-            summs += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
+            for (int k = 0; k < 8; k++) {
+                int sub = 0;
+                for (int e = 32 * g + 4 * k; e < 32 * g + 4 * k + 4; e++) sub += y[i].qs[e] * q5k_value(&x[i], e);
+                lane[k] += sc * sub;
+            }
+            imin += mn * (y[i].bsums[2 * g] + y[i].bsums[2 * g + 1]);
         }
-        const float d = h2f(x[i].d) * y[i].d, dmin = h2f(x[i].dmin) * y[i].d;
-        s += d * (float)isum - dmin * (float)summs;
+        const float d = y[i].d * h2f(x[i].d), dmin = -y[i].d * h2f(x[i].dmin);
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(d, (float)lane[k], acc[k]);
+        summs = fmaf(dmin, (float)imin, summs);
     }
-    return s;
+    return hsum8(acc) + summs;
 }
 
+/* Q6_K, ggml's AVX2 vec_dot: unsigned quants u = q + 32; int32 lane k holds,
+ * for each 32-chunk c of each 128-half h, scale[8h + 2c + k/4] times the
+ * products of the chunk's elements 4k..4k+3, minus 32 * (bsum * scale) of the
+ * groups 2k and 2k+1. Those lanes can pass 2^24, so their exact grouping
+ * matters for the float conversion too. */
 static float dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_K *y) {
-    float s = 0;
+    float acc[8] = {0};
     for (int64_t i = 0; i < nb; i++) {
-        int isum = 0;
-        for (int g = 0; g < 16; g++) {
-            int sub = 0;
-            for (int e = 16 * g; e < 16 * g + 16; e++) sub += y[i].qs[e] * q6k_value(&x[i], e);
-            isum += x[i].scales[g] * sub;
+        const int8_t *sc = x[i].scales;
+        for (int k = 0; k < 8; k++) {
+            int lane = -32 * (y[i].bsums[2 * k] * sc[2 * k] + y[i].bsums[2 * k + 1] * sc[2 * k + 1]);
+            for (int h = 0; h < 2; h++)
+                for (int c = 0; c < 4; c++) {
+                    const int base = 128 * h + 32 * c + 4 * k;
+                    int sub = 0;
+                    for (int e = base; e < base + 4; e++) sub += (q6k_value(&x[i], e) + 32) * y[i].qs[e];
+                    lane += sc[8 * h + 2 * c + k / 4] * sub;
+                }
+            acc[k] = fmaf(y[i].d * h2f(x[i].d), (float)lane, acc[k]);
         }
-        s += h2f(x[i].d) * y[i].d * (float)isum;
     }
-    return s;
+    return hsum8(acc);
 }
 
 float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
@@ -861,11 +923,11 @@ float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     case TL_F32: return dot_f32(n, w, a);
     case TL_F16: return dot_f16(n, w, a);
     case TL_BF16: return dot_bf16(n, w, a);
-    case TL_Q4_0: return dot_q4_0(nb, w, a);
-    case TL_Q4_1: return dot_q4_1(nb, w, a);
-    case TL_Q5_0: return dot_q5_0(nb, w, a);
-    case TL_Q5_1: return dot_q5_1(nb, w, a);
-    case TL_Q8_0: return dot_q8_0(nb, w, a);
+    case TL_Q4_0:
+    case TL_Q5_0:
+    case TL_Q8_0: return dot_sym32(type, nb, w, a);
+    case TL_Q4_1:
+    case TL_Q5_1: return dot_asym32(type, nb, w, a);
     case TL_Q2_K: return dot_q2_K(nb, w, a);
     case TL_Q3_K: return dot_q3_K(nb, w, a);
     case TL_Q4_K: return dot_q4_K(nb, w, a);

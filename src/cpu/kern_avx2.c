@@ -1,10 +1,16 @@
 /* cpu/kern_avx2: the AVX2 + FMA + F16C kernels: quantized weight-row x activation-row
- * dots (integer dot per block, scaled per block in float as ggml does) and the
- * activation quantizers, bit-identical to the scalar references in quant.c. */
+ * dots and the activation quantizers, all bit-identical to the scalar references in
+ * quant.c, whose float order is that of llama.cpp's own x86 AVX2 kernels. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/kernels.h"
+
+/* Every float operation here is spelled out: clang would otherwise fuse a*b + c. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 /* ---- helpers -------------------------------------------------------------------- */
 
@@ -23,6 +29,10 @@ static inline int hsum_i8x32(__m256i v) {
 }
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* a*b + c rounded once, as ggml's compiler contracts its scalar running sums;
+ * with -mfma, fmaf is one instruction (no libm call, no register shuffles). */
+static inline float fma1(float a, float b, float c) { return fmaf(a, b, c); }
 
 /* 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15 of a
  * 32-block), then high nibbles (elements 16..31), as the Q4/Q5 layouts store them. */
@@ -49,8 +59,9 @@ static inline __m256i dot_us8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-/* Signed x signed via |x| and sign(x)*y; exact while y != -128 (activations are
- * quantized to -127..127). */
+/* Signed x signed via |x| and sign(x)*y, ggml's own trick, including its one
+ * inexact case: y = -128 against x < 0 (negating -128 wraps), which the
+ * activation quantizers never produce and quant.c's reference mirrors. */
 static inline __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
@@ -86,49 +97,30 @@ static inline __m256 sums_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
     return _mm256_cvtepi32_ps(dot_ss8(load32(x->qs), load32(y->qs)));
 }
 
-/* The half-float pairs at offset 0 of 4 consecutive blocks (d and m, or d and s)
- * -> [a0, b0, a1, b1, a2, b2, a3, b3]. Without pair the b are zeroed: those bytes
- * are quants, and random halves may be subnormals that slow the multiply. */
-static inline __m256 halves4(const void *p, size_t stride, int pair) {
-    const uint8_t *b = p;
-    uint32_t u[4];
-    for (int k = 0; k < 4; k++) memcpy(&u[k], b + (size_t)k * stride, 4);
-    __m128i v = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-    if (!pair) v = _mm_and_si128(v, _mm_set1_epi32(0xFFFF));
-    return _mm256_cvtph_ps(v);
+/* Half number k of a block (the m of Q4_1/Q5_1 is k = 1, the s of Q8_1 too). */
+static inline float h2f_at(const void *block, int k) {
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)block + 2 * k, 2);
+    return h2f(h);
 }
 
-static inline __m256 lane(__m256 v, int k) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k)); }
-
-/* Four blocks per step into four accumulators (hiding the FMA latency), their
- * scales converted together: lanes 2k of sc are d_w*d_a of block k, lanes 2k+1
- * m_w*s_a (the Q4_1/Q5_1 term for x = d*q + m, BIASED). The tail goes block by
- * block into the first accumulator: the summation order depends on n alone. */
+/* One accumulator, block after block, as ggml: acc = fma(d_w*d_a, lanes, acc).
+ * The FMA chain bounds the speed, so the loop is kept as plain as ggml's. For
+ * Q4_1/Q5_1 (BIASED, x = d*q + m) the m_w*s_a terms form their own running
+ * fma, added after the horizontal sum. */
 #define DOT_32(NAME, WT, AT, SUMS, BIASED)                                                 \
     static float NAME(int64_t n, const void *vw, const void *va) {                        \
         const WT *x = vw;                                                                 \
         const AT *y = va;                                                                 \
         const int64_t nb = n / 32;                                                        \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, bv = a0;              \
-        int64_t i = 0;                                                                    \
-        for (; i + 4 <= nb; i += 4) {                                                     \
-            const __m256 sc = _mm256_mul_ps(halves4(x + i, sizeof *x, BIASED),            \
-                                            halves4(y + i, sizeof *y, BIASED));           \
-            a0 = _mm256_fmadd_ps(lane(sc, 0), SUMS(x + i, y + i), a0);                    \
-            a1 = _mm256_fmadd_ps(lane(sc, 2), SUMS(x + i + 1, y + i + 1), a1);            \
-            a2 = _mm256_fmadd_ps(lane(sc, 4), SUMS(x + i + 2, y + i + 2), a2);            \
-            a3 = _mm256_fmadd_ps(lane(sc, 6), SUMS(x + i + 3, y + i + 3), a3);            \
-            if (BIASED) bv = _mm256_add_ps(bv, sc);                                       \
+        __m256 acc = _mm256_setzero_ps();                                                 \
+        float summs = 0.0f;                                                               \
+        for (int64_t i = 0; i < nb; i++) {                                                \
+            const __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));                   \
+            acc = _mm256_fmadd_ps(d, SUMS(x + i, y + i), acc);                            \
+            if (BIASED) summs = fma1(h2f_at(x + i, 1), h2f_at(y + i, 1), summs);          \
         }                                                                                 \
-        float tail = 0.0f;                                                                \
-        for (; i < nb; i++) {                                                             \
-            const float d = h2f(x[i].d) * h2f(y[i].d);                                    \
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(d), SUMS(x + i, y + i), a0);              \
-            if (BIASED) tail += h2f(((const uint16_t *)&x[i])[1]) * h2f(((const uint16_t *)&y[i])[1]); \
-        }                                                                                 \
-        float s = hsum_f8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));   \
-        if (BIASED) s += hsum_f8(_mm256_blend_ps(_mm256_setzero_ps(), bv, 0xAA)) + tail;  \
-        return s;                                                                         \
+        return BIASED ? hsum_f8(acc) + summs : hsum_f8(acc);                              \
     }
 
 DOT_32(dot_q4_0, block_q4_0, block_q8_0, sums_q4_0, 0)
@@ -188,36 +180,48 @@ static inline __m256i k_chunk64(const uint8_t *qs, const uint8_t *qh, const int8
     return _mm256_add_epi32(p0, p1);
 }
 
-/* Q4_K and Q5_K differ only in the 5th bit: qh is NULL for Q4_K. */
-static inline float k45_superblock(const uint8_t *scales, uint16_t hd, uint16_t hdmin, const uint8_t *qs,
-                                   const uint8_t *qh, const block_q8_K *y, __m256 *acc) {
+/* A Q4_K/Q5_K superblock's 8 int32 lanes of scale * (q . q8) (lane k: elements
+ * 4k..4k+3 of each sub-block, as ggml's vec_dot) and, in *imin, the integer
+ * min term sum of min * bsum. qh is NULL for Q4_K. */
+static inline __m256i k45_superblock(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh,
+                                     const block_q8_K *y, int *imin) {
     const __m256i sm = _mm256_cvtepu8_epi16(k_scales(scales));
     const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);
-    const float d = y->d * h2f(hd), dmin = y->d * h2f(hdmin);
     const __m256i s01 = _mm256_add_epi32(k_chunk64(qs, qh, y->qs, sc, 0), k_chunk64(qs, qh, y->qs, sc, 1));
     const __m256i s23 = _mm256_add_epi32(k_chunk64(qs, qh, y->qs, sc, 2), k_chunk64(qs, qh, y->qs, sc, 3));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), *acc);
-    return dmin * (float)k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+    *imin = k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+    return _mm256_add_epi32(s01, s23);
 }
 
+/* Q4_K in the order of llama.cpp's repacked AVX2 gemv (see quant.c): per
+ * superblock one fma of the integer total, the mins in a second sum. */
 static float dot_q4_K(int64_t n, const void *vw, const void *va) {
     const block_q4_K *x = vw;
     const block_q8_K *y = va;
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, NULL, y + i, &acc);
-    return hsum_f8(acc) - summ;
+    float acc = 0.0f, accm = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int imin;
+        const int isum = hsum_i8x32(k45_superblock(x[i].scales, x[i].qs, NULL, y + i, &imin));
+        acc = fma1((float)isum, h2f(x[i].d) * y[i].d, acc);
+        accm = fma1((float)imin, h2f(x[i].dmin) * y[i].d, accm);
+    }
+    return acc - accm;
 }
 
+/* Q5_K as ggml's AVX2 vec_dot: 8 lanes per superblock, min term a scalar fma. */
 static float dot_q5_K(int64_t n, const void *vw, const void *va) {
     const block_q5_K *x = vw;
     const block_q8_K *y = va;
     __m256 acc = _mm256_setzero_ps();
-    float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, x[i].qh, y + i, &acc);
-    return hsum_f8(acc) - summ;
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int imin;
+        const __m256i sumi = k45_superblock(x[i].scales, x[i].qs, x[i].qh, y + i, &imin);
+        const float d = y[i].d * h2f(x[i].d), dmin = -y[i].d * h2f(x[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        summs = fma1(dmin, (float)imin, summs);
+    }
+    return hsum_f8(acc) + summs;
 }
 
 /* u (0..63) x q8 bytes; int8 scales sc[g] for the first 16, sc[g+1] for the next. */
@@ -229,7 +233,8 @@ static inline __m256i q6_dot32(__m256i u, __m256i q8, __m128i scales, int g) {
 }
 
 /* q = (4 low bits | 2 high bits << 4) - 32; the -32 is applied once per superblock
- * through the activation group sums. */
+ * through the activation group sums. The 8 int32 lanes are ggml's (see quant.c):
+ * they can pass 2^24, so even their float conversion depends on the grouping. */
 static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     const block_q6_K *x = vw;
     const block_q8_K *y = va;
@@ -271,19 +276,14 @@ static inline __m256 load_h8(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* llamafile tinyBLAS's order (see quant.c): one accumulator, 8 at a time. */
 static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), a0);
-        a1 = _mm256_fmadd_ps(load_h8(x + i + 8), load_h8(y + i + 8), a1);
-        a2 = _mm256_fmadd_ps(load_h8(x + i + 16), load_h8(y + i + 16), a2);
-        a3 = _mm256_fmadd_ps(load_h8(x + i + 24), load_h8(y + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), a0);
-    float tail = 0.0f;
-    for (; i < n; i++) tail += h2f(x[i]) * h2f(y[i]);
-    return hsum_f8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), acc);
+    float s = hsum_f8(acc);
+    for (; i < n; i++) s = fma1(h2f(x[i]), h2f(y[i]), s);
+    return s;
 }
 
 static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }

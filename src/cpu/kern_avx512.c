@@ -1,11 +1,18 @@
 /* cpu/kern_avx512: the AVX-512 (F/BW/VL/DQ) dots, with VNNI (vpdpbusd, vpdpwssd)
- * in the vnni variant: two 32-blocks or 64 K-quant elements per 512-bit vector,
- * per-block integer dots scaled in float as ggml does. The activation quantizers
- * stay the AVX2 ones (bit-identical either way, and cheap next to the dots). */
+ * in the vnni variant: the exact integer partial sums of two 32-blocks or 64
+ * K-quant elements per 512-bit vector, then the float accumulation in the 8-lane
+ * order of llama.cpp's AVX2 kernels (see quant.c), so that every level gives the
+ * same bits. The activation quantizers and the F16 dot stay the AVX2 ones. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/kernels.h"
+
+/* Every float operation here is spelled out: clang would otherwise fuse a*b + c. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 /* The helpers take vnni as an argument; forced inlining with a constant folds the
  * branch so each public kernel exists once per variant. */
@@ -20,9 +27,17 @@ AI float hsum_f8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-AI float hsum_f16(__m512 v) {
-    return hsum_f8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+AI int hsum_i32x16(__m512i v) {
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
 }
+
+/* a*b + c rounded once, as ggml's compiler contracts its scalar running sums;
+ * with -mfma, fmaf is one instruction (no libm call, no register shuffles). */
+AI float fma1(float a, float b, float c) { return fmaf(a, b, c); }
 
 /* u (0..128) x s (-127..127) bytes -> 16 exact int32 sums of 4 products. */
 AI __m512i dot_us8(__m512i u, __m512i s, int vnni) {
@@ -59,11 +74,6 @@ AI __mmask64 bits2x32(const uint8_t *p0, const uint8_t *p1) {
     return (__mmask64)a | ((__mmask64)b << 32);
 }
 
-/* [s0 x8 | s1 x8]: the per-lane scale of a pair of blocks. */
-AI __m512 scale2(float s0, float s1) {
-    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
-}
-
 /* ---- 32-blocks, two per vector. Each sums2_* gives the integer dots of blocks
  * 0 and 1 as float lanes [block 0 x8 | block 1 x8] (exact partial sums). */
 
@@ -95,23 +105,6 @@ AI __m512 sums2_q8_0(PAIR_ARGS(block_q8_0, block_q8_0)) {
     return _mm512_cvtepi32_ps(dot_ss8(load2x32(x0->qs, x1->qs), load2x32(y0->qs, y1->qs), vnni));
 }
 
-/* The half-float pairs at offset 0 of 4 consecutive blocks (d and m, or d and s)
- * -> [a0, b0, a1, b1, a2, b2, a3, b3]. Without pair the b are zeroed: those bytes
- * are quants, and random halves may be subnormals that slow the multiply. */
-AI __m256 halves4(const void *p, size_t stride, int pair) {
-    const uint8_t *b = p;
-    uint32_t u[4];
-    for (int k = 0; k < 4; k++) memcpy(&u[k], b + (size_t)k * stride, 4);
-    __m128i v = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-    if (!pair) v = _mm_and_si128(v, _mm_set1_epi32(0xFFFF));
-    return _mm256_cvtph_ps(v);
-}
-
-/* [v[a] x8 | v[b] x8] */
-AI __m512 spread2(__m256 v, int a, int b) {
-    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
-    return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
-}
 
 AI float h2f_at(const void *block, int k) {
     uint16_t h;
@@ -119,41 +112,30 @@ AI float h2f_at(const void *block, int k) {
     return h2f(h);
 }
 
-/* Four blocks per step into two accumulators, their scales converted together:
- * lanes 2k of sc are d_w*d_a of block k, lanes 2k+1 m_w*s_a (the Q4_1/Q5_1 term
- * for x = d*q + m, BIASED). Then a pair, then a lone last block paired with
- * itself whose copy gets scale 0 (its partial sums are small finite integers, so
- * 0*p adds 0). The summation order depends on n alone. */
+AI __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
+AI __m256 hi8(__m512 v) { return _mm512_extractf32x8_ps(v, 1); }
+
+/* Integer sums two blocks at a time, but one 8-lane float accumulator fed block
+ * after block with d_w*d_a, as ggml's AVX2 loop. For Q4_1/Q5_1 (BIASED) the
+ * m_w*s_a terms form a separate running fma, added after the horizontal sum. */
 #define DOT_PAIRS(NAME, WT, AT, SUMS2, BIASED)                                                  \
     AI float NAME(int64_t n, const void *vw, const void *va, int vnni) {                        \
         const WT *x = vw;                                                                        \
         const AT *y = va;                                                                        \
         const int64_t nb = n / 32;                                                               \
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                                \
-        __m256 bv = _mm256_setzero_ps();                                                         \
-        float tail = 0.0f;                                                                       \
-        int64_t i = 0;                                                                           \
-        for (; i + 4 <= nb; i += 4) {                                                            \
-            const __m256 sc = _mm256_mul_ps(halves4(x + i, sizeof *x, BIASED),                  \
-                                            halves4(y + i, sizeof *y, BIASED));                  \
-            a0 = _mm512_fmadd_ps(spread2(sc, 0, 2), SUMS2(x + i, x + i + 1, y + i, y + i + 1, vnni), a0); \
-            a1 = _mm512_fmadd_ps(spread2(sc, 4, 6),                                              \
-                                 SUMS2(x + i + 2, x + i + 3, y + i + 2, y + i + 3, vnni), a1);   \
-            if (BIASED) bv = _mm256_add_ps(bv, sc);                                              \
+        __m256 acc = _mm256_setzero_ps();                                                        \
+        float summs = 0.0f;                                                                      \
+        /* a pair per step; a last lone block is paired with itself, its copy unused */      \
+        for (int64_t i = 0; i < nb; i += 2) {                                                    \
+            const int64_t j = i + 1 < nb ? i + 1 : i;                                            \
+            const __m512 p = SUMS2(x + i, x + j, y + i, y + j, vnni);                            \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), lo8(p), acc);       \
+            if (BIASED) summs = fma1(h2f_at(x + i, 1), h2f_at(y + i, 1), summs);                 \
+            if (j == i) break;                                                                   \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[j].d) * h2f(y[j].d)), hi8(p), acc);       \
+            if (BIASED) summs = fma1(h2f_at(x + j, 1), h2f_at(y + j, 1), summs);                 \
         }                                                                                        \
-        for (; i < nb; i += 2) {                                                                 \
-            const int lone = i + 1 == nb;                                                        \
-            const int64_t j = lone ? i : i + 1;                                                  \
-            const float s0 = h2f(x[i].d) * h2f(y[i].d), s1 = lone ? 0.0f : h2f(x[j].d) * h2f(y[j].d); \
-            a0 = _mm512_fmadd_ps(scale2(s0, s1), SUMS2(x + i, x + j, y + i, y + j, vnni), a0);   \
-            if (BIASED) {                                                                        \
-                tail += h2f_at(x + i, 1) * h2f_at(y + i, 1);                                     \
-                if (!lone) tail += h2f_at(x + j, 1) * h2f_at(y + j, 1);                          \
-            }                                                                                    \
-        }                                                                                        \
-        float s = hsum_f16(_mm512_add_ps(a0, a1));                                               \
-        if (BIASED) s += hsum_f8(_mm256_blend_ps(_mm256_setzero_ps(), bv, 0xAA)) + tail;         \
-        return s;                                                                                \
+        return BIASED ? hsum_f8(acc) + summs : hsum_f8(acc);                                     \
     }
 
 DOT_PAIRS(dot_q4_0, block_q4_0, block_q8_0, sums2_q4_0, 0)
@@ -203,9 +185,11 @@ AI int k_min_dot(__m128i mins, const int16_t *bsums) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Q4_K (qh NULL) and Q5_K: returns the min term, adds the scaled dot to acc. */
-AI float k45_superblock(const uint8_t *scales, uint16_t hd, uint16_t hdmin, const uint8_t *qs, const uint8_t *qh,
-                        const block_q8_K *y, __m512 *acc, int vnni) {
+/* Q4_K (qh NULL) and Q5_K: 16 int32 lanes of scale * (q . q8), lanes 0..7 from
+ * the even sub-blocks and 8..15 from the odd ones, each lane k / k+8 the
+ * elements 4k..4k+3 of its sub-block; *imin gets the integer min term. */
+AI __m512i k45_superblock(const uint8_t *scales, const uint8_t *qs, const uint8_t *qh, const block_q8_K *y,
+                          int *imin, int vnni) {
     const __m256i sm = _mm256_cvtepu8_epi16(k_scales(scales));
     const __m512i sc = _mm512_castsi256_si512(sm); /* lanes 0..7 scales; the rest unused */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -226,29 +210,40 @@ AI float k45_superblock(const uint8_t *scales, uint16_t hd, uint16_t hdmin, cons
         if (qh) u = _mm512_mask_add_epi8(u, hbits[j], u, _mm512_set1_epi8(16));
         sumi = scaled_acc(sumi, u, _mm512_loadu_si512(y->qs + 64 * j), pick_scales(sc, 2 * j, 16), vnni);
     }
-    const float d = y->d * h2f(hd), dmin = y->d * h2f(hdmin);
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), *acc);
-    return dmin * (float)k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+    *imin = k_min_dot(_mm256_extracti128_si256(sm, 1), y->bsums);
+    return sumi;
 }
 
+/* Q4_K in the order of llama.cpp's repacked AVX2 gemv: per superblock one fma
+ * of the integer total, the mins in a second sum. */
 AI float dot_q4_K(int64_t n, const void *vw, const void *va, int vnni) {
     const block_q4_K *x = vw;
     const block_q8_K *y = va;
-    __m512 acc = _mm512_setzero_ps();
-    float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, NULL, y + i, &acc, vnni);
-    return hsum_f16(acc) - summ;
+    float acc = 0.0f, accm = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int imin;
+        const int isum = hsum_i32x16(k45_superblock(x[i].scales, x[i].qs, NULL, y + i, &imin, vnni));
+        acc = fma1((float)isum, h2f(x[i].d) * y[i].d, acc);
+        accm = fma1((float)imin, h2f(x[i].dmin) * y[i].d, accm);
+    }
+    return acc - accm;
 }
 
+/* Q5_K as ggml's AVX2 vec_dot: the two sub-block halves folded into its 8 lanes. */
 AI float dot_q5_K(int64_t n, const void *vw, const void *va, int vnni) {
     const block_q5_K *x = vw;
     const block_q8_K *y = va;
-    __m512 acc = _mm512_setzero_ps();
-    float summ = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        summ += k45_superblock(x[i].scales, x[i].d, x[i].dmin, x[i].qs, x[i].qh, y + i, &acc, vnni);
-    return hsum_f16(acc) - summ;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int imin;
+        const __m512i s = k45_superblock(x[i].scales, x[i].qs, x[i].qh, y + i, &imin, vnni);
+        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        const float d = y[i].d * h2f(x[i].d), dmin = -y[i].d * h2f(x[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s8), acc);
+        summs = fma1(dmin, (float)imin, summs);
+    }
+    return hsum_f8(acc) + summs;
 }
 
 /* Q6_K: q = (4 low bits | 2 high bits << 4) - 32, int8 scale per 16; the -32 is
@@ -284,27 +279,6 @@ AI float dot_q6_K(int64_t n, const void *vw, const void *va, int vnni) {
     return hsum_f8(acc);
 }
 
-/* ---- F16: 64 elements per step into four accumulators, then 16, then a scalar tail */
-
-AI __m512 load_h16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-
-static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), a0);
-        a1 = _mm512_fmadd_ps(load_h16(x + i + 16), load_h16(y + i + 16), a1);
-        a2 = _mm512_fmadd_ps(load_h16(x + i + 32), load_h16(y + i + 32), a2);
-        a3 = _mm512_fmadd_ps(load_h16(x + i + 48), load_h16(y + i + 48), a3);
-    }
-    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), a0);
-    float tail = 0.0f;
-    for (; i < n; i++) tail += h2f(x[i]) * h2f(y[i]);
-    return hsum_f16(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + tail;
-}
-
-static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }
-
 /* One named function per (kernel, variant): the table holds plain pointers. */
 #define VARIANTS(K)                                                                                   \
     static float K##_512(int64_t n, const void *w, const void *a) { return K(n, w, a, 0); }          \
@@ -327,6 +301,4 @@ void tl_kernels_fill_avx512(tl_kernels *k, int vnni) {
     k->vec_dot[TL_Q4_K] = vnni ? dot_q4_K_vnni : dot_q4_K_512;
     k->vec_dot[TL_Q5_K] = vnni ? dot_q5_K_vnni : dot_q5_K_512;
     k->vec_dot[TL_Q6_K] = vnni ? dot_q6_K_vnni : dot_q6_K_512;
-    k->vec_dot[TL_F16] = dot_f16;
-    k->dot_f16 = dot_f16_f16;
 }

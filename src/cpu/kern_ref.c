@@ -34,13 +34,9 @@ REF_QUANT(Q8_1)
 REF_QUANT(Q8_K)
 #undef REF_QUANT
 
-/* Products rounded to float and summed in double, in order: the most exact
- * cheap sum, so the SIMD versions (float lanes) are checked against it. */
-static float ref_dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)(tl_fp16_to_fp32(x[i]) * tl_fp16_to_fp32(y[i]));
-    return (float)s;
-}
+/* quant.c's F16 dot is llamafile's tinyBLAS order, the one wanted for the
+ * attention scores too. */
+static float ref_dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) { return tl_vec_dot_ref(TL_F16, n, x, y); }
 
 void tl_kernels_fill_ref(tl_kernels *k) {
     k->vec_dot[TL_F32] = ref_dot_F32;

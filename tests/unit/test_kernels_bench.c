@@ -1,8 +1,9 @@
 /* test_kernels_bench: the SIMD kernel levels this CPU can run (AVX2, AVX-512,
- * AVX-512 VNNI) against quant.c's scalar reference: activation quantizers
- * bit for bit, dots within 1e-5 of sum|terms|, results independent of
- * alignment; then prints weight-byte throughput (information only, no timing
- * asserts) for a 4096-wide row in cache and a 4096x4096 matrix out of cache. */
+ * AVX-512 VNNI) against quant.c's scalar reference: activation quantizers and
+ * dots bit for bit (the dots also within 1e-5 of sum|terms|), results
+ * independent of alignment; then prints weight-byte throughput (information
+ * only, no timing asserts) for a 4096-wide row in cache and a 4096x4096 matrix
+ * out of cache. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ static float frand(rng *r) { return (float)rnd(r) / 2147483648.0f - 1.0f; } /* [
 static const tl_type wtypes[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0,
                                  TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_F16};
 /* the model widths asked for, plus odd block counts that reach every tail path */
-static const int64_t sizes[] = {576, 1536, 2048, 4096, 160, 224, 256, 768};
+static const int64_t sizes[] = {576, 1536, 2048, 4096, 640, 1024, 160, 224, 256, 768};
 
 /* Where each block keeps its half-float scales (d, then m/dmin if any). */
 static int scale_offsets(tl_type t, size_t off[2]) {
@@ -126,6 +127,8 @@ static void check_dot_case(const tl_kernels *k, tl_type t, int64_t n, rng *r) {
         const float ref = tl_vec_dot_ref(t, n, w, a);
         const float got = k->vec_dot[t](n, w, a);
         const double mag = abs_terms(t, n, w, a);
+        CHECK(memcmp(&got, &ref, sizeof got) == 0, "%s %s n=%lld: %.9g vs ref %.9g, not bit-identical", k->name,
+              tl_type_info(t)->name, (long long)n, got, ref);
         CHECK(fabs((double)got - ref) <= 1e-5 * mag, "%s %s n=%lld: %.9g vs ref %.9g (sum|terms| %g)", k->name,
               tl_type_info(t)->name, (long long)n, got, ref, mag);
         memmove(w + 2, w, wb);
@@ -163,8 +166,10 @@ static void check_dot_f16(const tl_kernels *k, rng *r) {
             want += p;
             mag += fabs(p);
         }
-        const float got = k->dot_f16(n, x, y);
-        CHECK(fabs(got - want) <= 1e-6 * mag + 1e-30, "%s dot_f16 n=%lld: %.9g vs %.9g", k->name, (long long)n, got,
+        const float got = k->dot_f16(n, x, y), ref = tl_vec_dot_ref(TL_F16, n, x, y);
+        CHECK(memcmp(&got, &ref, sizeof got) == 0, "%s dot_f16 n=%lld: %.9g vs ref %.9g, not bit-identical", k->name,
+              (long long)n, got, ref);
+        CHECK(fabs(got - want) <= 1e-5 * mag + 1e-30, "%s dot_f16 n=%lld: %.9g vs %.9g", k->name, (long long)n, got,
               want);
     }
     free(x);
