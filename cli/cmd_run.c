@@ -201,15 +201,16 @@ static void show_probs(const out_state *os, const tl_gen_event *ev) {
     char piece[256];
     size_t n = tl_token_piece(os->m, ev->token, 1, piece, sizeof piece - 1);
     piece[n < sizeof piece - 1 ? n : sizeof piece - 1] = 0;
-    fprintf(stderr, "\n[%6d %-12.*s p=%.4f |", ev->token, 12, piece, ev->chosen.prob);
+    for (char *c = piece; *c; c++)
+        if (*c == '\n') *c = ' ';
+    fprintf(stderr, "\n[%6d %-14s p=%.4f | top:", ev->token, piece, ev->chosen.prob);
     for (int i = 0; i < ev->n_top && i < 5; i++) {
         char alt[64];
         size_t an = tl_token_piece(os->m, ev->top[i].token, 1, alt, sizeof alt - 1);
         alt[an < sizeof alt - 1 ? an : sizeof alt - 1] = 0;
         for (char *c = alt; *c; c++)
             if (*c == '\n') *c = ' ';
-        fprintf(stderr, " %s%.3f", alt, ev->top[i].prob);
-        if (i < 4) fputc(',', stderr);
+        fprintf(stderr, " '%s' %.3f", alt, ev->top[i].prob);
     }
     fputs("]\n", stderr);
 }
