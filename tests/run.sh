@@ -8,6 +8,9 @@ build=${1:-build}
 unit_only=${2:-}
 cd "$(dirname "$0")/.."
 total_pass=0 total_fail=0 failed_progs=()
+# The shared vocabularies (or a fetched copy of the same files).
+TL_VOCAB_DIR=$(scripts/fetch-vocab.sh) || { echo "!! no vocabulary files"; exit 1; }
+export TL_VOCAB_DIR
 
 run_one() { # name, command...
     local name=$1; shift

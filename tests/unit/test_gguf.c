@@ -553,7 +553,10 @@ static void test_models(void) {
 static void test_vocab_files(void) {
     glob_t gl;
     int n = 0;
-    if (glob("../shared/vocab/*.gguf", 0, NULL, &gl) == 0) {
+    const char *vd = getenv("TL_VOCAB_DIR");
+    char pat[1024];
+    snprintf(pat, sizeof pat, "%s/*.gguf", vd && *vd ? vd : "../shared/vocab");
+    if (glob(pat, 0, NULL, &gl) == 0) {
         for (size_t i = 0; i < gl.gl_pathc; i++) {
             tl_gguf *g = NULL;
             tl_error err = {0};
@@ -596,7 +599,10 @@ static void test_describe(void) {
               "describe output:\n%s", s);
         free(s);
     }
-    s = describe("../shared/vocab/ggml-vocab-llama-spm.gguf", &rc, &err);
+    char spm[1024];
+    const char *vdir = getenv("TL_VOCAB_DIR");
+    snprintf(spm, sizeof spm, "%s/ggml-vocab-llama-spm.gguf", vdir && *vdir ? vdir : "../shared/vocab");
+    s = describe(spm, &rc, &err);
     CHECK(rc == 0 && s && strstr(s, "tensors: 0") && strstr(s, "vocab size: 32000") &&
               strstr(s, "tokenizer model: \"llama\""),
           "describe vocab-only: %s", s ? s : err.msg);

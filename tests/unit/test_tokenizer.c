@@ -14,7 +14,19 @@
 #include "tokenizer.h"
 #include "util.h"
 
-#define VOCAB_DIR "../shared/vocab/"
+/* The shared vocabularies: $TL_VOCAB_DIR (tests/run.sh sets it), else ../shared/vocab. */
+static const char *vocab_dir(void) {
+    const char *dir = getenv("TL_VOCAB_DIR");
+    return dir && *dir ? dir : "../shared/vocab";
+}
+
+static const char *vocab_path(const char *file) {
+    static char bufs[4][1024];
+    static int next;
+    char *b = bufs[next++ & 3];
+    snprintf(b, sizeof bufs[0], "%s/%s", vocab_dir(), file);
+    return b;
+}
 #define SMOLLM "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static char *read_file(const char *path, size_t *len) {
@@ -107,7 +119,7 @@ static size_t parse_ints(const char *s, const char *end, int32_t *out, size_t ca
 
 static void check_vocab_fixture(const char *name) {
     char path[512];
-    snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf", name);
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", vocab_dir(), name);
     loaded l;
     if (load(path, &l)) {
         CHECK(0, "loading %s", path);
@@ -503,7 +515,7 @@ static void check_detok(void) {
 static void check_detok_public(void) {
     tl_model *m = NULL;
     tl_error err = {0};
-    if (tl_model_load_vocab(VOCAB_DIR "ggml-vocab-gpt-2.gguf", &m, &err) != TL_OK) {
+    if (tl_model_load_vocab(vocab_path("ggml-vocab-gpt-2.gguf"), &m, &err) != TL_OK) {
         CHECK(0, "tl_model_load_vocab: %s", err.msg);
         return;
     }
@@ -602,7 +614,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof vocab_files / sizeof vocab_files[0]; i++)
         check_vocab_fixture(vocab_files[i]);
 
-    check_oracle_json("tests/oracle/fixtures/tokenizer_gpt2.json", VOCAB_DIR "ggml-vocab-gpt-2.gguf");
+    check_oracle_json("tests/oracle/fixtures/tokenizer_gpt2.json", vocab_path("ggml-vocab-gpt-2.gguf"));
     check_oracle_json("tests/oracle/fixtures/tokenizer.json", SMOLLM);
 
     loaded sm;
@@ -619,7 +631,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof bpe_rt / sizeof bpe_rt[0]; i++) {
         char path[256];
         loaded l;
-        snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf", bpe_rt[i]);
+        snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", vocab_dir(), bpe_rt[i]);
         if (load(path, &l)) {
             CHECK(0, "loading %s", path);
             continue;
@@ -628,13 +640,13 @@ int main(void) {
         unload(&l);
     }
     loaded spm;
-    if (load(VOCAB_DIR "ggml-vocab-llama-spm.gguf", &spm) == 0) {
+    if (load(vocab_path("ggml-vocab-llama-spm.gguf"), &spm) == 0) {
         check_speed("llama-spm", spm.t);
         unload(&spm);
     }
-    check_spm_round_trip(VOCAB_DIR "ggml-vocab-llama-spm.gguf", "llama-spm", 1, 100);
-    check_spm_round_trip(VOCAB_DIR "ggml-vocab-phi-3.gguf", "phi-3", 1, 100);
-    check_spm_round_trip(VOCAB_DIR "ggml-vocab-baichuan.gguf", "baichuan", 1, 100);
+    check_spm_round_trip(vocab_path("ggml-vocab-llama-spm.gguf"), "llama-spm", 1, 100);
+    check_spm_round_trip(vocab_path("ggml-vocab-phi-3.gguf"), "phi-3", 1, 100);
+    check_spm_round_trip(vocab_path("ggml-vocab-baichuan.gguf"), "baichuan", 1, 100);
     check_gemma();
     check_detok();
     check_detok_public();
