@@ -126,10 +126,17 @@ static void rope_apply(const tl_ctx *c, float *v, int n_heads, int t) {
             int a = c->m->arch->rope_neox ? i : 2 * i;
             int b = c->m->arch->rope_neox ? i + half : 2 * i + 1;
             float x0 = x[a], x1 = x[b], co = cs[2 * i], si = cs[2 * i + 1];
-            /* llama.cpp's build fuses these (gcc -ffp-contract=fast): one
-             * product exact inside an FMA, the other rounded. */
-            x[a] = fmaf(x0, co, -(x1 * si));
-            x[b] = fmaf(x1, co, x0 * si);
+            /* libggml-cpu's build fuses these (gcc -ffp-contract=fast, read
+             * off its disassembly): x0's products exact inside the FMAs, x1's
+             * rounded, in both pairings. Its vectorized adjacent-pair loop
+             * leaves a lone last pair (odd pair count) unfused. */
+            if (!c->m->arch->rope_neox && (half & 1) && i == half - 1) {
+                x[a] = x0 * co - x1 * si;
+                x[b] = x0 * si + x1 * co;
+            } else {
+                x[a] = fmaf(x0, co, -(x1 * si));
+                x[b] = fmaf(x0, si, x1 * co);
+            }
         }
     }
 }

@@ -89,7 +89,7 @@ int main(void) {
     sp.temp = 0;
     collected gen[2] = {{{0}, 0}, {{0}, 0}};
     for (int r = 0; r < 2; r++) {
-        tl_sampler *s;
+        tl_sampler *s = NULL;
         tl_ctx_params cp2 = {.n_ctx = 256, .n_threads = r + 1, .n_batch = r ? 5 : 512};
         CHECK(tl_ctx_new(m, &cp2, &ctx, &err) == 0 && tl_sampler_new(&sp, nv, &s, &err) == 0, "%s", err.msg);
         tl_gen_stats st;

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Checks tokenloop's CLI ($TL_BIN) against the llama.cpp fixtures in
+tests/oracle/fixtures/ (written by tests/oracle/make_fixtures.py): token ids,
+logits (top-20 per position), greedy generations and perplexity.
+Needs only numpy; a missing model, vocab or binary is a failure, not a skip.
+Usage: TL_BIN=build/tokenloop python3 tests/py/test_oracle.py [tokenizer logits greedy chat perplexity]
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+FIX = os.path.join(ROOT, "tests", "oracle", "fixtures")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+VOCAB_DIR = os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab"))
+TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop"))
+
+# Tolerances (docs/NUMERICS.md). Prefill logits are bitwise equal to llama.cpp's
+# (flash attention off); the fixtures store them rounded to 5 decimals, so the
+# bound is that rounding, with a little room.
+LOGIT_MAX_ABS = 2e-5
+LOGIT_MEAN_ABS = 1e-5
+MARGIN = 0.3          # a reference top-2 margin above this must give the same top-1
+PPL_REL = 0.005
+TIMEOUT = float(os.environ.get("TL_ORACLE_TIMEOUT", "600"))
+
+passed = 0
+failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {what}")
+    return ok
+
+
+def load(name):
+    with open(os.path.join(FIX, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def tl(args, stdin=None):
+    """Runs the CLI; returns (rc, stdout bytes, stderr text)."""
+    try:
+        p = subprocess.run([TL_BIN] + args, input=stdin, capture_output=True, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return -1, b"", str(e)
+    return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
+
+
+def parse_ids(out):
+    """The last non-empty stdout line must be a JSON array of ints."""
+    lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    try:
+        v = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return v if isinstance(v, list) and all(isinstance(x, int) for x in v) else None
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def tokenize_one(model, data, special):
+    args = ["tokenize", "-m", model, "--stdin", "--ids"] + ([] if special else ["--no-special"])
+    rc, out, err = tl(args, stdin=data)
+    if rc != 0:
+        return None, f"rc={rc} {err.strip()[-200:]}"
+    ids = parse_ids(out)
+    return ids, (None if ids is not None else f"unparsable output {out[-200:]!r}")
+
+
+def test_tokenizer_file(fixture, model):
+    fx = load(fixture)
+    items = fx["items"]
+    if not check(os.path.exists(model), f"{fixture}: model/vocab {model} missing"):
+        return
+    for mode, key in (("special", "ids_special"), ("plain", "ids_plain")):
+        jobs = [(bytes.fromhex(it["hex"]), it[key]) for it in items]
+        with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
+            results = list(ex.map(lambda j: tokenize_one(model, j[0], mode == "special"), jobs))
+        bad = []
+        for it, (data, ref), (ids, err) in zip(items, jobs, results):
+            if ids != ref:
+                bad.append((it["label"], data, ref, ids, err))
+        print(f"{fixture} [{mode}]: {len(items) - len(bad)}/{len(items)} identical")
+        for label, data, ref, ids, err in bad[:5]:
+            print(f"  {label} {data[:60]!r}: ref {ref[:20]} got {ids[:20] if ids else ids} {err or ''}")
+        check(not bad, f"{fixture} [{mode}]: {len(bad)} of {len(items)} strings tokenize differently")
+
+
+# ---------------------------------------------------------------- logits
+
+def run_logits(ids, tmp):
+    idsf, outf = os.path.join(tmp, "ids.json"), os.path.join(tmp, "logits.bin")
+    with open(idsf, "w") as f:
+        json.dump(ids, f)
+    if os.path.exists(outf):
+        os.remove(outf)
+    rc, _, err = tl(["logits", "-m", MODEL, "--ids-file", idsf, "-o", outf])
+    if rc != 0 or not os.path.exists(outf):
+        return None, f"rc={rc} {err.strip()[-300:]}"
+    a = np.fromfile(outf, dtype="<f4")
+    if a.size == 0 or a.size % len(ids):
+        return None, f"output has {a.size} floats, not a multiple of {len(ids)} tokens"
+    return a.reshape(len(ids), a.size // len(ids)), None
+
+
+def test_logits():
+    fx = load("logits.json")
+    all_abs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for it in fx["items"]:
+            name, ids = it["name"], it["tokens"]
+            got, err = run_logits(ids, tmp)
+            if not check(got is not None, f"logits {name}: {err}"):
+                continue
+            ref_ids = np.array([[p[0] for p in row] for row in it["top20"]])
+            ref_val = np.array([[p[1] for p in row] for row in it["top20"]])
+            ours = np.take_along_axis(got, ref_ids, axis=1)
+            diff = np.abs(ours - ref_val)
+            spread = ref_val[:, 0] - ref_val[:, -1]
+            rel = diff.max(axis=1) / np.maximum(spread, 1e-3)
+            all_abs.append(diff.ravel())
+            margin = ref_val[:, 0] - ref_val[:, 1]
+            decisive = margin > MARGIN
+            top1_ok = got.argmax(axis=1) == ref_ids[:, 0]
+            n_bad_top1 = int((decisive & ~top1_ok).sum())
+            print(f"logits {name}: n={len(ids)} max_abs={diff.max():.4f} mean_abs={diff.mean():.5f} "
+                  f"p99={np.percentile(diff, 99):.4f} max_rel={rel.max():.4f} "
+                  f"top1 {int(top1_ok.sum())}/{len(ids)} (decisive mismatches {n_bad_top1})")
+            check(diff.max() <= LOGIT_MAX_ABS, f"logits {name}: max abs error {diff.max():.6f} > {LOGIT_MAX_ABS}")
+            check(diff.mean() <= LOGIT_MEAN_ABS, f"logits {name}: mean abs error {diff.mean():.5f} > {LOGIT_MEAN_ABS}")
+            check(n_bad_top1 == 0, f"logits {name}: top-1 differs at {n_bad_top1} positions with margin > {MARGIN}")
+    if all_abs:
+        d = np.concatenate(all_abs)
+        print(f"logits overall: max_abs={d.max():.4f} mean_abs={d.mean():.5f} p99={np.percentile(d, 99):.4f}")
+
+
+# ---------------------------------------------------------------- greedy
+
+def compare_greedy(label, ref, got, margins, eog):
+    """The issue's rule: ids identical up to the first step where the
+    reference's top-2 margin is below MARGIN (a near tie that float noise may
+    flip). Where they part later, the reference's margin at that step is
+    printed too: our decode visits attention in llama.cpp's prefill order, not
+    its decode order (docs/NUMERICS.md), so later steps may part at margins
+    a little above MARGIN."""
+    if got is None:
+        return check(False, f"greedy {label}: no ids")
+    r, g = ref, got
+    # The CLI may leave out the end-of-generation token it stopped at.
+    if r and r[-1] in eog and g == r[:-1]:
+        g = r
+    low = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
+    part = next((i for i in range(max(len(r), len(g))) if i >= len(r) or i >= len(g) or r[i] != g[i]), None)
+    where = "identical" if part is None else f"part at step {part}"
+    if part is not None and part < len(margins):
+        where += f" (reference margin there {margins[part]:.4f})"
+    print(f"greedy {label}: {where}; ref {len(ref)} tokens, ours {len(got)}; first near tie at step {low}")
+    ok = part is None or part >= low
+    if not ok:
+        print(f"  ref {ref[max(0, part - 3):part + 5]} ours {got[max(0, part - 3):part + 5]}")
+    return check(ok, f"greedy {label}: parts at step {part}, before the first near tie (step {low})")
+
+
+def test_greedy(chat_only=False):
+    fx = load("greedy.json")
+    eog = set(fx.get("eog_ids", []))
+    n = fx["meta"]["settings"]["n_gen"]
+    for it in fx["items"]:
+        label = f"{it['kind']} {it['prompt'][:30]!r}"
+        if not chat_only:
+            rc, out, err = tl(["run", "-m", MODEL, "-p", it["rendered"], "-n", str(n), "--temp", "0", "--ids"])
+            got = parse_ids(out) if rc == 0 else None
+            if got is None:
+                print(f"  rc={rc} {err.strip()[-300:]}")
+            compare_greedy(label, it["ids"], got, it["margins"], eog)
+    # --chat applies the template itself; check it on a few chat prompts.
+    for it in [x for x in fx["items"] if x["kind"] == "chat"][:3]:
+        label = f"--chat {it['prompt'][:30]!r}"
+        rc, out, err = tl(["run", "-m", MODEL, "--chat", "-p", it["prompt"], "-n", str(n), "--temp", "0", "--ids"])
+        got = parse_ids(out) if rc == 0 else None
+        if got is None:
+            print(f"  rc={rc} {err.strip()[-300:]}")
+        compare_greedy(label, it["ids"], got, it["margins"], eog)
+
+
+# ---------------------------------------------------------------- perplexity
+
+def test_perplexity():
+    fx = load("perplexity.json")
+    text = os.path.join(FIX, fx["text_file"])
+    rc, out, err = tl(["perplexity", "-m", MODEL, "-f", text, "-c", str(fx["n_ctx"])])
+    lines = (out.decode("utf-8", "replace") + "\n" + err).splitlines()
+    m = None
+    for ln in lines:
+        mm = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", ln)
+        if mm:
+            m = mm
+    if not check(rc == 0 and m is not None, f"perplexity: rc={rc}, no 'Final estimate' line: {err.strip()[-300:]}"):
+        return
+    ppl, se = float(m.group(1)), float(m.group(2))
+    ref = fx["ppl"]
+    rel = abs(ppl - ref) / ref
+    print(f"perplexity: ours {ppl:.4f} +/- {se:.5f}, reference {ref:.4f} +/- {fx['stderr']:.5f}, rel diff {rel:.5f}")
+    check(rel <= PPL_REL, f"perplexity {ppl:.4f} vs reference {ref:.4f} (rel {rel:.5f} > {PPL_REL})")
+
+
+def main():
+    parts = sys.argv[1:] or ["tokenizer", "logits", "greedy", "perplexity"]
+    ok = check(os.path.exists(MODEL), f"model {MODEL} missing (run scripts/fetch-models.sh)")
+    ok = check(os.access(TL_BIN, os.X_OK), f"TL_BIN {TL_BIN} is not an executable") and ok
+    if ok:
+        if "tokenizer" in parts:
+            test_tokenizer_file("tokenizer.json", MODEL)
+            test_tokenizer_file("tokenizer_gpt2.json", os.path.join(VOCAB_DIR, "ggml-vocab-gpt-2.gguf"))
+        if "logits" in parts:
+            test_logits()
+        if "greedy" in parts or "chat" in parts:
+            test_greedy(chat_only="greedy" not in parts)
+        if "perplexity" in parts:
+            test_perplexity()
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
