@@ -57,12 +57,24 @@ static void mm_worker(void *arg, int ith, int nth) {
         int64_t rows = w->ne[1], cols = w->ne[0];
         size_t rb = tl_row_size((tl_type)w->type, cols);
         tl_vec_dot_fn dot = j->k->vec_dot[w->type];
+        tl_vec_dot4_fn dot4 = j->k->vec_dot4[w->type];
         int64_t lo, hi;
         tl_split(rows, ith, nth, &lo, &hi);
-        /* A tile of weight rows stays in cache while every token passes it. */
+        /* A tile of weight rows stays in cache while every token passes it;
+         * four tokens at a time share each weight block's unpacking. */
         for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE) {
             int64_t r1 = r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi;
-            for (int t = 0; t < j->n_tok; t++) {
+            int t = 0;
+            for (; dot4 && t + 4 <= j->n_tok; t += 4) {
+                const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
+                float *y = j->y[mi] + (size_t)t * rows;
+                for (int64_t r = r0; r < r1; r++) {
+                    float o[4];
+                    dot4(cols, (const uint8_t *)w->data + (size_t)r * rb, xa, j->xa_row, o);
+                    for (int i = 0; i < 4; i++) y[(size_t)i * rows + r] = o[i];
+                }
+            }
+            for (; t < j->n_tok; t++) {
                 const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
                 float *y = j->y[mi] + (size_t)t * rows;
                 for (int64_t r = r0; r < r1; r++)

@@ -129,6 +129,46 @@ DOT_32(dot_q5_0, block_q5_0, block_q8_0, sums_q5_0, 0)
 DOT_32(dot_q5_1, block_q5_1, block_q8_1, sums_q5_1, 1)
 DOT_32(dot_q8_0, block_q8_0, block_q8_0, sums_q8_0, 0)
 
+/* Four activation rows against one weight row (prefill). The weight block is
+ * unpacked once; each row keeps its own accumulator and performs exactly the
+ * operations of the single-row kernel above, so results are bitwise equal. */
+static inline __m256i w_q4_0(const block_q4_0 *x) { return _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8)); }
+static inline __m256i w_q4_1(const block_q4_1 *x) { return nibbles32(x->qs); }
+static inline __m256i w_q5_0(const block_q5_0 *x) {
+    return _mm256_or_si256(nibbles32(x->qs), _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0)));
+}
+static inline __m256i w_q5_1(const block_q5_1 *x) {
+    return _mm256_or_si256(nibbles32(x->qs), _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10)));
+}
+static inline __m256i w_q8_0(const block_q8_0 *x) { return load32(x->qs); }
+
+#define DOT4_32(NAME, WT, AT, WEXP, DOT, BIASED)                                                \
+    static void NAME(int64_t n, const void *vw, const void *va, size_t stride, float out[4]) {   \
+        const WT *x = vw;                                                                        \
+        const AT *y[4];                                                                          \
+        for (int r = 0; r < 4; r++) y[r] = (const AT *)((const uint8_t *)va + r * stride);      \
+        const int64_t nb = n / 32;                                                               \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),         \
+                         _mm256_setzero_ps()};                                                   \
+        float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                               \
+        for (int64_t i = 0; i < nb; i++) {                                                       \
+            const __m256i qx = WEXP(x + i);                                                      \
+            const float dw = h2f(x[i].d);                                                        \
+            for (int r = 0; r < 4; r++) {                                                        \
+                const __m256 d = _mm256_set1_ps(dw * h2f(y[r][i].d));                            \
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(DOT(qx, load32(y[r][i].qs))), acc[r]); \
+                if (BIASED) summs[r] = fma1(h2f_at(x + i, 1), h2f_at(y[r] + i, 1), summs[r]);   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < 4; r++) out[r] = BIASED ? hsum_f8(acc[r]) + summs[r] : hsum_f8(acc[r]); \
+    }
+
+DOT4_32(dot4_q4_0, block_q4_0, block_q8_0, w_q4_0, dot_ss8, 0)
+DOT4_32(dot4_q4_1, block_q4_1, block_q8_1, w_q4_1, dot_us8, 1)
+DOT4_32(dot4_q5_0, block_q5_0, block_q8_0, w_q5_0, dot_ss8, 0)
+DOT4_32(dot4_q5_1, block_q5_1, block_q8_1, w_q5_1, dot_us8, 1)
+DOT4_32(dot4_q8_0, block_q8_0, block_q8_0, w_q8_0, dot_ss8, 0)
+
 /* ---- K-quants against Q8_K: one 256-superblock per step ----------------------------- */
 
 /* The 12 packed bytes -> 16 int16: the 8 six-bit scales, then the 8 six-bit mins
@@ -407,6 +447,11 @@ static void quantize_f16(const float *x, void *vy, int64_t n) {
 void tl_kernels_fill_avx2(tl_kernels *k) {
     k->vec_dot[TL_Q4_0] = dot_q4_0;
     k->vec_dot[TL_Q4_1] = dot_q4_1;
+    k->vec_dot4[TL_Q4_0] = dot4_q4_0;
+    k->vec_dot4[TL_Q4_1] = dot4_q4_1;
+    k->vec_dot4[TL_Q5_0] = dot4_q5_0;
+    k->vec_dot4[TL_Q5_1] = dot4_q5_1;
+    k->vec_dot4[TL_Q8_0] = dot4_q8_0;
     k->vec_dot[TL_Q5_0] = dot_q5_0;
     k->vec_dot[TL_Q5_1] = dot_q5_1;
     k->vec_dot[TL_Q8_0] = dot_q8_0;

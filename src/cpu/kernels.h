@@ -17,6 +17,11 @@ typedef enum tl_cpu_level {
 
 /* dot(weight row w of `type`, activation row a in its vec_dot_type), n elements. */
 typedef float (*tl_vec_dot_fn)(int64_t n, const void *w, const void *a);
+/* The same dot for four activation rows (a, a + a_stride, ...) against one
+ * weight row, sharing the weight's unpacking: out[i] is bitwise what vec_dot
+ * gives for row i. Optional (NULL: call vec_dot four times). */
+typedef void (*tl_vec_dot4_fn)(int64_t n, const void *w, const void *a, size_t a_stride,
+                               float out[4]);
 /* f32 row -> activation format (Q8_0, Q8_1, Q8_K, F16, BF16), n elements. */
 typedef void (*tl_quantize_fn)(const float *x, void *y, int64_t n);
 
@@ -24,6 +29,7 @@ typedef struct tl_kernels {
     tl_cpu_level level;
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
+    tl_vec_dot4_fn vec_dot4[TL_TYPE_COUNT]; /* prefill: 4 tokens per weight row; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
     /* f16 x f16 dot with f32 accumulation (attention scores against an f16 K cache) */
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);

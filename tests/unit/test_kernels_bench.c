@@ -152,6 +152,40 @@ static void check_dots(const tl_kernels *k, rng *r) {
     }
 }
 
+/* vec_dot4 (four activation rows at once) must equal vec_dot row by row, bitwise. */
+static void check_dot4(const tl_kernels *k, rng *r) {
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) {
+        const tl_type t = wtypes[ti];
+        if (!k->vec_dot4[t]) continue;
+        const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+            const int64_t n = sizes[si];
+            if (n % tl_type_info((uint32_t)t)->block_size) continue;
+            const size_t wb = tl_row_size(t, n), ab = tl_row_size(at, n);
+            uint8_t *w = malloc(wb), *a = malloc(4 * ab);
+            float *x = malloc((size_t)n * sizeof(float));
+            CHECK(w && a && x, "alloc");
+            if (w && a && x) {
+                make_weights(t, w, n, r);
+                for (int i = 0; i < 4; i++) {
+                    make_acts(x, n, r);
+                    tl_quantize_row_act(at, x, a + i * ab, n);
+                }
+                float o[4];
+                k->vec_dot4[t](n, w, a, ab, o);
+                for (int i = 0; i < 4; i++) {
+                    const float one = k->vec_dot[t](n, w, a + i * ab);
+                    CHECK(memcmp(&one, &o[i], sizeof one) == 0, "%s %s n=%lld row %d: dot4 %.9g vs dot %.9g",
+                          k->name, tl_type_info(t)->name, (long long)n, i, o[i], one);
+                }
+            }
+            free(w);
+            free(a);
+            free(x);
+        }
+    }
+}
+
 static void check_dot_f16(const tl_kernels *k, rng *r) {
     static const int64_t ns[] = {1, 7, 8, 31, 64, 100, 128, 256, 4099};
     uint16_t *x = malloc(4099 * 2), *y = malloc(4099 * 2);
@@ -231,6 +265,7 @@ int main(void) {
         k.name = level == TL_CPU_AVX2 ? "avx2" : level == TL_CPU_AVX512 ? "avx512" : "avx512-vnni";
         check_quantizers(&k, &r);
         check_dots(&k, &r);
+        check_dot4(&k, &r);
         check_dot_f16(&k, &r);
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
