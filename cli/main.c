@@ -23,8 +23,10 @@ static const char USAGE[] =
     "  logits      write the logits of a token sequence (for testing against peers)\n"
     "\n"
     "Run 'tokenloop COMMAND --help' for the options of a command.\n"
-    "Supported: architecture llama; tokenizer gpt2 (byte-level BPE); weights F32, F16,\n"
-    "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.\n";
+    "Supported: architecture llama; tokenizers gpt2 (byte-level BPE) and llama\n"
+    "(SentencePiece-style); weights F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,\n"
+    "Q3_K, Q4_K, Q5_K, Q6_K. The CPU code path is chosen at start-up (TL_CPU=scalar|\n"
+    "avx2|avx512|avx512-vnni caps it).\n";
 
 void cli_error(const char *fmt, ...) {
     va_list ap;
