@@ -15,7 +15,7 @@ typedef struct run_opts {
     const char *stop[MAX_STOPS];
     int n_stop;
     int n_predict, n_ctx, n_threads, n_batch;
-    int chat, show_probs, print_ids, verbose;
+    int chat, show_probs, print_ids, ignore_eos;
     tl_sampler_params sp;
 } run_opts;
 
@@ -42,6 +42,7 @@ static const char RUN_HELP[] =
     "      --stop STR          stop at STR (not printed); may be repeated\n"
     "      --chat              wrap the prompt in the model's chat template (run)\n"
     "      --system TEXT       system message for --chat and chat\n"
+    "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
     "      --show-probs        show each token's probability and the top 5 alternatives\n"
     "                          on stderr\n"
     "      --ids               print the generated token ids as a JSON array instead of text\n"
@@ -107,6 +108,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             o->stop[o->n_stop++] = v;
         } else if (!strcmp(a, "--chat") && !is_chat) {
             o->chat = 1;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = 1;
         } else if (!strcmp(a, "--show-probs")) {
             o->show_probs = 1;
         } else if (!strcmp(a, "--ids") && !is_chat) {
@@ -294,7 +297,8 @@ static int generate_text(session *s, const run_opts *o, const char *prompt, size
     }
     out_state os = {s->m, o, 0};
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
-                        .n_top = o->show_probs ? 5 : 0, .on_token = on_token, .user = &os};
+                        .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
+                        .on_token = on_token, .user = &os};
     int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
     tl_free(ids);
     if (o->print_ids) printf("%s]\n", os.n_ids ? "" : "[");

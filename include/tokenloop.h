@@ -190,6 +190,7 @@ typedef struct tl_gen_params {
     const char *const *stop;   /* stop strings */
     int n_stop;
     int n_top;                 /* alternatives reported per token (0..20) */
+    int ignore_eog;            /* keep going past end-of-generation tokens (benchmarks) */
     tl_gen_callback on_token;
     void *user;
 } tl_gen_params;

@@ -178,9 +178,8 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     }
     int avx2 = c->kern.level >= TL_CPU_AVX2;
     double sum = tl_softmax_exp(pos + 1, s, mx, avx2);
-    float inv = (float)(1.0 / sum);
-    /* ggml multiplies V by the weights converted to f16 */
-    for (int j = 0; j <= pos; j++) s[j] = tl_fp16_to_fp32(tl_fp32_to_fp16(s[j] * inv));
+    /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
+    tl_scale_round_f16(pos + 1, s, (float)(1.0 / sum), avx2);
     tl_attn_pv(pos + 1, hd, s, vb, c->kv_dim, acc, acc + 8 * hd, avx2);
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
@@ -189,11 +188,12 @@ static void att_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     tl_ctx *c = j->c;
     int nh = c->m->hp.n_head;
-    int64_t lo, hi;
-    tl_split((int64_t)j->n_tok * nh, ith, nth, &lo, &hi);
     float *s = c->scores + (size_t)ith * c->n_ctx;
     float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim;
-    for (int64_t i = lo; i < hi; i++) attend(c, j->layer, (int)(i / nh), (int)(i % nh), s, acc);
+    /* Later tokens see more keys: deal (token, head) pairs out round-robin so
+     * the threads get equal work. */
+    for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth)
+        attend(c, j->layer, (int)(i / nh), (int)(i % nh), s, acc);
 }
 
 /* ---------------------------------------------------------------- layers */

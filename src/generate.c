@@ -99,7 +99,7 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
         ev.token = tok;
         ev.top = top;
         ev.n_top = n_top;
-        if (tl_token_is_eog(m, tok)) {
+        if (!gp->ignore_eog && tl_token_is_eog(m, tok)) {
             stop = TL_STOP_EOG;
             if (emit(gp, &ev, "", 0)) break;
             break;

@@ -125,7 +125,7 @@ void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg) {
     /* Spin briefly, then yield: on a busy machine a preempted worker needs
      * this CPU to finish, and burning our time slice would only delay it. */
     for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
-        if (spins < 2000) cpu_relax();
+        if (spins < 100000) cpu_relax();
         else sched_yield();
     }
 }

@@ -110,6 +110,16 @@ __attribute__((target("avx2,fma"))) static double softmax_exp_avx2(int n, float 
     return sum;
 }
 
+__attribute__((target("avx2,fma,f16c"))) static void scale_round_avx2(int n, float *s, float scale) {
+    int i = 0;
+    __m256 sc = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + i), sc), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(s + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++) s[i] = tl_fp16_to_fp32(tl_fp32_to_fp16(s[i] * scale));
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd, const float *p,
                                                                   const uint16_t *v, int64_t vs,
                                                                   float *acc, float *out) {
@@ -156,6 +166,16 @@ double tl_softmax_exp(int n, float *s, float max, int avx2) {
         sum += (double)(((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7])));
     }
     return sum;
+}
+
+void tl_scale_round_f16(int n, float *s, float scale, int avx2) {
+#ifdef TL_X86
+    if (avx2) {
+        scale_round_avx2(n, s, scale);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) s[i] = tl_fp16_to_fp32(tl_fp32_to_fp16(s[i] * scale));
 }
 
 void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t vs, float *acc,

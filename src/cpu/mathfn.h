@@ -19,6 +19,9 @@ void tl_swiglu(int n, float *y, const float *g, const float *u, int avx2);
  * (pairwise within the group, the group sums in double) as ggml does. */
 double tl_softmax_exp(int n, float *s, float max, int avx2);
 
+/* s[j] = f16_round(s[j] * scale) for j < n. */
+void tl_scale_round_f16(int n, float *s, float scale, int avx2);
+
 /* out[d] = sum_j p[j] * v_j[d] over j < n, v_j = f16 row j (stride
  * v_stride elements) of width hd: 8 partial sums by j mod 8, each a chain of
  * fused multiply-adds in j order, then added pairwise (tinyBLAS's order).
