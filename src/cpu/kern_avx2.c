@@ -142,32 +142,47 @@ static inline __m256i w_q5_1(const block_q5_1 *x) {
 }
 static inline __m256i w_q8_0(const block_q8_0 *x) { return load32(x->qs); }
 
+#define DOT4_ROW(R, DOT, BIASED)                                                                 \
+    do {                                                                                         \
+        const __m256 d = _mm256_set1_ps(dw * h2f(a##R[i].d));                                    \
+        acc##R = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(DOT(qx, load32(a##R[i].qs))), acc##R);    \
+        if (BIASED) s##R = fma1(mw, h2f_at(a##R + i, 1), s##R);                                  \
+    } while (0)
+
+/* The four rows are spelled out so their accumulators live in registers as
+ * four independent FMA chains. */
 #define DOT4_32(NAME, WT, AT, WEXP, DOT, BIASED)                                                \
     static void NAME(int64_t n, const void *vw, const void *va, size_t stride, float out[4]) {   \
         const WT *x = vw;                                                                        \
-        const AT *y[4];                                                                          \
-        for (int r = 0; r < 4; r++) y[r] = (const AT *)((const uint8_t *)va + r * stride);      \
+        const AT *a0 = va, *a1 = (const AT *)((const uint8_t *)va + stride);                     \
+        const AT *a2 = (const AT *)((const uint8_t *)va + 2 * stride);                           \
+        const AT *a3 = (const AT *)((const uint8_t *)va + 3 * stride);                           \
         const int64_t nb = n / 32;                                                               \
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),         \
-                         _mm256_setzero_ps()};                                                   \
-        float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                               \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                \
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;                                        \
         for (int64_t i = 0; i < nb; i++) {                                                       \
             const __m256i qx = WEXP(x + i);                                                      \
             const float dw = h2f(x[i].d);                                                        \
-            for (int r = 0; r < 4; r++) {                                                        \
-                const __m256 d = _mm256_set1_ps(dw * h2f(y[r][i].d));                            \
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(DOT(qx, load32(y[r][i].qs))), acc[r]); \
-                if (BIASED) summs[r] = fma1(h2f_at(x + i, 1), h2f_at(y[r] + i, 1), summs[r]);   \
-            }                                                                                    \
+            const float mw = BIASED ? h2f_at(x + i, 1) : 0.0f;                                   \
+            (void)mw;                                                                            \
+            DOT4_ROW(0, DOT, BIASED);                                                                       \
+            DOT4_ROW(1, DOT, BIASED);                                                                       \
+            DOT4_ROW(2, DOT, BIASED);                                                                       \
+            DOT4_ROW(3, DOT, BIASED);                                                                       \
         }                                                                                        \
-        for (int r = 0; r < 4; r++) out[r] = BIASED ? hsum_f8(acc[r]) + summs[r] : hsum_f8(acc[r]); \
+        out[0] = BIASED ? hsum_f8(acc0) + s0 : hsum_f8(acc0);                                    \
+        out[1] = BIASED ? hsum_f8(acc1) + s1 : hsum_f8(acc1);                                    \
+        out[2] = BIASED ? hsum_f8(acc2) + s2 : hsum_f8(acc2);                                    \
+        out[3] = BIASED ? hsum_f8(acc3) + s3 : hsum_f8(acc3);                                    \
     }
 
 DOT4_32(dot4_q4_0, block_q4_0, block_q8_0, w_q4_0, dot_ss8, 0)
-DOT4_32(dot4_q4_1, block_q4_1, block_q8_1, w_q4_1, dot_us8, 1)
 DOT4_32(dot4_q5_0, block_q5_0, block_q8_0, w_q5_0, dot_ss8, 0)
-DOT4_32(dot4_q5_1, block_q5_1, block_q8_1, w_q5_1, dot_us8, 1)
 DOT4_32(dot4_q8_0, block_q8_0, block_q8_0, w_q8_0, dot_ss8, 0)
+DOT4_32(dot4_q4_1, block_q4_1, block_q8_1, w_q4_1, dot_us8, 1)
+DOT4_32(dot4_q5_1, block_q5_1, block_q8_1, w_q5_1, dot_us8, 1)
+#undef DOT4_32
+#undef DOT4_ROW
 
 /* ---- K-quants against Q8_K: one 256-superblock per step ----------------------------- */
 
