@@ -19,7 +19,11 @@ struct tl_ctx {
     tl_pool *pool;
     int n_ctx, n_batch, n_past;
     int q_dim, kv_dim;
-    uint16_t *kc, *vc;  /* [n_layer][n_ctx][kv_dim] f16 */
+    uint16_t *kc, *vc;  /* per layer [kv_len[l]][kv_dim] f16, from kv_off[l] */
+    int *kv_len;        /* positions a layer holds: n_ctx, or a sliding-window
+                         * layer's ring (position p in slot p mod kv_len) */
+    size_t *kv_off;     /* element offset of each layer's cache */
+    int kv_hi;          /* positions < kv_hi have been written since the last clear */
     float *x, *xb;      /* [n_batch][d] residual, normed */
     float *q, *k, *v;   /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
     uint16_t *q16;      /* [n_batch][q_dim] q rounded to f16 */
@@ -30,6 +34,8 @@ struct tl_ctx {
     float *scores;      /* [n_threads][n_ctx] */
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
+    float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
+    uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
     float *logits;      /* eval output */
     size_t logits_cap;  /* floats */
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
@@ -113,12 +119,12 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
  * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
-static void rope_cache(tl_ctx *c, int n_tok) {
+static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
-    float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)(c->n_past + t);
-        float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+        float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
             cs[2 * i] = cosf(theta);
             cs[2 * i + 1] = sinf(theta);
@@ -127,9 +133,14 @@ static void rope_cache(tl_ctx *c, int n_tok) {
     }
 }
 
-static void rope_apply(const tl_ctx *c, float *v, int n_heads, int t) {
+static void rope_cache(tl_ctx *c, int n_tok) {
+    rope_cache_base(c, c->rope_cs, c->m->hp.rope_base, n_tok);
+    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, c->m->hp.rope_base_swa, n_tok);
+}
+
+static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_heads, int t) {
     const tl_hparams *hp = &c->m->hp;
-    const float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+    const float *cs = cs_all + (size_t)t * hp->n_rot;
     int half = hp->n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *x = v + (size_t)h * hp->head_dim;
@@ -167,20 +178,31 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     int hd = hp->head_dim, pos = c->n_past + t;
     int kvh = h / (hp->n_head / hp->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
-    size_t lstride = (size_t)c->n_ctx * c->kv_dim;
-    const uint16_t *kb = c->kc + (size_t)layer * lstride + (size_t)kvh * hd;
-    const uint16_t *vb = c->vc + (size_t)layer * lstride + (size_t)kvh * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    int len = c->kv_len[layer];
+    const uint16_t *kb = c->kc + c->kv_off[layer] + (size_t)kvh * hd;
+    const uint16_t *vb = c->vc + c->kv_off[layer] + (size_t)kvh * hd;
+    int prescaled = c->m->arch->q_prescale;
+    float scale = hp->attn_scale;
+    /* A sliding-window layer sees keys j with pos - j < n_swa. The keys
+     * before it are masked (weight exactly 0); starting at a multiple of 8
+     * keeps each visible key in the lane ggml's sums put it in. */
+    int lo = 0, j0 = 0;
+    if (c->m->layers[layer].swa && pos - hp->n_swa + 1 > 0) {
+        lo = pos - hp->n_swa + 1;
+        j0 = lo & ~7;
+    }
     float mx = -INFINITY;
-    for (int j = 0; j <= pos; j++) {
-        s[j] = c->kern.dot_f16(hd, kb + (size_t)j * c->kv_dim, q) * scale;
+    for (int j = j0; j < lo; j++) s[j] = -INFINITY;
+    for (int j = lo, slot = lo % len; j <= pos; j++, slot = slot + 1 == len ? 0 : slot + 1) {
+        s[j] = c->kern.dot_f16(hd, kb + (size_t)slot * c->kv_dim, q);
+        if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
-    int avx2 = c->kern.level >= TL_CPU_AVX2;
-    double sum = tl_softmax_exp(pos + 1, s, mx, avx2);
+    int avx2 = c->kern.level >= TL_CPU_AVX2, n = pos + 1 - j0;
+    double sum = tl_softmax_exp(n, s + j0, mx, avx2);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
-    tl_scale_round_f16(pos + 1, s, (float)(1.0 / sum), avx2);
-    tl_attn_pv(pos + 1, hd, s, vb, c->kv_dim, acc, acc + 8 * hd, avx2);
+    tl_scale_round_f16(n, s + j0, (float)(1.0 / sum), avx2);
+    tl_attn_pv_ring(n, hd, s + j0, vb, c->kv_dim, j0 % len, len, acc, acc + 8 * hd, avx2);
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
@@ -207,15 +229,25 @@ static void attention_block(tl_ctx *c, int il, int n) {
     tl_w w[3] = {L->wq, L->wk, L->wv};
     float *y[3] = {c->q, c->k, c->v};
     matmul(c, 3, w, y, c->xb, n);
-    size_t lstride = (size_t)c->n_ctx * c->kv_dim;
+    const tl_arch_info *a = c->m->arch;
+    const float *cs = L->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
+    int hd = hp->head_dim;
     for (int t = 0; t < n; t++) {
         float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
         float *v = c->v + (size_t)t * c->kv_dim;
-        rope_apply(c, q, hp->n_head, t);
-        rope_apply(c, k, hp->n_head_kv, t);
+        if (a->qk_norm) {
+            for (int h = 0; h < hp->n_head; h++)
+                rmsnorm(q + h * hd, q + h * hd, L->attn_q_norm->data, hd, hp->norm_eps);
+            for (int h = 0; h < hp->n_head_kv; h++)
+                rmsnorm(k + h * hd, k + h * hd, L->attn_k_norm->data, hd, hp->norm_eps);
+        }
+        rope_apply(c, cs, q, hp->n_head, t);
+        rope_apply(c, cs, k, hp->n_head_kv, t);
+        if (a->q_prescale)
+            for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
         uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
         for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
-        size_t at = (size_t)il * lstride + (size_t)(c->n_past + t) * c->kv_dim;
+        size_t at = c->kv_off[il] + (size_t)((c->n_past + t) % c->kv_len[il]) * c->kv_dim;
         for (int i = 0; i < c->kv_dim; i++) {
             c->kc[at + i] = tl_fp32_to_fp16(k[i]);
             c->vc[at + i] = tl_fp32_to_fp16(v[i]);
@@ -226,6 +258,9 @@ static void attention_block(tl_ctx *c, int il, int n) {
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */
     matmul(c, 1, &wo, &o, c->att, n);
+    if (a->sandwich)
+        for (int t = 0; t < n; t++)
+            rmsnorm(o + (size_t)t * d, o + (size_t)t * d, L->attn_post_norm->data, d, hp->norm_eps);
     for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
 }
 
@@ -240,11 +275,17 @@ static void ffn_block(tl_ctx *c, int il, int n) {
     matmul(c, 2, w, y, c->xb, n);
     for (int t = 0; t < n; t++) {
         size_t o = (size_t)t * hp->n_ff;
-        tl_swiglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
+        if (c->m->arch->act == TL_ACT_GELU)
+            tl_geglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
+        else
+            tl_swiglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
     }
     tl_w wd = L->w_down;
     float *o = c->xb;
     matmul(c, 1, &wd, &o, c->hb, n);
+    if (c->m->arch->sandwich)
+        for (int t = 0; t < n; t++)
+            rmsnorm(o + (size_t)t * d, o + (size_t)t * d, L->ffn_post_norm->data, d, hp->norm_eps);
     for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
 }
 
@@ -266,6 +307,8 @@ int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *
         tl_dequantize_row((tl_type)m->tok_embd->type,
                           (const uint8_t *)m->tok_embd->data + (size_t)tokens[t] * erow,
                           c->x + (size_t)t * d, d);
+        if (m->arch->embd_scale) /* ggml_scale by sqrtf(d) in float */
+            for (int i = 0; i < d; i++) c->x[(size_t)t * d + i] *= sqrtf((float)d);
     }
     rope_cache(c, n);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -273,6 +316,7 @@ int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *
         ffn_block(c, il, n);
     }
     c->n_past += n;
+    if (c->n_past > c->kv_hi) c->kv_hi = c->n_past;
     int nl = n - first_logit;
     if (nl > 0) {
         for (int t = 0; t < nl; t++)
@@ -280,6 +324,10 @@ int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *
                     m->output_norm->data, d, hp->norm_eps);
         tl_w wo = m->output;
         matmul(c, 1, &wo, &out, c->xb, nl);
+        float cap = hp->logit_softcap;
+        if (cap > 0.0f)
+            for (size_t i = 0; i < (size_t)nl * hp->n_vocab; i++)
+                out[i] = tanhf(out[i] * (1.0f / cap)) * cap;
     }
     return TL_OK;
 }
@@ -322,7 +370,17 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return st;
     }
     int fail = 0, nb = p.n_batch, nt = p.n_threads;
-    size_t kvn = (size_t)hp->n_layer * (size_t)c->n_ctx * (size_t)c->kv_dim;
+    c->kv_len = xcalloc((size_t)hp->n_layer, sizeof *c->kv_len, &fail);
+    c->kv_off = xcalloc((size_t)hp->n_layer, sizeof *c->kv_off, &fail);
+    size_t kvn = 0;
+    for (int il = 0; !fail && il < hp->n_layer; il++) {
+        /* A ring keeps the window, one batch of new keys, and the up to 7
+         * masked keys before the window that align the sums to 8. */
+        int64_t ring = (int64_t)hp->n_swa + nb + 8;
+        c->kv_len[il] = m->layers[il].swa && ring < c->n_ctx ? (int)ring : c->n_ctx;
+        c->kv_off[il] = kvn;
+        kvn += (size_t)c->kv_len[il] * (size_t)c->kv_dim;
+    }
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
@@ -342,6 +400,11 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
     c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    if (hp->n_swa > 0) c->rope_cs_swa = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    if (m->arch->act == TL_ACT_GELU) {
+        c->gelu = xcalloc(65536, sizeof(uint16_t), &fail);
+        if (c->gelu) tl_gelu_table(c->gelu);
+    }
     if (fail) {
         tl_ctx_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
@@ -354,6 +417,8 @@ void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
     tl_pool_free(c->pool);
     free(c->kc);
+    free(c->kv_len);
+    free(c->kv_off);
     free(c->vc);
     free(c->x);
     free(c->xb);
@@ -368,6 +433,8 @@ void tl_ctx_free(tl_ctx *c) {
     free(c->scores);
     free(c->vacc);
     free(c->rope_cs);
+    free(c->rope_cs_swa);
+    free(c->gelu);
     free(c->logits);
     free(c);
 }
@@ -380,6 +447,15 @@ const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
 int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) {
     if (n_past < 0 || n_past > c->n_past)
         return tl_fail(err, TL_ERR_ARG, "cannot truncate to %d (have %d)", n_past, c->n_past);
+    /* A ring that has wrapped past what the next token's window needs has
+     * lost those keys: the sequence must be re-evaluated from the start. */
+    int j0 = (n_past - c->m->hp.n_swa + 1) & ~7;
+    for (int il = 0; n_past > 0 && il < c->m->hp.n_layer; il++)
+        if (c->kv_len[il] < c->n_ctx && (j0 > 0 ? j0 : 0) + c->kv_len[il] < c->kv_hi)
+            return tl_fail(err, TL_ERR_ARG,
+                           "cannot rewind to %d: the sliding-window cache no longer holds "
+                           "positions %d.. (truncate to 0 and re-evaluate)", n_past, j0);
+    if (n_past == 0) c->kv_hi = 0;
     c->n_past = n_past;
     c->logits_n = 0;
     return TL_OK;

@@ -3,6 +3,7 @@
  * the public accessors that only need the model (tokens, template). */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,9 @@
 #include "util.h"
 
 static const tl_arch_info ARCHS[] = {
-    {"llama", TL_ARCH_LLAMA, 0},
+    /* name     arch           neox scale sandw qknorm act          qpre swa */
+    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0},
+    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6},
 };
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -64,7 +67,11 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "feed_forward_length", 1, 0, &hp->n_ff, err)) ||
         (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
-        (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)))
+        (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
+        /* llama.cpp's default when a sliding-window model has no such key */
+        (st = hp_float(m, "rope.freq_base_swa", 0, 10000.0, &hp->rope_base_swa, err)) ||
+        (st = hp_int(m, "attention.sliding_window", 0, 0, &hp->n_swa, err)) ||
+        (st = hp_float(m, "final_logit_softcapping", 0, 0.0, &hp->logit_softcap, err)))
         return st;
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->n_ff <= 0 || hp->n_head % hp->n_head_kv != 0)
@@ -79,6 +86,8 @@ static int read_hparams(tl_model *m, tl_error *err) {
         return tl_fail(err, TL_ERR_UNSUPPORTED, "head sizes k=%d v=%d not supported",
                        hp->head_dim, vlen);
     if ((st = hp_int(m, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err))) return st;
+    /* llama.cpp: 1/sqrt(key_length), as a float */
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_fail(err, TL_ERR_FORMAT, "rope.dimension_count %d invalid for head size %d",
                        hp->n_rot, hp->head_dim);
@@ -111,6 +120,21 @@ static int bind(tl_model *m, const char *name, int64_t ne0, int64_t ne1, int req
     if (!need_dot && ne1 == 0 && t->type != TL_F32)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "norm tensor %s must be F32, is %s", name,
                        tt->name);
+    return TL_OK;
+}
+
+/* Which layers attend to a sliding window: with a window, every
+ * swa_pattern-th layer (the last of each group) is global, as llama.cpp's
+ * default; "<arch>.attention.sliding_window_pattern" overrides the period. */
+static int set_swa_layers(tl_model *m, tl_error *err) {
+    int n_pat = m->arch->swa_pattern, st;
+    if (m->hp.n_swa <= 0 || n_pat <= 0) {
+        m->hp.n_swa = 0;
+        return TL_OK;
+    }
+    if ((st = hp_int(m, "attention.sliding_window_pattern", 0, n_pat, &n_pat, err))) return st;
+    for (int i = 0; i < m->hp.n_layer; i++)
+        m->layers[i].swa = n_pat == 0 || i % n_pat < n_pat - 1;
     return TL_OK;
 }
 
@@ -148,9 +172,17 @@ static int bind_weights(tl_model *m, tl_error *err) {
         B(w_gate, "ffn_gate", d, hp->n_ff, 1)
         B(w_up, "ffn_up", d, hp->n_ff, 1)
         B(w_down, "ffn_down", hp->n_ff, d, 1)
+        if (m->arch->qk_norm) {
+            B(attn_q_norm, "attn_q_norm", hd, 0, 0)
+            B(attn_k_norm, "attn_k_norm", hd, 0, 0)
+        }
+        if (m->arch->sandwich) {
+            B(attn_post_norm, "post_attention_norm", d, 0, 0)
+            B(ffn_post_norm, "post_ffw_norm", d, 0, 0)
+        }
 #undef B
     }
-    return TL_OK;
+    return set_swa_layers(m, err);
 }
 
 static int load_common(const char *path, tl_model **out, tl_error *err) {
@@ -191,7 +223,7 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
     if (r != 1) {
         st = tl_fail(err, TL_ERR_FORMAT, "metadata general.architecture is missing");
     } else if (!(m->arch = find_arch(an))) {
-        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama)",
+        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama, gemma3)",
                      (int)(an.len > 64 ? 64 : an.len), an.ptr);
     } else if (m->gguf->n_tensors == 0) {
         st = tl_fail(err, TL_ERR_FORMAT, "the file has no tensors (vocabulary only?)");

@@ -12,13 +12,27 @@
 typedef enum tl_arch {
     TL_ARCH_NONE = 0, /* vocabulary-only file */
     TL_ARCH_LLAMA,
+    TL_ARCH_GEMMA3,
 } tl_arch;
+
+typedef enum tl_ffn_act {
+    TL_ACT_SILU = 0, /* SwiGLU: silu(gate) * up */
+    TL_ACT_GELU,     /* GeGLU: gelu(gate) * up, through ggml's f16 lookup table */
+} tl_ffn_act;
 
 /* Per-architecture switches: an architecture is a row of these. */
 typedef struct tl_arch_info {
     const char *name; /* general.architecture */
     tl_arch arch;
     int rope_neox;    /* 1: rotate halves (NeoX); 0: adjacent pairs */
+    int embd_scale;   /* 1: embeddings multiplied by sqrtf(d) (Gemma) */
+    int sandwich;     /* 1: RMSNorm also after attention and FFN (post_*_norm) */
+    int qk_norm;      /* 1: per-head RMSNorm of q and k before RoPE */
+    tl_ffn_act act;
+    int q_prescale;   /* 1: q scaled by 1/sqrt(hd) before the f16 rounding, scores
+                       * unscaled (Gemma); 0: scores scaled after the dot */
+    int swa_pattern;  /* default sliding-window pattern: every n-th layer global
+                       * (0: no sliding window unless the metadata says so) */
 } tl_arch_info;
 
 typedef struct tl_hparams {
@@ -32,7 +46,11 @@ typedef struct tl_hparams {
     int n_ctx_train;
     int n_rot;        /* RoPE dimensions per head (<= head_dim) */
     float rope_base;
+    float rope_base_swa; /* RoPE base of sliding-window layers */
     float norm_eps;
+    int n_swa;           /* sliding window in positions (0: none) */
+    float attn_scale;    /* multiplies q.k */
+    float logit_softcap; /* 0: none */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -45,6 +63,9 @@ typedef struct tl_layer {
     tl_w wo;                     /* [d, n_head*hd] */
     tl_w ffn_norm;               /* [d] f32 */
     tl_w w_gate, w_up, w_down;   /* [ff, d] x2, [d, ff] */
+    tl_w attn_q_norm, attn_k_norm; /* [hd] f32 (qk_norm) */
+    tl_w attn_post_norm, ffn_post_norm; /* [d] f32 (sandwich) */
+    int swa;                     /* 1: this layer attends to a sliding window */
 } tl_layer;
 
 struct tl_model {

@@ -122,11 +122,12 @@ __attribute__((target("avx2,fma,f16c"))) static void scale_round_avx2(int n, flo
 
 __attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd, const float *p,
                                                                   const uint16_t *v, int64_t vs,
-                                                                  float *acc, float *out) {
+                                                                  int first, int ring, float *acc,
+                                                                  float *out) {
     memset(acc, 0, (size_t)8 * hd * sizeof *acc);
-    for (int j = 0; j < n; j++) {
+    for (int j = 0, slot = first; j < n; j++, slot = slot + 1 == ring ? 0 : slot + 1) {
         float *a = acc + (size_t)(j & 7) * hd;
-        const uint16_t *vj = v + (size_t)j * vs;
+        const uint16_t *vj = v + (size_t)slot * vs;
         __m256 pj = _mm256_set1_ps(p[j]);
         int d = 0;
         for (; d + 8 <= hd; d += 8) {
@@ -180,20 +181,48 @@ void tl_scale_round_f16(int n, float *s, float scale, int avx2) {
 
 void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t vs, float *acc,
                 float *out, int avx2) {
+    tl_attn_pv_ring(n, hd, p, v, vs, 0, n, acc, out, avx2);
+}
+
+void tl_attn_pv_ring(int n, int hd, const float *p, const uint16_t *v, int64_t vs, int first,
+                     int ring, float *acc, float *out, int avx2) {
 #ifdef TL_X86
     if (avx2) {
-        attn_pv_avx2(n, hd, p, v, vs, acc, out);
+        attn_pv_avx2(n, hd, p, v, vs, first, ring, acc, out);
         return;
     }
 #endif
     memset(acc, 0, (size_t)8 * hd * sizeof *acc);
-    for (int j = 0; j < n; j++) {
+    for (int j = 0, slot = first; j < n; j++, slot = slot + 1 == ring ? 0 : slot + 1) {
         float *a = acc + (size_t)(j & 7) * hd;
-        for (int d = 0; d < hd; d++) a[d] = fmaf(tl_fp16_to_fp32(v[(size_t)j * vs + d]), p[j], a[d]);
+        const uint16_t *vj = v + (size_t)slot * vs;
+        for (int d = 0; d < hd; d++) a[d] = fmaf(tl_fp16_to_fp32(vj[d]), p[j], a[d]);
     }
     for (int d = 0; d < hd; d++) {
         const float *a = acc + d;
         out[d] = ((a[0] + a[4 * hd]) + (a[2 * hd] + a[6 * hd])) +
                  ((a[1 * hd] + a[5 * hd]) + (a[3 * hd] + a[7 * hd]));
+    }
+}
+
+/* 0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in ggml's operation order.
+ * Its build contracts 1 + (a*x)*x into one FMA: without it one table entry
+ * (f16 0xbfff) differs, checked against libggml-cpu's own table. */
+static float gelu_f32(float x) {
+    const float a = 0.044715f, s2pi = 0.79788456080286535587989211986876f;
+    return 0.5f * x * (1.0f + tanhf(s2pi * x * fmaf(a * x, x, 1.0f)));
+}
+
+void tl_gelu_table(uint16_t *table) {
+    for (uint32_t i = 0; i < 65536; i++)
+        table[i] = tl_fp32_to_fp16(gelu_f32(tl_fp16_to_fp32((uint16_t)i)));
+}
+
+void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *table) {
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        if (x <= -10.0f) y[i] = 0.0f;
+        else if (x >= 10.0f) y[i] = x * u[i];
+        else y[i] = tl_fp16_to_fp32(table[tl_fp32_to_fp16(x)]) * u[i];
     }
 }

@@ -29,4 +29,16 @@ void tl_scale_round_f16(int n, float *s, float scale, int avx2);
 void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, float *acc,
                 float *out, int avx2);
 
+/* tl_attn_pv over a ring of `ring` rows: row j (j < n) is row (first + j) mod
+ * ring of v; the partial sums still go by j mod 8. */
+void tl_attn_pv_ring(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, int first,
+                     int ring, float *acc, float *out, int avx2);
+
+/* ggml's GELU table: for every f16 bit pattern h, f16(gelu_tanh(h)). */
+void tl_gelu_table(uint16_t *table);
+
+/* y[i] = gelu(g[i]) * u[i] as ggml's GeGLU with its table: 0 for g <= -10,
+ * g*u for g >= 10, else table[f16(g)] * u. */
+void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *table);
+
 #endif
