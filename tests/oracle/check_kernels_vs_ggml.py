@@ -28,7 +28,8 @@ DOT = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c
 QF = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 class Kernels(ctypes.Structure):
     _fields_ = [("level", ctypes.c_int), ("name", ctypes.c_char_p),
-                ("vec_dot", ctypes.c_void_p * NT), ("quantize", ctypes.c_void_p * NT),
+                ("vec_dot", ctypes.c_void_p * NT), ("vec_dot4", ctypes.c_void_p * NT),
+                ("quantize", ctypes.c_void_p * NT),
                 ("dot_f16", ctypes.c_void_p)]
 tl.tl_cpu_detect.restype = ctypes.c_int
 tl.tl_quantize_row.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
@@ -39,6 +40,8 @@ tl.tl_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
 # weight type -> (ggml vec_dot symbol, activation type)
 TYPES = {2: ("q4_0_q8_0", 8), 3: ("q4_1_q8_1", 9), 6: ("q5_0_q8_0", 8), 7: ("q5_1_q8_1", 9),
          8: ("q8_0_q8_0", 8), 12: ("q4_K_q8_K", 15), 13: ("q5_K_q8_K", 15), 14: ("q6_K_q8_K", 15)}
+# Q4_K is expected to differ: llama.cpp repacks Q4_K weights on AVX2 and never
+# calls this vec_dot for them; ours follows the repacked one-row (gemv) order.
 NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 rng = np.random.default_rng(1)
 levels = range(tl.tl_cpu_detect() + 1)
