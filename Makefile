@@ -74,7 +74,7 @@ unit: all
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" all
+	$(MAKE) BUILD=build-asan OPT=-O2 SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" all
 	@TL_ASAN=1 tests/run.sh build-asan
 
 run:
