@@ -33,5 +33,6 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 
 #endif

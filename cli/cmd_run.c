@@ -123,9 +123,7 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     return 0;
 }
 
-/* ---- chat formatting: ChatML, the format of SmolLM2's template. A general
- * Jinja renderer replaces this (next issue); until then other templates are
- * refused rather than rendered wrongly. */
+/* ---- chat formatting: the model's own template (src/chat.c renders it). */
 
 typedef struct text {
     char *s;
@@ -145,51 +143,33 @@ static int text_add(text *t, const char *s, size_t n) {
     t->s[t->n] = 0;
     return 0;
 }
-static int text_puts(text *t, const char *s) { return text_add(t, s, strlen(s)); }
-
-/* The template's built-in system message, used when the caller gives none. */
-static int chatml_default_system(const char *tpl, text *out) {
-    const char *open = "<|im_start|>system\n";
-    const char *p = strstr(tpl, open);
-    if (!p) return 0;
-    p += strlen(open);
-    const char *e = strstr(p, "<|im_end|>");
-    if (!e || memchr(p, '{', (size_t)(e - p))) return 0; /* not a literal */
-    return text_add(out, p, (size_t)(e - p)) ? -1 : 1;
-}
 
 static int chat_check_template(const tl_model *m) {
-    const char *tpl = tl_model_chat_template(m);
-    if (!tpl) {
+    if (!tl_model_chat_template(m)) {
         cli_error("this model has no chat template (a base model?); use plain 'run' without --chat");
         return -1;
     }
-    if (!strstr(tpl, "<|im_start|>")) {
-        cli_error("this model's chat template is not ChatML; only ChatML templates are supported so far");
-        return -1;
-    }
     return 0;
 }
 
-/* Appends the ChatML of one user turn (preceded by the system turn on the
- * first one) and the assistant header. */
-static int chatml_turn(const tl_model *m, const char *system, const char *user, int first, text *t) {
-    if (first) {
-        text sys = {0};
-        int have = system ? (text_puts(&sys, system) ? -1 : 1)
-                          : chatml_default_system(tl_model_chat_template(m), &sys);
-        if (have < 0) return -1;
-        if (have && (text_puts(t, "<|im_start|>system\n") || text_add(t, sys.s, sys.n) ||
-                     text_puts(t, "<|im_end|>\n"))) {
-            free(sys.s);
-            return -1;
-        }
-        free(sys.s);
+/* Renders the conversation with the model's template, generation prompt on. */
+static char *chat_render(const tl_model *m, const tl_chat_msg *msgs, size_t n, size_t *len) {
+    tl_error err = {0};
+    char *out = NULL;
+    if (tl_chat_apply_msgs(m, NULL, msgs, n, 1, &out, len, &err)) {
+        cli_tl_error(&err);
+        return NULL;
     }
-    if (text_puts(t, "<|im_start|>user\n") || text_puts(t, user) ||
-        text_puts(t, "<|im_end|>\n<|im_start|>assistant\n"))
-        return -1;
-    return 0;
+    return out;
+}
+
+/* BOS is added unless the template already wrote it (llama-3, phi-3, ...). */
+static int chat_add_bos(const tl_model *m, const char *rendered) {
+    if (!tl_model_add_bos(m)) return 0;
+    char bos[256];
+    size_t n = tl_token_piece(m, tl_token_bos(m), 1, bos, sizeof bos);
+    return !(n > 0 && n < sizeof bos && !strncmp(rendered, bos, n) &&
+             strstr(tl_model_chat_template(m), "bos_token"));
 }
 
 /* ---- streaming output ---- */
@@ -198,6 +178,10 @@ typedef struct out_state {
     const tl_model *m;
     const run_opts *o;
     int n_ids;
+    text *answer;   /* chat: the generated text, to put back into the conversation */
+    int32_t *gen;   /* chat: the generated tokens, to know what the cache holds */
+    size_t n_gen, cap_gen;
+    int oom;
 } out_state;
 
 static void show_probs(const out_state *os, const tl_gen_event *ev) {
@@ -226,6 +210,20 @@ static int on_token(const tl_gen_event *ev, void *user) {
         return 0;
     }
     if (os->o->show_probs && ev->token >= 0) show_probs(os, ev);
+    if (os->answer && ev->text_len && text_add(os->answer, ev->text, ev->text_len)) os->oom = 1;
+    if (os->answer && ev->token >= 0) {
+        if (os->n_gen == os->cap_gen) {
+            size_t nc = os->cap_gen ? os->cap_gen * 2 : 256;
+            int32_t *ng = realloc(os->gen, nc * sizeof *ng);
+            if (!ng) {
+                os->oom = 1;
+                return 1;
+            }
+            os->gen = ng;
+            os->cap_gen = nc;
+        }
+        os->gen[os->n_gen++] = ev->token;
+    }
     if (ev->text_len) {
         fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
@@ -280,6 +278,28 @@ static int session_open(session *s, const run_opts *o) {
     return 0;
 }
 
+/* Runs the generation loop on prompt tokens; os collects what chat needs. */
+static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_t n, out_state *os,
+                        tl_gen_stats *st) {
+    tl_error err = {0};
+    tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
+                        .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
+                        .on_token = on_token, .user = os};
+    int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
+    if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
+    if (os->oom) {
+        fflush(stdout);
+        cli_error("out of memory");
+        return -1;
+    }
+    if (rc) {
+        fflush(stdout);
+        cli_tl_error(&err);
+        return -1;
+    }
+    return 0;
+}
+
 static int generate_text(session *s, const run_opts *o, const char *prompt, size_t len, int add_bos,
                          tl_gen_stats *st) {
     tl_error err = {0};
@@ -295,19 +315,10 @@ static int generate_text(session *s, const run_opts *o, const char *prompt, size
         cli_error("the prompt is empty");
         return -1;
     }
-    out_state os = {s->m, o, 0};
-    tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
-                        .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
-                        .on_token = on_token, .user = &os};
-    int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
+    out_state os = {s->m, o, 0, NULL, NULL, 0, 0, 0};
+    int rc = generate_ids(s, o, ids, n, &os, st);
     tl_free(ids);
-    if (o->print_ids) printf("%s]\n", os.n_ids ? "" : "[");
-    if (rc) {
-        fflush(stdout);
-        cli_tl_error(&err);
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -332,23 +343,107 @@ int cmd_run(int argc, char **argv) {
         free(owned);
         return 1;
     }
-    int rc = 0;
-    text t = {0};
+    int rc = 0, add_bos = tl_model_add_bos(s.m);
+    char *rendered = NULL;
     if (o.chat) {
-        if (chat_check_template(s.m) || chatml_turn(s.m, o.system, prompt, 1, &t)) rc = 1;
-        prompt = t.s;
-        plen = t.n;
+        tl_chat_msg msgs[2] = {{"system", o.system}, {"user", prompt}};
+        if (chat_check_template(s.m) ||
+            !(rendered = chat_render(s.m, o.system ? msgs : msgs + 1, o.system ? 2 : 1, &plen)))
+            rc = 1;
+        else {
+            prompt = rendered;
+            add_bos = chat_add_bos(s.m, rendered);
+        }
     }
     tl_gen_stats st = {0};
-    if (!rc) rc = generate_text(&s, &o, prompt, plen, tl_model_add_bos(s.m), &st) ? 1 : 0;
+    if (!rc) rc = generate_text(&s, &o, prompt, plen, add_bos, &st) ? 1 : 0;
     if (!rc) {
         if (!o.print_ids) putchar('\n');
         fflush(stdout);
         print_stats(&st, s.ctx);
     }
-    free(t.s);
+    tl_free(rendered);
     free(owned);
     session_free(&s);
+    return rc;
+}
+
+/* The conversation so far and the tokens the KV cache holds for it. */
+typedef struct convo {
+    tl_chat_msg *msgs;
+    char **owned; /* message texts we allocated */
+    size_t n, cap;
+    int32_t *cached;
+    size_t n_cached;
+} convo;
+
+static int convo_add(convo *c, const char *role, char *content) {
+    if (c->n == c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 16;
+        tl_chat_msg *nm = realloc(c->msgs, nc * sizeof *nm);
+        if (!nm) return -1;
+        c->msgs = nm;
+        char **no = realloc(c->owned, nc * sizeof *no);
+        if (!no) return -1;
+        c->owned = no;
+        c->cap = nc;
+    }
+    c->msgs[c->n].role = role;
+    c->msgs[c->n].content = content;
+    c->owned[c->n++] = content;
+    return 0;
+}
+
+static void convo_free(convo *c) {
+    for (size_t i = 0; i < c->n; i++) free(c->owned[i]);
+    free(c->msgs);
+    free(c->owned);
+    tl_free(c->cached);
+}
+
+/* One turn: renders the whole conversation, keeps the cached tokens the new
+ * rendering shares (truncating the cache at the first difference) and
+ * evaluates only the rest. */
+static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_gen_stats *st) {
+    size_t len = 0, n = 0;
+    char *rendered = chat_render(s->m, c->msgs, c->n, &len);
+    if (!rendered) return -1;
+    tl_error err = {0};
+    int32_t *ids = NULL;
+    int flags = TL_TOK_PARSE_SPECIAL | (chat_add_bos(s->m, rendered) ? TL_TOK_ADD_BOS : 0);
+    int rc = tl_tokenize(s->m, rendered, len, flags, &ids, &n, &err);
+    tl_free(rendered);
+    if (rc) {
+        cli_tl_error(&err);
+        return -1;
+    }
+    size_t keep = 0;
+    while (keep < c->n_cached && keep < n && c->cached[keep] == ids[keep]) keep++;
+    if (keep == n && n) keep--; /* the last token must be evaluated again for its logits */
+    if (n == 0 || tl_ctx_truncate(s->ctx, (int)keep, &err)) {
+        if (n == 0) cli_error("the prompt is empty");
+        else cli_tl_error(&err);
+        tl_free(ids);
+        return -1;
+    }
+    out_state os = {s->m, o, 0, answer, NULL, 0, 0, 0};
+    rc = generate_ids(s, o, ids + keep, n - keep, &os, st);
+    /* What the cache holds now: the prompt, then the generated tokens it evaluated. */
+    size_t past = (size_t)tl_ctx_n_past(s->ctx), total = n + os.n_gen;
+    int32_t *all = rc ? NULL : malloc((total ? total : 1) * sizeof *all);
+    if (all) {
+        memcpy(all, ids, n * sizeof *all);
+        if (os.n_gen) memcpy(all + n, os.gen, os.n_gen * sizeof *all);
+    }
+    tl_free(ids);
+    free(os.gen);
+    tl_free(c->cached);
+    c->cached = all;
+    c->n_cached = all ? (past < total ? past : total) : 0;
+    if (!rc && !all) {
+        cli_error("out of memory");
+        return -1;
+    }
     return rc;
 }
 
@@ -362,36 +457,51 @@ int cmd_chat(int argc, char **argv) {
         session_free(&s);
         return 1;
     }
+    convo c = {0};
+    int rc = 0;
+    if (o.system) {
+        char *sys = strdup(o.system);
+        if (!sys || convo_add(&c, "system", sys)) {
+            free(sys);
+            cli_error("out of memory");
+            rc = 1;
+        }
+    }
     fprintf(stderr, "tokenloop chat: type a message and press Enter; Ctrl-D ends.\n");
     char line[16384];
-    int first = 1, rc = 0;
-    for (;;) {
+    while (!rc) {
         fputs("> ", stderr);
         if (!fgets(line, sizeof line, stdin)) break;
         size_t ln = strlen(line);
         while (ln && (line[ln - 1] == '\n' || line[ln - 1] == '\r')) line[--ln] = 0;
         if (!ln) continue;
-        text t = {0};
-        /* The previous answer's end token was sampled, not evaluated: close it. */
-        if (!first && text_puts(&t, "<|im_end|>\n")) rc = 1;
-        if (rc || chatml_turn(s.m, o.system, line, first, &t)) {
-            free(t.s);
+        char *user = strdup(line);
+        if (!user || convo_add(&c, "user", user)) {
+            free(user);
+            cli_error("out of memory");
             rc = 1;
             break;
         }
+        text answer = {0};
         tl_gen_stats st = {0};
-        int g = generate_text(&s, &o, t.s, t.n, first && tl_model_add_bos(s.m), &st);
-        free(t.s);
-        if (g) {
+        if (chat_turn(&s, &o, &c, &answer, &st)) {
+            free(answer.s);
+            rc = 1;
+            break;
+        }
+        char *reply = answer.s ? answer.s : strdup("");
+        if (!reply || convo_add(&c, "assistant", reply)) {
+            free(reply);
+            cli_error("out of memory");
             rc = 1;
             break;
         }
         putchar('\n');
         fflush(stdout);
         print_stats(&st, s.ctx);
-        first = 0;
         if (st.stop == TL_STOP_CONTEXT) break;
     }
+    convo_free(&c);
     session_free(&s);
     return rc;
 }

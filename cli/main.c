@@ -155,7 +155,8 @@ int main(int argc, char **argv) {
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"run", cmd_run},   {"chat", cmd_chat},     {"tokenize", cmd_tokenize},
-                {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits}};
+                {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits},
+                {"template", cmd_template}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     cli_error("unknown command '%s' (try 'tokenloop --help')", argv[1]);

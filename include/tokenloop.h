@@ -209,6 +209,26 @@ typedef struct tl_gen_stats {
 int tl_generate(tl_ctx *ctx, tl_sampler *sampler, const int32_t *prompt, size_t n_prompt,
                 const tl_gen_params *params, tl_gen_stats *stats, tl_error *err);
 
+/* ---- chat templates ------------------------------------------------------------ */
+
+/* Renders a Jinja chat template the way Hugging Face transformers does
+ * (apply_chat_template: trim_blocks, lstrip_blocks, sandboxed). tmpl NULL:
+ * the model's own template. messages_json: a list of {"role","content",...}
+ * or an object {"messages": [...], other variables such as "tools"}. bos_token
+ * and eos_token come from model (may be NULL: then undefined). *out is
+ * NUL-terminated; free with tl_free. A template raising an exception or using
+ * a construct the renderer lacks fails with the message and its position. */
+int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_json, size_t len,
+                  int add_generation_prompt, char **out, size_t *out_len, tl_error *err);
+
+typedef struct tl_chat_msg {
+    const char *role, *content;
+} tl_chat_msg;
+/* The same for an array of plain messages. */
+int tl_chat_apply_msgs(const tl_model *model, const char *tmpl, const tl_chat_msg *msgs,
+                       size_t n_msgs, int add_generation_prompt, char **out, size_t *out_len,
+                       tl_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,8 +15,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >&2
 fi
-if ! python3 -c 'import gguf, numpy' >/dev/null 2>&1; then
-    echo "setup: installing Python packages gguf, numpy" >&2
-    python3 -m pip install -q gguf numpy >&2 ||
-        python3 -m pip install -q --break-system-packages gguf numpy >&2
+if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
+    echo "setup: installing Python packages gguf, numpy, jinja2" >&2
+    python3 -m pip install -q gguf numpy jinja2 >&2 ||
+        python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
 fi
