@@ -122,12 +122,15 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
+    const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)(c->n_past + t);
         float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
-            cs[2 * i] = cosf(theta);
-            cs[2 * i + 1] = sinf(theta);
+            /* ggml divides a copy of theta by the frequency factor */
+            float th = ff ? theta / ff[i] : theta;
+            cs[2 * i] = cosf(th);
+            cs[2 * i + 1] = sinf(th);
             theta *= theta_scale;
         }
     }
@@ -220,6 +223,14 @@ static void att_worker(void *arg, int ith, int nth) {
 
 /* ---------------------------------------------------------------- layers */
 
+/* y[t] += b for n_tok rows of width cols (ggml_add: one rounding each). */
+static void add_bias(float *y, tl_w b, int n_tok, int cols) {
+    if (!b) return;
+    const float *bv = b->data;
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < cols; i++) y[(size_t)t * cols + i] += bv[i];
+}
+
 static void attention_block(tl_ctx *c, int il, int n) {
     const tl_hparams *hp = &c->m->hp;
     const tl_layer *L = &c->m->layers[il];
@@ -229,6 +240,9 @@ static void attention_block(tl_ctx *c, int il, int n) {
     tl_w w[3] = {L->wq, L->wk, L->wv};
     float *y[3] = {c->q, c->k, c->v};
     matmul(c, 3, w, y, c->xb, n);
+    add_bias(c->q, L->bq, n, c->q_dim);
+    add_bias(c->k, L->bk, n, c->kv_dim);
+    add_bias(c->v, L->bv, n, c->kv_dim);
     const tl_arch_info *a = c->m->arch;
     const float *cs = L->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
     int hd = hp->head_dim;

@@ -11,9 +11,14 @@
 #include "util.h"
 
 static const tl_arch_info ARCHS[] = {
-    /* name     arch           neox scale sandw qknorm act          qpre swa */
-    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0},
-    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6},
+    /* name     arch           neox scale sandw qknorm act          qpre swa bias fused */
+    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 0},
+    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6, 0, 0},
+    {"qwen2", TL_ARCH_QWEN2, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0},
+    {"qwen3", TL_ARCH_QWEN3, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0},
+    /* llama.cpp turns Phi-3's sliding window off (its swa 0 here does too);
+     * it scales q before the scores, as qpre does */
+    {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1},
 };
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -138,6 +143,59 @@ static int set_swa_layers(tl_model *m, tl_error *err) {
     return TL_OK;
 }
 
+/* A fused matrix blk.<il>.<nm>.weight of n parts stacked by rows: each part
+ * becomes a view (rows are whole, so a view is the same matrix's rows). */
+static int bind_fused(tl_model *m, int il, const char *nm, const int64_t *rows, int n,
+                      tl_gguf_tensor *views, tl_error *err) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", il, nm);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += rows[i];
+    tl_w t;
+    int st = bind(m, name, m->hp.n_embd, total, 1, 1, &t, err);
+    if (st) return st;
+    size_t rb = tl_row_size((tl_type)t->type, t->ne[0]);
+    int64_t r0 = 0;
+    for (int i = 0; i < n; i++) {
+        views[i] = *t;
+        views[i].ne[1] = rows[i];
+        views[i].data = (const uint8_t *)t->data + (size_t)r0 * rb;
+        views[i].offset += (uint64_t)r0 * rb;
+        views[i].nbytes = (uint64_t)rows[i] * rb;
+        r0 += rows[i];
+    }
+    return TL_OK;
+}
+
+/* Optional q, k, v biases (Qwen2): 1-D F32 of the projections' widths. */
+static int bind_qkv_bias(tl_model *m, int il, tl_layer *L, tl_error *err) {
+    const char *nm[3] = {"attn_q", "attn_k", "attn_v"};
+    tl_w *dst[3] = {&L->bq, &L->bk, &L->bv};
+    int64_t w[3] = {L->wq->ne[1], L->wk->ne[1], L->wv->ne[1]};
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s.bias", il, nm[i]);
+        int st = bind(m, name, w[i], 0, 0, 0, dst[i], err);
+        if (st) return st;
+    }
+    return TL_OK;
+}
+
+/* RoPE scalings we do not implement must fail, not run with plain RoPE:
+ * linear/YaRN ("<arch>.rope.scaling.type") and Phi-3's LongRoPE factors. */
+static int check_rope_scaling(const tl_model *m, tl_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    tl_str v;
+    if (tl_gguf_get_str(m->gguf, key, &v) == 1 && !tl_str_eq(v, "none"))
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported",
+                       (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
+    if (tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight"))
+        return tl_fail(err, TL_ERR_UNSUPPORTED,
+                       "LongRoPE (tensor rope_factors_long.weight) is not supported");
+    return TL_OK;
+}
+
 static int bind_weights(tl_model *m, tl_error *err) {
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd, hd = hp->head_dim, st;
@@ -155,6 +213,11 @@ static int bind_weights(tl_model *m, tl_error *err) {
                            tt->name);
         m->output = m->tok_embd;
     }
+    if ((st = check_rope_scaling(m, err))) return st;
+    /* Llama 3's RoPE frequency factors; llama.cpp reads them for llama only */
+    if (m->arch->arch == TL_ARCH_LLAMA &&
+        (st = bind(m, "rope_freqs.weight", hp->n_rot / 2, 0, 0, 0, &m->rope_freqs, err)))
+        return st;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < hp->n_layer; i++) {
@@ -164,13 +227,29 @@ static int bind_weights(tl_model *m, tl_error *err) {
     snprintf(n, sizeof n, "blk.%d." nm ".weight", i);                              \
     if ((st = bind(m, n, a, b, 1, dot, &L->field, err))) return st;
         B(attn_norm, "attn_norm", d, 0, 0)
-        B(wq, "attn_q", d, hp->n_head * hd, 1)
-        B(wk, "attn_k", d, hp->n_head_kv * hd, 1)
-        B(wv, "attn_v", d, hp->n_head_kv * hd, 1)
+        if (m->arch->fused) {
+            int64_t qkv[3] = {hp->n_head * hd, hp->n_head_kv * hd, hp->n_head_kv * hd};
+            if ((st = bind_fused(m, i, "attn_qkv", qkv, 3, L->views, err))) return st;
+            L->wq = &L->views[0];
+            L->wk = &L->views[1];
+            L->wv = &L->views[2];
+        } else {
+            B(wq, "attn_q", d, hp->n_head * hd, 1)
+            B(wk, "attn_k", d, hp->n_head_kv * hd, 1)
+            B(wv, "attn_v", d, hp->n_head_kv * hd, 1)
+        }
+        if (m->arch->qkv_bias && (st = bind_qkv_bias(m, i, L, err))) return st;
         B(wo, "attn_output", hp->n_head * hd, d, 1)
         B(ffn_norm, "ffn_norm", d, 0, 0)
-        B(w_gate, "ffn_gate", d, hp->n_ff, 1)
-        B(w_up, "ffn_up", d, hp->n_ff, 1)
+        if (m->arch->fused) {
+            int64_t gu[2] = {hp->n_ff, hp->n_ff};
+            if ((st = bind_fused(m, i, "ffn_up", gu, 2, L->views + 3, err))) return st;
+            L->w_gate = &L->views[3];
+            L->w_up = &L->views[4];
+        } else {
+            B(w_gate, "ffn_gate", d, hp->n_ff, 1)
+            B(w_up, "ffn_up", d, hp->n_ff, 1)
+        }
         B(w_down, "ffn_down", hp->n_ff, d, 1)
         if (m->arch->qk_norm) {
             B(attn_q_norm, "attn_q_norm", hd, 0, 0)
@@ -223,7 +302,7 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
     if (r != 1) {
         st = tl_fail(err, TL_ERR_FORMAT, "metadata general.architecture is missing");
     } else if (!(m->arch = find_arch(an))) {
-        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama, gemma3)",
+        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama, gemma3, qwen2, qwen3, phi3)",
                      (int)(an.len > 64 ? 64 : an.len), an.ptr);
     } else if (m->gguf->n_tensors == 0) {
         st = tl_fail(err, TL_ERR_FORMAT, "the file has no tensors (vocabulary only?)");

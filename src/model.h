@@ -13,6 +13,9 @@ typedef enum tl_arch {
     TL_ARCH_NONE = 0, /* vocabulary-only file */
     TL_ARCH_LLAMA,
     TL_ARCH_GEMMA3,
+    TL_ARCH_QWEN2,
+    TL_ARCH_QWEN3,
+    TL_ARCH_PHI3,
 } tl_arch;
 
 typedef enum tl_ffn_act {
@@ -30,9 +33,12 @@ typedef struct tl_arch_info {
     int qk_norm;      /* 1: per-head RMSNorm of q and k before RoPE */
     tl_ffn_act act;
     int q_prescale;   /* 1: q scaled by 1/sqrt(hd) before the f16 rounding, scores
-                       * unscaled (Gemma); 0: scores scaled after the dot */
+                       * unscaled (Gemma, Phi-3); 0: scores scaled after the dot */
     int swa_pattern;  /* default sliding-window pattern: every n-th layer global
                        * (0: no sliding window unless the metadata says so) */
+    int qkv_bias;     /* 1: attn_{q,k,v}.bias added to the projections (Qwen2) */
+    int fused;        /* 1: attn_qkv holds q, k, v rows and ffn_up holds gate
+                       * then up rows (Phi-3); bound as views, run as separate */
 } tl_arch_info;
 
 typedef struct tl_hparams {
@@ -65,6 +71,8 @@ typedef struct tl_layer {
     tl_w w_gate, w_up, w_down;   /* [ff, d] x2, [d, ff] */
     tl_w attn_q_norm, attn_k_norm; /* [hd] f32 (qk_norm) */
     tl_w attn_post_norm, ffn_post_norm; /* [d] f32 (sandwich) */
+    tl_w bq, bk, bv;             /* [q_dim], [kv_dim] x2 f32 (qkv_bias), or NULL */
+    tl_gguf_tensor views[5];     /* fused: q, k, v of attn_qkv; gate, up of ffn_up */
     int swa;                     /* 1: this layer attends to a sliding window */
 } tl_layer;
 
@@ -77,6 +85,7 @@ struct tl_model {
     tl_w tok_embd;            /* [n_vocab, d] any dequantizable type */
     tl_w output_norm;         /* [d] f32 */
     tl_w output;              /* [n_vocab, d]; == tok_embd when tied */
+    tl_w rope_freqs;          /* [n_rot/2] f32: RoPE theta divisors (Llama 3), or NULL */
     char *chat_template;      /* NUL-terminated copy, or NULL */
 };
 

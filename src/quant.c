@@ -696,11 +696,6 @@ int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n) {
 /* ---- reference dot products ------------------------------------------------------ */
 
 /* Float formats: products rounded to float, summed in double, in order. */
-static float dot_f32(int64_t n, const float *x, const float *y) {
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += (double)(x[i] * y[i]);
-    return (float)s;
-}
 
 static float dot_bf16(int64_t n, const uint16_t *x, const uint16_t *y) {
     double s = 0;
@@ -794,6 +789,18 @@ static float dot_asym32(tl_type t, int64_t nb, const void *w, const block_q8_1 *
         summs = fmaf(h2f(mw), h2f(y[i].s), summs);
     }
     return hsum8(acc) + summs;
+}
+
+/* F32 as tinyBLAS (AVX2) computes llama.cpp's F32-weight matmuls: the same
+ * single 8-lane fma chain and tree as F16 below. */
+static float dot_f32(int64_t n, const float *x, const float *y) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] = fmaf(x[i + k], y[i + k], acc[k]);
+    float s = hsum8(acc);
+    for (; i < n; i++) s = fmaf(x[i], y[i], s);
+    return s;
 }
 
 /* F16 as llamafile's tinyBLAS (AVX2 + F16C) computes an output of llama.cpp's

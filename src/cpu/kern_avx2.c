@@ -343,6 +343,17 @@ static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
 
 static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }
 
+/* F32 weights: tinyBLAS's F32 order, as the F16 one above. */
+static float dot_f32(int64_t n, const void *w, const void *a) {
+    const float *x = w, *y = a;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    float s = hsum_f8(acc);
+    for (; i < n; i++) s = fma1(x[i], y[i], s);
+    return s;
+}
+
 /* ---- activation quantizers ------------------------------------------------------------ */
 
 static inline float hmax_f8(__m256 v) {
@@ -474,6 +485,7 @@ void tl_kernels_fill_avx2(tl_kernels *k) {
     k->vec_dot[TL_Q5_K] = dot_q5_K;
     k->vec_dot[TL_Q6_K] = dot_q6_K;
     k->vec_dot[TL_F16] = dot_f16;
+    k->vec_dot[TL_F32] = dot_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;
     k->quantize[TL_Q8_1] = quantize_q8_1;
     k->quantize[TL_Q8_K] = quantize_q8_K;

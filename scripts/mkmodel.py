@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Writes small GGUF models with seeded random weights and the metadata that
+llama.cpp's converter writes for each architecture, so that tokenloop and
+llama.cpp can be compared on architectures we have no real model file for.
+The vocabulary (tokenizer.ggml.*) is copied from a shared vocab file so both
+loaders accept it. Same arguments, same bytes.
+
+Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied]
+                  [--arch-name NAME] [--drop TENSOR] [--rope-scaling linear|yarn] [--longrope]
+ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
+(QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
+converts), phi3 (fused attn_qkv, ffn_up holding gate and up).
+--arch-name, --drop, --rope-scaling, --longrope make files tokenloop must
+refuse, for the error tests.
+"""
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType as VT
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+VOCAB_DIR = os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab"))
+# SentencePiece-style vocabularies; llama.cpp's phi3 loader looks up phi-3's
+# own special tokens, so that architecture gets its vocabulary.
+VOCAB = "ggml-vocab-llama-spm.gguf"  # 32000 tokens
+VOCAB_PHI3 = "ggml-vocab-phi-3.gguf"
+
+# Shapes shared by every architecture (small, but GQA and several layers).
+D, N_HEAD, N_HEAD_KV, FF = 128, 4, 2, 256
+HD = D // N_HEAD
+EPS = 1e-5
+
+# Per architecture: gguf arch name, layers, rope base, tied output by default,
+# sliding window key (0: none).
+ARCHS = {
+    "llama3": dict(arch="llama", layers=2, base=500000.0, tied=False, swa=0),
+    "qwen2": dict(arch="qwen2", layers=2, base=1000000.0, tied=True, swa=0),
+    "qwen3": dict(arch="qwen3", layers=3, base=1000000.0, tied=True, swa=0),
+    "mistral": dict(arch="llama", layers=2, base=10000.0, tied=False, swa=16),
+    "phi3": dict(arch="phi3", layers=2, base=10000.0, tied=False, swa=2047),
+}
+
+# Llama 3.1's rope_scaling ("rope_type": "llama3"), with a short original
+# context so that the three bands (1, smoothed, factor) all occur at hd=32.
+LLAMA3_ROPE = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=256)
+
+TYPES = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0}
+FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
+
+
+def llama3_rope_factors(base, dim):
+    """The rope_freqs tensor as convert_hf_to_gguf computes it for llama3 rope."""
+    p = LLAMA3_ROPE
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old = p["original_max_position_embeddings"]
+    low_wl = old / p["low_freq_factor"]
+    high_wl = old / p["high_freq_factor"]
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(p["factor"])
+        else:
+            s = (old / wl - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
+            out.append(1.0 / ((1 - s) / p["factor"] + s))
+    return np.array(out, dtype=np.float32)
+
+
+def copy_vocab(w, path):
+    if not os.path.isfile(path):
+        sys.exit(f"mkmodel: vocabulary {path} not found (set TL_VOCAB_DIR, see scripts/fetch-vocab.sh)")
+    r = gguf.GGUFReader(path)
+    n_vocab = None
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vt = f.types[0]
+        sub = f.types[1] if vt == VT.ARRAY else None
+        w.add_key_value(name, f.contents(), vt, sub)
+        if name == "tokenizer.ggml.tokens":
+            n_vocab = len(f.data)
+    if not n_vocab:
+        sys.exit(f"mkmodel: {path} has no tokenizer.ggml.tokens")
+    return n_vocab
+
+
+class Gen:
+    """Seeded tensor factory; every tensor draws from one stream in file order."""
+
+    def __init__(self, seed, wtype):
+        self.rng = np.random.default_rng(seed)
+        self.wtype = wtype
+
+    def mat(self, rows, cols, scale=None):
+        s = scale if scale is not None else 1.0 / math.sqrt(cols)
+        return (self.rng.standard_normal((rows, cols)) * s).astype(np.float32)
+
+    def vec(self, n, mean, std):
+        return (mean + self.rng.standard_normal(n) * std).astype(np.float32)
+
+
+def add_weight(w, name, arr, wtype, drop):
+    """Matrices in the chosen type; 1-D tensors (norms, biases, factors) stay F32."""
+    if name in drop:
+        return
+    qt = TYPES[wtype] if arr.ndim == 2 else QT.F32
+    if qt == QT.F32:
+        w.add_tensor(name, arr)
+    elif qt == QT.F16:
+        w.add_tensor(name, arr.astype(np.float16))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+
+
+def build(args):
+    spec = ARCHS[args.arch]
+    arch = args.arch_name or spec["arch"]
+    tied = spec["tied"] if args.tied is None else args.tied
+    w = gguf.GGUFWriter(args.out, arch)
+    n_vocab = copy_vocab(w, os.path.join(VOCAB_DIR, VOCAB_PHI3 if args.arch == "phi3" else VOCAB))
+    L = spec["layers"]
+    w.add_name(f"tokenloop-random-{args.arch}")
+    w.add_file_type(FILE_TYPE[args.type])
+    w.add_context_length(4096)
+    w.add_embedding_length(D)
+    w.add_block_count(L)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_rope_freq_base(spec["base"])
+    w.add_rope_dimension_count(HD)
+    w.add_vocab_size(n_vocab)
+    if spec["swa"]:
+        w.add_sliding_window(spec["swa"])
+    if args.arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(4096)
+    if args.rope_scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType(args.rope_scaling))
+        w.add_rope_scaling_factor(4.0)
+
+    g = Gen(args.seed, args.type)
+    drop = set(args.drop or [])
+    put = lambda name, arr: add_weight(w, name, arr, args.type, drop)  # noqa: E731
+    put("token_embd.weight", g.mat(n_vocab, D, 1.0))
+    if args.arch == "llama3":
+        put("rope_freqs.weight", llama3_rope_factors(spec["base"], HD))
+    if args.longrope:  # Phi-3 128k's factors (not drawn from the stream)
+        put("rope_factors_long.weight", np.linspace(1.0, 4.0, HD // 2, dtype=np.float32))
+        put("rope_factors_short.weight", np.ones(HD // 2, dtype=np.float32))
+    kv = N_HEAD_KV * HD
+    for i in range(L):
+        b = f"blk.{i}."
+        put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
+        if args.arch == "phi3":
+            put(b + "attn_qkv.weight", g.mat(D + 2 * kv, D))
+        else:
+            put(b + "attn_q.weight", g.mat(D, D))
+            put(b + "attn_k.weight", g.mat(kv, D))
+            put(b + "attn_v.weight", g.mat(kv, D))
+        if args.arch == "qwen2":
+            put(b + "attn_q.bias", g.vec(D, 0.0, 0.5))
+            put(b + "attn_k.bias", g.vec(kv, 0.0, 0.5))
+            put(b + "attn_v.bias", g.vec(kv, 0.0, 0.5))
+        if args.arch == "qwen3":
+            put(b + "attn_q_norm.weight", g.vec(HD, 1.0, 0.2))
+            put(b + "attn_k_norm.weight", g.vec(HD, 1.0, 0.2))
+        put(b + "attn_output.weight", g.mat(D, D))
+        put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
+        if args.arch == "phi3":
+            put(b + "ffn_up.weight", g.mat(2 * FF, D))
+        else:
+            put(b + "ffn_gate.weight", g.mat(FF, D))
+            put(b + "ffn_up.weight", g.mat(FF, D))
+        put(b + "ffn_down.weight", g.mat(D, FF))
+    put("output_norm.weight", g.vec(D, 1.0, 0.2))
+    if not tied:
+        put("output.weight", g.mat(n_vocab, D))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("arch", choices=sorted(ARCHS))
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--type", choices=sorted(TYPES), default="f32")
+    t = ap.add_mutually_exclusive_group()
+    t.add_argument("--tied", dest="tied", action="store_true", default=None)
+    t.add_argument("--untied", dest="tied", action="store_false")
+    ap.add_argument("--arch-name", help="write this general.architecture instead")
+    ap.add_argument("--drop", action="append", help="leave this tensor out (repeatable)")
+    ap.add_argument("--rope-scaling", choices=["linear", "yarn"],
+                    help="write <arch>.rope.scaling.type (tokenloop refuses it)")
+    ap.add_argument("--longrope", action="store_true",
+                    help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
+    args = ap.parse_args()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    build(args)
+
+
+if __name__ == "__main__":
+    main()

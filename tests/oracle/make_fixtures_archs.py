@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Writes tests/oracle/fixtures/archs_*.json: llama.cpp's logits (through
+llama-cpp-python, flash attention off) on small random-weight models made by
+scripts/mkmodel.py, one file per model. Each stores the generator arguments
+and the model's sha256 (the test regenerates the identical file), the token
+id sequences, and the top-20 (id, logit) per position, logits kept exact.
+Run by hand: python3 tests/oracle/make_fixtures_archs.py [NAME...]
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+FIX = os.path.join(HERE, "fixtures")
+OUT_DIR = os.path.join(ROOT, "models", "random")
+MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
+
+N_THREADS = 2
+N_CTX = 512
+TOPK = 20
+LENGTHS = [5, 17, 40, 60]  # mistral's window is 16: the longer ones pass it
+
+# fixture name -> mkmodel.py arguments (after ARCH OUT)
+MODELS = {
+    "llama3": ["llama3", "--seed", "1", "--type", "f32"],
+    "llama3_q8": ["llama3", "--seed", "2", "--type", "q8_0"],
+    "qwen2": ["qwen2", "--seed", "3", "--type", "f16"],
+    "qwen3": ["qwen3", "--seed", "4", "--type", "f32"],
+    "mistral": ["mistral", "--seed", "5", "--type", "f32"],
+    "phi3": ["phi3", "--seed", "6", "--type", "q8_0"],
+}
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def make(name):
+    args = MODELS[name]
+    path = os.path.join(OUT_DIR, f"archs_{name}.gguf")
+    subprocess.run([sys.executable, MKMODEL, args[0], path] + args[1:], check=True)
+    return path, args
+
+
+def sequences(seed, n_vocab):
+    rng = np.random.default_rng(seed)
+    return [[1] + [int(x) for x in rng.integers(3, n_vocab, n - 1)] for n in LENGTHS]
+
+
+def main():
+    import llama_cpp
+    from llama_cpp import Llama
+
+    names = sys.argv[1:] or list(MODELS)
+    for name in names:
+        path, args = make(name)
+        llm = Llama(model_path=path, n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                    n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                    seed=1, verbose=False)
+        cases = []
+        for ids in sequences(sum(map(ord, name)), llm.n_vocab()):
+            llm.reset()
+            llm.eval(ids)
+            rows = np.array(llm.scores[: len(ids)], dtype=np.float32)
+            top = []
+            for r in rows:
+                idx = np.argsort(-r, kind="stable")[:TOPK]
+                top.append([[int(i), float(r[i])] for i in idx])
+            cases.append({"ids": ids, "top": top})
+        obj = {
+            "meta": {
+                "generator": "tests/oracle/make_fixtures_archs.py",
+                "llama_cpp_python_version": llama_cpp.__version__,
+                "mkmodel_args": args,
+                "model_sha256": sha256(path),
+                "n_vocab": llm.n_vocab(),
+                "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_batch": N_CTX,
+                             "logits_all": True, "flash_attn": "off (default)"},
+                "procedure": "each sequence evaluated in one eval from an empty cache; "
+                             "top-20 per position by logit, exact float32 values",
+            },
+            "cases": cases,
+        }
+        del llm
+        out = os.path.join(FIX, f"archs_{name}.json")
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(obj, f, separators=(",", ":"))
+        print(f"{out}: {len(cases)} sequences, lengths {[len(c['ids']) for c in cases]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Checks tokenloop ($TL_BIN) on the architectures we have no real model file
+for (Llama 3 RoPE factors, Qwen2 biases, Qwen3 QK-norm, Mistral's sliding
+window key, Phi-3 fused tensors) against llama.cpp's logits in
+tests/oracle/fixtures/archs_*.json (tests/oracle/make_fixtures_archs.py).
+The models are regenerated with scripts/mkmodel.py into models/random/ and
+must hash as recorded. Also: an unknown architecture and a missing tensor must
+fail with an error naming them.
+Usage: TL_BIN=build/tokenloop python3 tests/py/test_oracle_archs.py
+(TL_VOCAB_DIR: the shared vocabularies; TL_ARCHS_MODELS: where models go)
+"""
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+FIX = os.path.join(ROOT, "tests", "oracle", "fixtures")
+OUT_DIR = os.environ.get("TL_ARCHS_MODELS", os.path.join(ROOT, "models", "random"))
+MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
+TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop"))
+TIMEOUT = 300
+
+# Max abs logit error allowed per fixture (docs/NUMERICS.md). The fixtures hold
+# llama.cpp's float32 logits exactly, and every op mirrors ggml's order, so the
+# bound is zero: bitwise equal.
+TOL = {}
+TOL_DEFAULT = 0.0
+
+passed = 0
+failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL: {what}")
+    return ok
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def mkmodel(args, path):
+    p = subprocess.run([sys.executable, MKMODEL, args[0], path] + list(args[1:]),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    return p.returncode == 0, p.stderr
+
+
+def tl_logits(model, ids, tmp, extra=()):
+    ids_path = os.path.join(tmp, "ids.json")
+    out = os.path.join(tmp, "logits.bin")
+    with open(ids_path, "w") as f:
+        json.dump(ids, f)
+    p = subprocess.run([TL_BIN, "logits", "-m", model, "--ids-file", ids_path, "-o", out] + list(extra),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    if p.returncode != 0:
+        return None, p.stderr.strip()[-300:]
+    return np.fromfile(out, dtype=np.float32), ""
+
+
+def check_fixture(path, tmp):
+    name = os.path.basename(path)[len("archs_"):-len(".json")]
+    with open(path, encoding="utf-8") as f:
+        fx = json.load(f)
+    meta = fx["meta"]
+    model = os.path.join(OUT_DIR, f"archs_{name}.gguf")
+    ok, err = mkmodel(meta["mkmodel_args"], model)
+    if not check(ok, f"{name}: mkmodel.py failed: {err[-300:]}"):
+        return
+    if not check(sha256(model) == meta["model_sha256"], f"{name}: regenerated model differs"):
+        return
+    nv = meta["n_vocab"]
+    tol = TOL.get(name, TOL_DEFAULT)
+    worst, total, n_pos, n_exact, top1_bad = 0.0, 0.0, 0, 0, 0
+    for ci, case in enumerate(fx["cases"]):
+        flat, err = tl_logits(model, case["ids"], tmp)
+        if not check(flat is not None, f"{name} case {ci}: tokenloop failed: {err}"):
+            continue
+        if not check(flat.size == nv * len(case["ids"]),
+                     f"{name} case {ci}: {flat.size} logits, expected {nv} x {len(case['ids'])}"):
+            continue
+        rows = flat.reshape(len(case["ids"]), nv)
+        if ci == len(fx["cases"]) - 1:
+            # chunked and on another thread count: the same bits (batch invariance)
+            again, err = tl_logits(model, case["ids"], tmp, ["-t", "3", "-b", "7"])
+            check(again is not None and np.array_equal(again, flat),
+                  f"{name} case {ci}: -t 3 -b 7 differs from one batch {err}")
+        for pos, top in enumerate(case["top"]):
+            idx = np.array([t[0] for t in top])
+            ref = np.array([t[1] for t in top], dtype=np.float32)
+            d = np.abs(rows[pos, idx] - ref)
+            worst = max(worst, float(d.max()))
+            total += float(d.mean())
+            n_pos += 1
+            n_exact += int(d.max() == 0)
+            top1_bad += int(int(np.argmax(rows[pos])) != top[0][0] and
+                            top[0][1] - top[1][1] > 1e-3)
+    if n_pos == 0:
+        return
+    print(f"{name}: {n_pos} positions, bitwise at {n_exact}, max abs {worst:.3g}, "
+          f"mean abs {total / n_pos:.3g}")
+    check(worst <= tol, f"{name}: max abs logit error {worst:.3g} > {tol:.3g}")
+    check(top1_bad == 0, f"{name}: top-1 differs at {top1_bad} positions")
+
+
+def check_errors(tmp):
+    """Files to refuse: unknown architecture, a tensor left out, RoPE scalings
+    not implemented."""
+    cases = [
+        (["llama3", "--arch-name", "nosucharch"], "nosucharch"),
+        (["llama3", "--drop", "blk.1.ffn_down.weight"], "blk.1.ffn_down.weight"),
+        (["qwen3", "--drop", "blk.0.attn_k_norm.weight"], "blk.0.attn_k_norm.weight"),
+        (["phi3", "--drop", "blk.1.attn_qkv.weight"], "attn_qkv"),
+        (["qwen2", "--rope-scaling", "yarn"], "qwen2.rope.scaling.type"),
+        (["phi3", "--longrope"], "rope_factors_long"),
+    ]
+    for args, needle in cases:
+        model = os.path.join(tmp, "bad.gguf")
+        ok, err = mkmodel(args, model)
+        if not check(ok, f"mkmodel {args}: {err[-200:]}"):
+            continue
+        flat, msg = tl_logits(model, [1, 2, 3], tmp)
+        check(flat is None and needle in msg,
+              f"{args}: expected an error naming {needle!r}, got {'success' if flat is not None else msg!r}")
+
+
+def main():
+    if not check(os.access(TL_BIN, os.X_OK), f"no tokenloop binary at {TL_BIN}"):
+        print(f"{passed} passed, {failed} failed")
+        return 1
+    os.makedirs(OUT_DIR, exist_ok=True)
+    fixtures = sorted(glob.glob(os.path.join(FIX, "archs_*.json")))
+    check(len(fixtures) >= 5, f"expected the archs_*.json fixtures, found {len(fixtures)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in fixtures:
+            check_fixture(path, tmp)
+        check_errors(tmp)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
