@@ -112,6 +112,8 @@ int cmd_info(int argc, char **argv) {
         cli_error("%s: %s", model, err.msg);
         return 1;
     }
+    printf("this build runs: architectures %s; tokenizers %s; weight types %s\n",
+           tl_supported_architectures(), tl_supported_tokenizers(), tl_supported_weight_types());
     return 0;
 }
 

@@ -23,10 +23,7 @@ static const char USAGE[] =
     "  logits      write the logits of a token sequence (for testing against peers)\n"
     "\n"
     "Run 'tokenloop COMMAND --help' for the options of a command.\n"
-    "Supported: architecture llama; tokenizers gpt2 (byte-level BPE) and llama\n"
-    "(SentencePiece-style); weights F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,\n"
-    "Q3_K, Q4_K, Q5_K, Q6_K. The CPU code path is chosen at start-up (TL_CPU=scalar|\n"
-    "avx2|avx512|avx512-vnni caps it).\n";
+    "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni caps it).\n";
 
 void cli_error(const char *fmt, ...) {
     va_list ap;
@@ -144,7 +141,10 @@ char *cli_read_file(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        fputs(USAGE, argc < 2 ? stderr : stdout);
+        FILE *o = argc < 2 ? stderr : stdout;
+        fputs(USAGE, o);
+        fprintf(o, "\nSupported architectures: %s\nTokenizers: %s\nWeight types: %s\n",
+                tl_supported_architectures(), tl_supported_tokenizers(), tl_supported_weight_types());
         return argc < 2 ? EXIT_USAGE : 0;
     }
     if (!strcmp(argv[1], "--version")) {

@@ -49,6 +49,11 @@ void tl_model_free(tl_model *model);
  * Works on any valid GGUF file, including vocabulary-only ones. */
 int tl_gguf_describe(const char *path, FILE *out, tl_error *err);
 
+/* What this build runs, for --help and info. */
+const char *tl_supported_architectures(void);
+const char *tl_supported_tokenizers(void);
+const char *tl_supported_weight_types(void);
+
 int tl_model_n_vocab(const tl_model *model);
 int tl_model_n_ctx_train(const tl_model *model);
 int tl_model_can_run(const tl_model *model); /* 1 if it has runnable weights */

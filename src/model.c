@@ -21,6 +21,10 @@ static const tl_arch_info ARCHS[] = {
     {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1},
 };
 
+const char *tl_supported_architectures(void) {
+    return "llama (incl. Llama 3 RoPE factors), gemma3, qwen2, qwen3, phi3";
+}
+
 static const tl_arch_info *find_arch(tl_str name) {
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
         if (tl_str_eq(name, ARCHS[i].name)) return &ARCHS[i];
@@ -302,8 +306,8 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
     if (r != 1) {
         st = tl_fail(err, TL_ERR_FORMAT, "metadata general.architecture is missing");
     } else if (!(m->arch = find_arch(an))) {
-        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: llama, gemma3, qwen2, qwen3, phi3)",
-                     (int)(an.len > 64 ? 64 : an.len), an.ptr);
+        st = tl_fail(err, TL_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (supported: %s)",
+                     (int)(an.len > 64 ? 64 : an.len), an.ptr, tl_supported_architectures());
     } else if (m->gguf->n_tensors == 0) {
         st = tl_fail(err, TL_ERR_FORMAT, "the file has no tensors (vocabulary only?)");
     }

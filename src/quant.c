@@ -943,3 +943,7 @@ float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     default: return NAN;
     }
 }
+
+const char *tl_supported_weight_types(void) {
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+}

@@ -1194,3 +1194,7 @@ const char *tl_tokenizer_text(const tl_tokenizer *t, int32_t id) {
 
 const char *tl_tokenizer_model_name(const tl_tokenizer *t) { return t ? t->model_name : ""; }
 const char *tl_tokenizer_pre_name(const tl_tokenizer *t) { return t ? t->pre_name : ""; }
+
+const char *tl_supported_tokenizers(void) {
+    return "gpt2 (byte-level BPE, llama.cpp's pre-tokenizers), llama (SentencePiece-style)";
+}
