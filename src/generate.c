@@ -101,7 +101,7 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
         ev.n_top = n_top;
         if (!gp->ignore_eog && tl_token_is_eog(m, tok)) {
             stop = TL_STOP_EOG;
-            if (emit(gp, &ev, "", 0)) break;
+            emit(gp, &ev, "", 0); /* the token is reported, its text is not */
             break;
         }
         size_t pl = tl_detok_push(&dt, m, tok, piece, sizeof piece);

@@ -29,21 +29,11 @@ TIMEOUT = 300
 # Max abs logit error allowed per fixture (docs/NUMERICS.md). The fixtures hold
 # llama.cpp's float32 logits exactly, and every op mirrors ggml's order, so the
 # bound is zero: bitwise equal.
-TOL = {}
-TOL_DEFAULT = 0.0
+TOL = 0.0
 
-passed = 0
-failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what}")
-    return ok
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_oracle import check  # noqa: E402  (shared pass/fail counting)
+import test_oracle as to  # noqa: E402
 
 
 def sha256(path):
@@ -81,7 +71,7 @@ def check_fixture(path, tmp):
     if not check(sha256(model) == meta["model_sha256"], f"{name}: regenerated model differs"):
         return
     nv = meta["n_vocab"]
-    tol = TOL.get(name, TOL_DEFAULT)
+    tol = TOL
     worst, total, n_pos, n_exact, top1_bad = 0.0, 0.0, 0, 0, 0
     for ci, case in enumerate(fx["cases"]):
         flat, err = tl_logits(model, case["ids"], tmp)
@@ -137,7 +127,7 @@ def check_errors(tmp):
 
 def main():
     if not check(os.access(TL_BIN, os.X_OK), f"no tokenloop binary at {TL_BIN}"):
-        print(f"{passed} passed, {failed} failed")
+        print(f"{to.passed} passed, {to.failed} failed")
         return 1
     os.makedirs(OUT_DIR, exist_ok=True)
     fixtures = sorted(glob.glob(os.path.join(FIX, "archs_*.json")))
@@ -146,8 +136,8 @@ def main():
         for path in fixtures:
             check_fixture(path, tmp)
         check_errors(tmp)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(f"{to.passed} passed, {to.failed} failed")
+    return 1 if to.failed else 0
 
 
 if __name__ == "__main__":
