@@ -27,8 +27,25 @@ TOOL_BIN = $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 $(BUILD)/src/cpu/kern_avx2.o:   ISA = -mavx2 -mfma -mf16c
 $(BUILD)/src/cpu/kern_avx512.o: ISA = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
+# The AVX-512 kernels checked on any AVX2 machine: the kernel test linked with
+# kern_avx512.c compiled against SIMDe's emulation and a detector that reports
+# AVX-512 VNNI (built when SIMDe's headers are installed: libsimde-dev).
+SIMDE_BIN = $(if $(wildcard /usr/include/simde/x86/avx512.h),$(BUILD)/simde/test_kernels_bench)
+SIMDE_LIB = $(filter-out $(BUILD)/src/cpu/kern_avx512.o $(BUILD)/src/cpu/dispatch.o,$(LIB_OBJ))
+
 .PHONY: all lib test unit run models clean asan format fixtures
-all: $(BUILD)/libtokenloop.a tokenloop $(TEST_BIN) $(TOOL_BIN)
+all: $(BUILD)/libtokenloop.a tokenloop $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
+
+$(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/simd256.h
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Werror,$(CFLAGS)) -w -mavx2 -mfma -mf16c -c $< -o $@
+
+$(BUILD)/simde/dispatch.o: src/cpu/dispatch.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Dtl_cpu_detect=tl_cpu_detect_native -c $< -o $@
+
+$(BUILD)/simde/test_kernels_bench: $(BUILD)/tests/unit/test_kernels_bench.o $(SIMDE_LIB) $(BUILD)/simde/kern_avx512_emu.o $(BUILD)/simde/dispatch.o $(BUILD)/tests/simde/detect_emu.o
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 lib: $(BUILD)/libtokenloop.a
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need and is missing: a C compiler,
-# make, PCRE2 (Debian packages) and the Python packages the tests check
+# make, PCRE2, SIMDe (Debian packages) and the Python packages the tests check
 # against (gguf, numpy). Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
@@ -8,6 +8,7 @@ command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
 [ -f /usr/include/pcre2.h ] || need_pkgs+=(libpcre2-dev)
+[ -f /usr/include/simde/x86/avx512.h ] || need_pkgs+=(libsimde-dev)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2

@@ -13,6 +13,12 @@
 #include "cpu/mathfn.h"
 #include "util.h"
 
+/* A weight in the packed layout its gemm kernel reads (tl_pack_rows32). */
+struct pk_twin {
+    const void *src;
+    tl_gguf_tensor t;
+};
+
 struct tl_ctx {
     const tl_model *m;
     tl_kernels kern;
@@ -39,6 +45,9 @@ struct tl_ctx {
     float *logits;      /* eval output */
     size_t logits_cap;  /* floats */
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
+    struct pk_twin *pk; /* packed twins of the weights a gemm kernel takes, by source address */
+    int n_pk;
+    uint8_t *pk_data;
 };
 
 /* ---------------------------------------------------------------- matmul */
@@ -49,6 +58,7 @@ typedef struct mm_job {
     int n_mat;
     tl_w w[3];
     float *y[3];        /* [n_tok][w->ne[1]] */
+    int packed[3];      /* w[i] is a packed twin: run its gemm kernel */
     const uint8_t *xa;  /* n_tok rows of xa_row bytes */
     size_t xa_row;
     int n_tok;
@@ -63,31 +73,35 @@ static void mm_worker(void *arg, int ith, int nth) {
         int64_t rows = w->ne[1], cols = w->ne[0];
         size_t rb = tl_row_size((tl_type)w->type, cols);
         tl_vec_dot_fn dot = j->k->vec_dot[w->type];
-        tl_vec_dot4_fn dot4 = j->k->vec_dot4[w->type];
+        tl_gemm_fn gemm = j->packed[mi] ? j->k->gemm[w->type] : NULL;
         int64_t lo, hi;
         tl_split(rows, ith, nth, &lo, &hi);
-        /* A tile of weight rows stays in cache while every token passes it;
-         * four tokens at a time share each weight block's unpacking. */
+        /* A tile of weight rows stays in cache while every token passes it. */
         for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE) {
             int64_t r1 = r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi;
-            int t = 0;
-            for (; dot4 && t + 4 <= j->n_tok; t += 4) {
-                const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
-                float *y = j->y[mi] + (size_t)t * rows;
-                for (int64_t r = r0; r < r1; r++) {
-                    float o[4];
-                    dot4(cols, (const uint8_t *)w->data + (size_t)r * rb, xa, j->xa_row, o);
-                    for (int i = 0; i < 4; i++) y[(size_t)i * rows + r] = o[i];
-                }
+            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
+            if (gemm) {
+                gemm(cols, wr, rb, (int)(r1 - r0), j->xa, j->xa_row, j->n_tok, j->y[mi] + r0, (size_t)rows);
+                continue;
             }
-            for (; t < j->n_tok; t++) {
+            for (int t = 0; t < j->n_tok; t++) {
                 const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
                 float *y = j->y[mi] + (size_t)t * rows;
-                for (int64_t r = r0; r < r1; r++)
-                    y[r] = dot(cols, (const uint8_t *)w->data + (size_t)r * rb, xa);
+                for (int64_t r = r0; r < r1; r++) y[r] = dot(cols, wr + (size_t)(r - r0) * rb, xa);
             }
         }
     }
+}
+
+static int pk_cmp(const void *key, const void *el) {
+    const uint8_t *a = key, *b = ((const struct pk_twin *)el)->src;
+    return a < b ? -1 : a > b;
+}
+
+/* The packed twin of w, or NULL (then the matmul takes the plain dot path). */
+static tl_w packed(const tl_ctx *c, tl_w w) {
+    const struct pk_twin *p = bsearch(w->data, c->pk, (size_t)c->n_pk, sizeof *c->pk, pk_cmp);
+    return p && p->t.type == w->type && p->t.ne[0] == w->ne[0] && p->t.ne[1] == w->ne[1] ? &p->t : NULL;
 }
 
 /* Quantizes n_tok rows of x (width cols, stride cols) into the activation
@@ -95,12 +109,22 @@ static void mm_worker(void *arg, int ith, int nth) {
 static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
     int64_t cols = w[0]->ne[0];
     tl_type vt = tl_type_info(w[0]->type)->vec_dot_type;
-    size_t row = tl_row_size(vt, cols);
+    tl_w pw[3];
+    int gemm = 0;
+    for (int i = 0; i < n_mat; i++) {
+        pw[i] = c->kern.gemm[w[i]->type] ? packed(c, w[i]) : NULL;
+        gemm |= pw[i] != NULL;
+    }
+    size_t row = gemm ? tl_act_row_size(vt, cols) : tl_row_size(vt, cols);
     tl_quantize_fn qf = c->kern.quantize[vt];
-    for (int t = 0; t < n_tok; t++) qf(x + (size_t)t * cols, c->xa + (size_t)t * row, cols);
+    for (int t = 0; t < n_tok; t++) {
+        qf(x + (size_t)t * cols, c->xa + (size_t)t * row, cols);
+        if (gemm) tl_act_add_scales(vt, c->xa + (size_t)t * row, cols);
+    }
     mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok};
     for (int i = 0; i < n_mat; i++) {
-        j.w[i] = w[i];
+        j.w[i] = pw[i] ? pw[i] : w[i];
+        j.packed[i] = pw[i] != NULL;
         j.y[i] = y[i];
     }
     tl_pool_run(c->pool, mm_worker, &j);
@@ -196,8 +220,19 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     }
     float mx = -INFINITY;
     for (int j = j0; j < lo; j++) s[j] = -INFINITY;
-    for (int j = lo, slot = lo % len; j <= pos; j++, slot = slot + 1 == len ? 0 : slot + 1) {
-        s[j] = c->kern.dot_f16(hd, kb + (size_t)slot * c->kv_dim, q);
+    for (int j = lo, slot = lo % len; j <= pos;) {
+        /* four keys at a time where their slots are consecutive (four
+         * independent sums, each in the one-key order) */
+        if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && slot + 4 <= len) {
+            c->kern.dot_f16_x4(hd, kb + (size_t)slot * c->kv_dim, (size_t)c->kv_dim, q, s + j);
+            j += 4, slot += 4;
+        } else {
+            s[j] = c->kern.dot_f16(hd, kb + (size_t)slot * c->kv_dim, q);
+            j++, slot++;
+        }
+        if (slot == len) slot = 0;
+    }
+    for (int j = lo; j <= pos; j++) {
         if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
@@ -354,6 +389,57 @@ static void *xcalloc(size_t n, size_t size, int *fail) {
     return p;
 }
 
+static int twin_cmp(const void *a, const void *b) {
+    const uint8_t *x = ((const struct pk_twin *)a)->src, *y = ((const struct pk_twin *)b)->src;
+    return x < y ? -1 : x > y;
+}
+
+/* Packed copies of every matmul weight whose type has a gemm kernel: a second
+ * copy of those weights in memory (the mapping's pages are then read only for
+ * embedding rows), laid out so the kernel converts eight blocks' scales at once. */
+static int pack_weights(tl_ctx *c) {
+    const tl_model *m = c->m;
+    const int per = 7;
+    tl_w *all = malloc(((size_t)m->hp.n_layer * per + 1) * sizeof *all);
+    if (!all) return -1;
+    int n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const tl_layer *L = &m->layers[il];
+        const tl_w ws[7] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        for (int i = 0; i < per; i++)
+            if (ws[i]) all[n++] = ws[i];
+    }
+    all[n++] = m->output;
+    size_t bytes = 0;
+    int np = 0;
+    for (int i = 0; i < n; i++)
+        if (c->kern.gemm[all[i]->type]) {
+            bytes += (size_t)all[i]->ne[1] * tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
+            np++;
+        }
+    int st = 0;
+    if (np) {
+        c->pk = calloc((size_t)np, sizeof *c->pk);
+        c->pk_data = malloc(bytes);
+        st = c->pk && c->pk_data ? 0 : -1;
+    }
+    size_t off = 0;
+    for (int i = 0; np && !st && i < n; i++) {
+        tl_w w = all[i];
+        if (!c->kern.gemm[w->type]) continue;
+        const size_t sz = (size_t)w->ne[1] * tl_row_size((tl_type)w->type, w->ne[0]);
+        struct pk_twin *tw = &c->pk[c->n_pk++];
+        tw->src = w->data;
+        tw->t = *w;
+        tw->t.data = c->pk_data + off;
+        st = tl_pack_rows32((tl_type)w->type, w->data, c->pk_data + off, w->ne[1], w->ne[0]);
+        off += sz;
+    }
+    if (c->n_pk) qsort(c->pk, (size_t)c->n_pk, sizeof *c->pk, twin_cmp);
+    free(all);
+    return st;
+}
+
 int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
     *out = NULL;
     if (!m || !m->arch)
@@ -419,7 +505,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         c->gelu = xcalloc(65536, sizeof(uint16_t), &fail);
         if (c->gelu) tl_gelu_table(c->gelu);
     }
-    if (fail) {
+    if (fail || pack_weights(c)) {
         tl_ctx_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
     }
@@ -429,6 +515,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
+    free(c->pk);
+    free(c->pk_data);
     tl_pool_free(c->pool);
     free(c->kc);
     free(c->kv_len);

@@ -35,6 +35,14 @@ for t in "$build"/tests/test_*; do
     run_one "$(basename "$t")" "$t"
 done
 
+# The AVX-512 kernels under SIMDe emulation, whatever this CPU has.
+if [ -x "$build/simde/test_kernels_bench" ]; then
+    run_one "test_kernels_bench (AVX-512 under SIMDe)" "$build/simde/test_kernels_bench"
+else
+    echo "!! $build/simde/test_kernels_bench not built: SIMDe missing (scripts/setup.sh installs libsimde-dev)"
+    total_fail=$((total_fail + 1)); failed_progs+=("simde")
+fi
+
 if [ "$unit_only" != "--unit" ]; then
     PY=${PYTHON:-python3}
     [ -x .venv/bin/python ] && PY=.venv/bin/python

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -58,4 +60,64 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level) {
     if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI);
     k->level = level;
     k->name = names[level];
+}
+
+/* ---- packed weight rows and gemm activation rows (see kernels.h) ---- */
+
+typedef struct pack_fields {
+    size_t block, m, qh, qs; /* bytes per block: whole, m, qh, qs (d is 2) */
+} pack_fields;
+
+static int fields32(tl_type t, pack_fields *f) {
+    switch (t) {
+    case TL_Q4_0: *f = (pack_fields){sizeof(block_q4_0), 0, 0, 16}; return 0;
+    case TL_Q4_1: *f = (pack_fields){sizeof(block_q4_1), 2, 0, 16}; return 0;
+    case TL_Q5_0: *f = (pack_fields){sizeof(block_q5_0), 0, 4, 16}; return 0;
+    case TL_Q5_1: *f = (pack_fields){sizeof(block_q5_1), 2, 4, 16}; return 0;
+    case TL_Q8_0: *f = (pack_fields){sizeof(block_q8_0), 0, 0, 32}; return 0;
+    default: return -1;
+    }
+}
+
+int tl_pack_rows32(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    pack_fields f;
+    if (fields32(type, &f) || n % 32) return -1;
+    const int64_t nb = n / 32;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t g = 0; g < nb; g += 8) {
+            const int64_t k = nb - g < 8 ? nb - g : 8;
+            const uint8_t *b = s + (size_t)(r * nb + g) * f.block;
+            uint8_t *o = d + (size_t)(r * nb + g) * f.block;
+            for (int64_t j = 0; j < k; j++) {
+                const uint8_t *bj = b + (size_t)j * f.block;
+                memcpy(o + 2 * j, bj, 2);
+                if (f.m) memcpy(o + 2 * k + 2 * j, bj + 2, 2);
+                if (f.qh) memcpy(o + (2 + f.m) * k + 4 * j, bj + 2 + f.m, 4);
+                memcpy(o + (2 + f.m + f.qh) * k + f.qs * j, bj + 2 + f.m + f.qh, f.qs);
+            }
+        }
+    return 0;
+}
+
+size_t tl_act_row_size(tl_type vt, int64_t n) {
+    const size_t nb = (size_t)(n / 32);
+    return tl_act_scales_off(vt, n) + nb * sizeof(float) * (vt == TL_Q8_1 ? 2 : 1);
+}
+
+void tl_act_add_scales(tl_type vt, void *row, int64_t n) {
+    const int64_t nb = n / 32;
+    const size_t bs = vt == TL_Q8_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
+    uint8_t *p = row;
+    float *ds = (float *)(void *)(p + tl_act_scales_off(vt, n)), *ss = ds + nb;
+    for (int64_t i = 0; i < nb; i++) {
+        uint16_t h;
+        memcpy(&h, p + (size_t)i * bs, 2);
+        ds[i] = tl_fp16_to_fp32(h);
+        if (vt == TL_Q8_1) {
+            memcpy(&h, p + (size_t)i * bs + 2, 2);
+            ss[i] = tl_fp16_to_fp32(h);
+        }
+    }
 }

@@ -1,11 +1,8 @@
 /* cpu/kern_avx2: the AVX2 + FMA + F16C kernels: quantized weight-row x activation-row
  * dots and the activation quantizers, all bit-identical to the scalar references in
  * quant.c, whose float order is that of llama.cpp's own x86 AVX2 kernels. */
-#include <immintrin.h>
-#include <math.h>
-#include <string.h>
-
 #include "cpu/kernels.h"
+#include "cpu/simd256.h"
 
 /* Every float operation here is spelled out: clang would otherwise fuse a*b + c. */
 #ifdef __clang__
@@ -13,45 +10,6 @@
 #endif
 
 /* ---- helpers -------------------------------------------------------------------- */
-
-static inline float hsum_f8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline int hsum_i8x32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
-    return _mm_cvtsi128_si32(s);
-}
-
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-/* a*b + c rounded once, as ggml's compiler contracts its scalar running sums;
- * with -mfma, fmaf is one instruction (no libm call, no register shuffles). */
-static inline float fma1(float a, float b, float c) { return fmaf(a, b, c); }
-
-/* 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..15 of a
- * 32-block), then high nibbles (elements 16..31), as the Q4/Q5 layouts store them. */
-static inline __m256i nibbles32(const uint8_t *p) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-/* 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j). */
-static inline __m256i bits32(const uint8_t *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
-                                         2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u), sel);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
 
 /* u (0..128) x s (-127..127) bytes -> 8 exact int32 partial sums (no int16
  * saturation: 2*128*127 < 32768). */
@@ -65,8 +23,6 @@ static inline __m256i dot_us8(__m256i u, __m256i s) {
 static inline __m256i dot_ss8(__m256i x, __m256i y) {
     return dot_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
-
-static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* ---- Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 ------------------------------------------------ */
 
@@ -97,13 +53,6 @@ static inline __m256 sums_q8_0(const block_q8_0 *x, const block_q8_0 *y) {
     return _mm256_cvtepi32_ps(dot_ss8(load32(x->qs), load32(y->qs)));
 }
 
-/* Half number k of a block (the m of Q4_1/Q5_1 is k = 1, the s of Q8_1 too). */
-static inline float h2f_at(const void *block, int k) {
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)block + 2 * k, 2);
-    return h2f(h);
-}
-
 /* One accumulator, block after block, as ggml: acc = fma(d_w*d_a, lanes, acc).
  * The FMA chain bounds the speed, so the loop is kept as plain as ggml's. For
  * Q4_1/Q5_1 (BIASED, x = d*q + m) the m_w*s_a terms form their own running
@@ -129,60 +78,11 @@ DOT_32(dot_q5_0, block_q5_0, block_q8_0, sums_q5_0, 0)
 DOT_32(dot_q5_1, block_q5_1, block_q8_1, sums_q5_1, 1)
 DOT_32(dot_q8_0, block_q8_0, block_q8_0, sums_q8_0, 0)
 
-/* Four activation rows against one weight row (prefill). The weight block is
- * unpacked once; each row keeps its own accumulator and performs exactly the
- * operations of the single-row kernel above, so results are bitwise equal. */
-static inline __m256i w_q4_0(const block_q4_0 *x) { return _mm256_sub_epi8(nibbles32(x->qs), _mm256_set1_epi8(8)); }
-static inline __m256i w_q4_1(const block_q4_1 *x) { return nibbles32(x->qs); }
-static inline __m256i w_q5_0(const block_q5_0 *x) {
-    return _mm256_or_si256(nibbles32(x->qs), _mm256_andnot_si256(bits32(x->qh), _mm256_set1_epi8((char)0xF0)));
-}
-static inline __m256i w_q5_1(const block_q5_1 *x) {
-    return _mm256_or_si256(nibbles32(x->qs), _mm256_and_si256(bits32(x->qh), _mm256_set1_epi8(0x10)));
-}
-static inline __m256i w_q8_0(const block_q8_0 *x) { return load32(x->qs); }
 
-#define DOT4_ROW(R, DOT, BIASED)                                                                 \
-    do {                                                                                         \
-        const __m256 d = _mm256_set1_ps(dw * h2f(a##R[i].d));                                    \
-        acc##R = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(DOT(qx, load32(a##R[i].qs))), acc##R);    \
-        if (BIASED) s##R = fma1(mw, h2f_at(a##R + i, 1), s##R);                                  \
-    } while (0)
+/* ---- gemm tiles on packed rows ------------------------------------------------------- */
 
-/* The four rows are spelled out so their accumulators live in registers as
- * four independent FMA chains. */
-#define DOT4_32(NAME, WT, AT, WEXP, DOT, BIASED)                                                \
-    static void NAME(int64_t n, const void *vw, const void *va, size_t stride, float out[4]) {   \
-        const WT *x = vw;                                                                        \
-        const AT *a0 = va, *a1 = (const AT *)((const uint8_t *)va + stride);                     \
-        const AT *a2 = (const AT *)((const uint8_t *)va + 2 * stride);                           \
-        const AT *a3 = (const AT *)((const uint8_t *)va + 3 * stride);                           \
-        const int64_t nb = n / 32;                                                               \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                \
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;                                        \
-        for (int64_t i = 0; i < nb; i++) {                                                       \
-            const __m256i qx = WEXP(x + i);                                                      \
-            const float dw = h2f(x[i].d);                                                        \
-            const float mw = BIASED ? h2f_at(x + i, 1) : 0.0f;                                   \
-            (void)mw;                                                                            \
-            DOT4_ROW(0, DOT, BIASED);                                                                       \
-            DOT4_ROW(1, DOT, BIASED);                                                                       \
-            DOT4_ROW(2, DOT, BIASED);                                                                       \
-            DOT4_ROW(3, DOT, BIASED);                                                                       \
-        }                                                                                        \
-        out[0] = BIASED ? hsum_f8(acc0) + s0 : hsum_f8(acc0);                                    \
-        out[1] = BIASED ? hsum_f8(acc1) + s1 : hsum_f8(acc1);                                    \
-        out[2] = BIASED ? hsum_f8(acc2) + s2 : hsum_f8(acc2);                                    \
-        out[3] = BIASED ? hsum_f8(acc3) + s3 : hsum_f8(acc3);                                    \
-    }
-
-DOT4_32(dot4_q4_0, block_q4_0, block_q8_0, w_q4_0, dot_ss8, 0)
-DOT4_32(dot4_q5_0, block_q5_0, block_q8_0, w_q5_0, dot_ss8, 0)
-DOT4_32(dot4_q8_0, block_q8_0, block_q8_0, w_q8_0, dot_ss8, 0)
-DOT4_32(dot4_q4_1, block_q4_1, block_q8_1, w_q4_1, dot_us8, 1)
-DOT4_32(dot4_q5_1, block_q5_1, block_q8_1, w_q5_1, dot_us8, 1)
-#undef DOT4_32
-#undef DOT4_ROW
+#define TILE_DOT(u, s) dot_us8(u, s)
+#include "cpu/tile32.h"
 
 /* ---- K-quants against Q8_K: one 256-superblock per step ----------------------------- */
 
@@ -341,6 +241,22 @@ static float dot_f16_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
     return s;
 }
 
+/* Four rows x (x, x + xs, ...) against one y: four independent FMA chains, each
+ * in dot_f16_f16's order (attention scores of four keys). */
+static void dot_f16_x4(int64_t n, const uint16_t *x, size_t xs, const uint16_t *y, float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 yv = load_h8(y + i);
+        for (int r = 0; r < 4; r++) acc[r] = _mm256_fmadd_ps(load_h8(x + (size_t)r * xs + i), yv, acc[r]);
+    }
+    for (int r = 0; r < 4; r++) {
+        float s = hsum_f8(acc[r]);
+        for (int64_t k = i; k < n; k++) s = fma1(h2f(x[(size_t)r * xs + k]), h2f(y[k]), s);
+        out[r] = s;
+    }
+}
+
 static float dot_f16(int64_t n, const void *w, const void *a) { return dot_f16_f16(n, w, a); }
 
 /* F32 weights: tinyBLAS's F32 order, as the F16 one above. */
@@ -473,11 +389,7 @@ static void quantize_f16(const float *x, void *vy, int64_t n) {
 void tl_kernels_fill_avx2(tl_kernels *k) {
     k->vec_dot[TL_Q4_0] = dot_q4_0;
     k->vec_dot[TL_Q4_1] = dot_q4_1;
-    k->vec_dot4[TL_Q4_0] = dot4_q4_0;
-    k->vec_dot4[TL_Q4_1] = dot4_q4_1;
-    k->vec_dot4[TL_Q5_0] = dot4_q5_0;
-    k->vec_dot4[TL_Q5_1] = dot4_q5_1;
-    k->vec_dot4[TL_Q8_0] = dot4_q8_0;
+    tile32_fill(k);
     k->vec_dot[TL_Q5_0] = dot_q5_0;
     k->vec_dot[TL_Q5_1] = dot_q5_1;
     k->vec_dot[TL_Q8_0] = dot_q8_0;
@@ -491,4 +403,5 @@ void tl_kernels_fill_avx2(tl_kernels *k) {
     k->quantize[TL_Q8_K] = quantize_q8_K;
     k->quantize[TL_F16] = quantize_f16;
     k->dot_f16 = dot_f16_f16;
+    k->dot_f16_x4 = dot_f16_x4;
 }

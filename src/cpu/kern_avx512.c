@@ -3,11 +3,8 @@
  * K-quant elements per 512-bit vector, then the float accumulation in the 8-lane
  * order of llama.cpp's AVX2 kernels (see quant.c), so that every level gives the
  * same bits. The activation quantizers and the F16 dot stay the AVX2 ones. */
-#include <immintrin.h>
-#include <math.h>
-#include <string.h>
-
 #include "cpu/kernels.h"
+#include "cpu/simd256.h"
 
 /* Every float operation here is spelled out: clang would otherwise fuse a*b + c. */
 #ifdef __clang__
@@ -18,15 +15,6 @@
  * branch so each public kernel exists once per variant. */
 #define AI static inline __attribute__((always_inline))
 
-AI float h2f(uint16_t h) { return _cvtsh_ss(h); }
-
-AI float hsum_f8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AI int hsum_i32x16(__m512i v) {
     const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -34,10 +22,6 @@ AI int hsum_i32x16(__m512i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     return _mm_cvtsi128_si32(s);
 }
-
-/* a*b + c rounded once, as ggml's compiler contracts its scalar running sums;
- * with -mfma, fmaf is one instruction (no libm call, no register shuffles). */
-AI float fma1(float a, float b, float c) { return fmaf(a, b, c); }
 
 /* u (0..128) x s (-127..127) bytes -> 16 exact int32 sums of 4 products. */
 AI __m512i dot_us8(__m512i u, __m512i s, int vnni) {
@@ -105,12 +89,6 @@ AI __m512 sums2_q8_0(PAIR_ARGS(block_q8_0, block_q8_0)) {
     return _mm512_cvtepi32_ps(dot_ss8(load2x32(x0->qs, x1->qs), load2x32(y0->qs, y1->qs), vnni));
 }
 
-
-AI float h2f_at(const void *block, int k) {
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)block + 2 * k, 2);
-    return h2f(h);
-}
 
 AI __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
 AI __m256 hi8(__m512 v) { return _mm512_extractf32x8_ps(v, 1); }
@@ -292,7 +270,15 @@ VARIANTS(dot_q4_K)
 VARIANTS(dot_q5_K)
 VARIANTS(dot_q6_K)
 
+/* The gemm tiles with vpdpbusd on 256-bit vectors (AVX-512 VL + VNNI): the same
+ * exact int32 sums as AVX2's maddubs + madd in one instruction. */
+#define TILE_DOT(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+#define TILE_DM 8 /* 32 vector registers: twice the AVX2 tiles */
+#define TILE_PM 4
+#include "cpu/tile32.h"
+
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni) {
+    if (vnni) tile32_fill(k);
     k->vec_dot[TL_Q4_0] = vnni ? dot_q4_0_vnni : dot_q4_0_512;
     k->vec_dot[TL_Q4_1] = vnni ? dot_q4_1_vnni : dot_q4_1_512;
     k->vec_dot[TL_Q5_0] = vnni ? dot_q5_0_vnni : dot_q5_0_512;

@@ -17,11 +17,16 @@ typedef enum tl_cpu_level {
 
 /* dot(weight row w of `type`, activation row a in its vec_dot_type), n elements. */
 typedef float (*tl_vec_dot_fn)(int64_t n, const void *w, const void *a);
-/* The same dot for four activation rows (a, a + a_stride, ...) against one
- * weight row, sharing the weight's unpacking: out[i] is bitwise what vec_dot
- * gives for row i. Optional (NULL: call vec_dot four times). */
-typedef void (*tl_vec_dot4_fn)(int64_t n, const void *w, const void *a, size_t a_stride,
-                               float out[4]);
+/* The dots of nr weight rows (w, w + w_stride, ...) with nt activation rows
+ * (a, a + a_stride, ...): y[t * y_stride + r] is bitwise what vec_dot gives for
+ * the pair, whatever nr and nt, so results never depend on how a matmul is cut
+ * into calls (batch invariance). The kernel tiles internally so each weight
+ * block is unpacked once per few tokens and decode runs several independent
+ * accumulation chains. Weight rows are in the packed layout (tl_pack_rows32);
+ * activation rows are vec_dot_type rows followed by their scales as floats
+ * (tl_act_row_size, tl_act_add_scales). Optional (NULL: vec_dot pair by pair). */
+typedef void (*tl_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *a,
+                           size_t a_stride, int nt, float *y, size_t y_stride);
 /* f32 row -> activation format (Q8_0, Q8_1, Q8_K, F16, BF16), n elements. */
 typedef void (*tl_quantize_fn)(const float *x, void *y, int64_t n);
 
@@ -29,11 +34,26 @@ typedef struct tl_kernels {
     tl_cpu_level level;
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
-    tl_vec_dot4_fn vec_dot4[TL_TYPE_COUNT]; /* prefill: 4 tokens per weight row; may be NULL */
+    tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
     /* f16 x f16 dot with f32 accumulation (attention scores against an f16 K cache) */
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
+    /* the same for four rows x, x + x_stride, ... against one y; may be NULL */
+    void (*dot_f16_x4)(int64_t n, const uint16_t *x, size_t x_stride, const uint16_t *y, float out[4]);
 } tl_kernels;
+
+/* The packed layout of the 32-block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each
+ * row in groups of 8 blocks (fewer in the last), stored field by field: the 8 d,
+ * then the 8 m (Q4_1/Q5_1), the 8 qh (Q5), the 8 qs. One F16C conversion then
+ * gives eight blocks' scales, where the GGUF layout needs one per block. Same
+ * bytes per row. Returns 0, or -1 for a type without a packed layout. */
+int tl_pack_rows32(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+/* Activation rows as gemm takes them: the vec_dot_type row (Q8_0 or Q8_1), then
+ * each block's d as a float, then (Q8_1) each block's s. */
+size_t tl_act_row_size(tl_type vt, int64_t n);
+/* where the float scales start: after the blocks, aligned for floats */
+static inline size_t tl_act_scales_off(tl_type vt, int64_t n) { return (tl_row_size(vt, n) + 3) & ~(size_t)3; }
+void tl_act_add_scales(tl_type vt, void *row, int64_t n);
 
 /* The best level this CPU supports (cpuid + OS support for the registers). */
 tl_cpu_level tl_cpu_detect(void);

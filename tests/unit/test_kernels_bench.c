@@ -30,7 +30,7 @@ static float frand(rng *r) { return (float)rnd(r) / 2147483648.0f - 1.0f; } /* [
 static const tl_type wtypes[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0,
                                  TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_F16};
 /* the model widths asked for, plus odd block counts that reach every tail path */
-static const int64_t sizes[] = {576, 1536, 2048, 4096, 640, 1024, 160, 224, 256, 768};
+static const int64_t sizes[] = {576, 1536, 2048, 4096, 640, 1024, 160, 224, 256, 768, 96, 288};
 
 /* Where each block keeps its half-float scales (d, then m/dmin if any). */
 static int scale_offsets(tl_type t, size_t off[2]) {
@@ -152,38 +152,81 @@ static void check_dots(const tl_kernels *k, rng *r) {
     }
 }
 
-/* vec_dot4 (four activation rows at once) must equal vec_dot row by row, bitwise. */
-static void check_dot4(const tl_kernels *k, rng *r) {
+/* gemm (tiles of weight rows x activation rows) must equal vec_dot pair by
+ * pair, bitwise, for every tile shape and remainder. */
+static void check_gemm_case(const tl_kernels *k, tl_type t, int64_t n, int nr, int nt, rng *r) {
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(at, n), gb = tl_act_row_size(at, n);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(wb * (size_t)nr);
+    uint8_t *a = malloc(ab * (size_t)nt), *ga = malloc(gb * (size_t)nt);
+    float *x = malloc((size_t)n * sizeof(float)), *y = malloc(sizeof(float) * (size_t)(nr + 3) * (size_t)nt);
+    CHECK(w && wp && a && ga && x && y, "alloc");
+    if (w && wp && a && ga && x && y) {
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_pack_rows32(t, w, wp, nr, n) == 0, "pack %s", tl_type_info(t)->name);
+        for (int i = 0; i < nt; i++) {
+            make_acts(x, n, r);
+            tl_quantize_row_act(at, x, a + (size_t)i * ab, n);
+            memcpy(ga + (size_t)i * gb, a + (size_t)i * ab, ab);
+            tl_act_add_scales(at, ga + (size_t)i * gb, n);
+        }
+        const size_t ys = (size_t)nr + 3; /* a row stride wider than the tile */
+        k->gemm[t](n, wp, wb, nr, ga, gb, nt, y, ys);
+        int bad = 0;
+        for (int ti = 0; ti < nt; ti++)
+            for (int ri = 0; ri < nr; ri++) {
+                const float one = k->vec_dot[t](n, w + (size_t)ri * wb, a + (size_t)ti * ab);
+                if (memcmp(&one, &y[(size_t)ti * ys + ri], sizeof one) && !bad++)
+                    CHECK(0, "%s %s n=%lld %dx%d (%d,%d): gemm %.9g vs dot %.9g", k->name,
+                          tl_type_info(t)->name, (long long)n, nr, nt, ri, ti, y[(size_t)ti * ys + ri], one);
+            }
+        CHECK(!bad, "%s %s n=%lld tile %dx%d bitwise", k->name, tl_type_info(t)->name, (long long)n, nr, nt);
+    }
+    free(w);
+    free(wp);
+    free(a);
+    free(ga);
+    free(x);
+    free(y);
+}
+
+static void check_gemm(const tl_kernels *k, rng *r) {
+    static const int shapes[][2] = {{1, 1}, {4, 1}, {5, 1}, {16, 1}, {2, 2}, {3, 3}, {2, 4}, {7, 4},
+                                    {16, 5}, {9, 7}, {1, 9}, {16, 12}};
     for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) {
         const tl_type t = wtypes[ti];
-        if (!k->vec_dot4[t]) continue;
-        const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+        if (!k->gemm[t]) continue;
         for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
-            const int64_t n = sizes[si];
-            if (n % tl_type_info((uint32_t)t)->block_size) continue;
-            const size_t wb = tl_row_size(t, n), ab = tl_row_size(at, n);
-            uint8_t *w = malloc(wb), *a = malloc(4 * ab);
-            float *x = malloc((size_t)n * sizeof(float));
-            CHECK(w && a && x, "alloc");
-            if (w && a && x) {
-                make_weights(t, w, n, r);
-                for (int i = 0; i < 4; i++) {
-                    make_acts(x, n, r);
-                    tl_quantize_row_act(at, x, a + i * ab, n);
-                }
-                float o[4];
-                k->vec_dot4[t](n, w, a, ab, o);
-                for (int i = 0; i < 4; i++) {
-                    const float one = k->vec_dot[t](n, w, a + i * ab);
-                    CHECK(memcmp(&one, &o[i], sizeof one) == 0, "%s %s n=%lld row %d: dot4 %.9g vs dot %.9g",
-                          k->name, tl_type_info(t)->name, (long long)n, i, o[i], one);
-                }
-            }
-            free(w);
-            free(a);
-            free(x);
+            if (sizes[si] % tl_type_info((uint32_t)t)->block_size) continue;
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+                check_gemm_case(k, t, sizes[si], shapes[sh][0], shapes[sh][1], r);
+        }
+        /* rows wider than the biased formats' interleaved s buffer take the pair-by-pair path */
+        check_gemm_case(k, t, 32 * 1032, 3, 2, r);
+    }
+}
+
+/* dot_f16_x4 (four keys against one query) must equal dot_f16 key by key, bitwise. */
+static void check_dot_f16_x4(const tl_kernels *k, rng *r) {
+    if (!k->dot_f16_x4) return;
+    static const int64_t ns[] = {1, 7, 8, 31, 64, 100, 128, 256};
+    const size_t xs = 300; /* row stride wider than any n */
+    uint16_t *x = malloc(4 * xs * 2), *y = malloc(xs * 2);
+    CHECK(x && y, "alloc");
+    for (size_t i = 0; x && y && i < sizeof ns / sizeof *ns; i++) {
+        const int64_t n = ns[i];
+        for (size_t j = 0; j < 4 * xs; j++) x[j] = tl_fp32_to_fp16(frand(r));
+        for (size_t j = 0; j < xs; j++) y[j] = tl_fp32_to_fp16(frand(r));
+        float o[4];
+        k->dot_f16_x4(n, x, xs, y, o);
+        for (int q = 0; q < 4; q++) {
+            const float one = k->dot_f16(n, x + (size_t)q * xs, y);
+            CHECK(memcmp(&one, &o[q], sizeof one) == 0, "%s dot_f16_x4 n=%lld row %d: %.9g vs %.9g", k->name,
+                  (long long)n, q, o[q], one);
         }
     }
+    free(x);
+    free(y);
 }
 
 static void check_dot_f16(const tl_kernels *k, rng *r) {
@@ -265,8 +308,9 @@ int main(void) {
         k.name = level == TL_CPU_AVX2 ? "avx2" : level == TL_CPU_AVX512 ? "avx512" : "avx512-vnni";
         check_quantizers(&k, &r);
         check_dots(&k, &r);
-        check_dot4(&k, &r);
+        check_gemm(&k, &r);
         check_dot_f16(&k, &r);
+        check_dot_f16_x4(&k, &r);
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
     }

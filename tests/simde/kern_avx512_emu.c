@@ -1,0 +1,28 @@
+/* tests/simde/kern_avx512_emu: kern_avx512.c compiled for a CPU without AVX-512,
+ * each AVX-512 intrinsic emulated by SIMDe, so the AVX-512 and VNNI kernels are
+ * checked bit for bit against the scalar reference on any x86-64 with AVX2.
+ * The few intrinsics SIMDe 0.7.4 lacks or aliases wrongly are spelled here. */
+#include <immintrin.h>
+#include <stdint.h>
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#undef _mm512_madd_epi16 /* 0.7.4 aliases the masked form under this name */
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+
+static inline simde__m512 emu_cvtepi32_ps(simde__m512i v) {
+    const __m256 lo = _mm256_cvtepi32_ps(simde_mm512_castsi512_si256(v));
+    const __m256 hi = _mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(v, 1));
+    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
+}
+#define _mm512_cvtepi32_ps(v) emu_cvtepi32_ps(v)
+#define _mm512_extractf32x8_ps(v, i) \
+    _mm256_castpd_ps(simde_mm512_extractf64x4_pd(simde_mm512_castps_pd(v), i))
+
+static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
+    const __m256i z = _mm256_cmpeq_epi8(_mm256_and_si256(a, b), _mm256_setzero_si256());
+    return ~(uint32_t)_mm256_movemask_epi8(z);
+}
+#define _mm256_test_epi8_mask(a, b) emu_test_epi8_mask(a, b)
+
+#include "cpu/kern_avx512.c"
