@@ -57,6 +57,11 @@ const char *tl_supported_weight_types(void);
 int tl_model_n_vocab(const tl_model *model);
 int tl_model_n_ctx_train(const tl_model *model);
 int tl_model_can_run(const tl_model *model); /* 1 if it has runnable weights */
+/* Bytes of weights one decoded token reads: every tensor of every layer, the
+ * final norm, the output matrix (and RoPE factors, if any), and one row of the
+ * token embedding (the whole matrix, once, when it is also the output). 0 for
+ * a vocabulary-only file. */
+size_t tl_model_decode_bytes(const tl_model *model);
 /* The chat template from the file's metadata, or NULL. */
 const char *tl_model_chat_template(const tl_model *model);
 

@@ -5,11 +5,16 @@ llama.cpp can be compared on architectures we have no real model file for.
 The vocabulary (tokenizer.ggml.*) is copied from a shared vocab file so both
 loaders accept it. Same arguments, same bytes.
 
-Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied]
+Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied] [--vocab FILE]
                   [--arch-name NAME] [--drop TENSOR] [--rope-scaling linear|yarn] [--longrope]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
-converts), phi3 (fused attn_qkv, ffn_up holding gate and up).
+converts), phi3 (fused attn_qkv, ffn_up holding gate and up), llama1b (the
+shape of Llama 3.2 1B: 2048 wide, 16 layers, 32/8 heads, 8192 FFN, the
+128,256-token Llama 3 BPE vocabulary, tied output; weights N(0, 0.02); streamed
+to the file one tensor at a time, so memory stays near one tensor; for the
+quantized variants run `tokenloop quantize` on the F16 file, see
+scripts/mkmodel-1b.sh). --vocab FILE overrides the vocabulary file.
 --arch-name, --drop, --rope-scaling, --longrope make files tokenloop must
 refuse, for the error tests.
 """
@@ -50,6 +55,11 @@ ARCHS = {
 LLAMA3_ROPE = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=256)
 
+# llama1b: Llama 3.2 1B's shape (head dim 64), with llama.cpp's Llama 3 vocabulary.
+L1B = dict(d=2048, layers=16, heads=32, heads_kv=8, ff=8192, base=500000.0, ctx=8192, std=0.02)
+VOCAB_L1B = "ggml-vocab-llama-bpe.gguf"  # 128256 tokens
+LLAMA3_TEMPLATE = os.path.join(ROOT, "tests", "templates", "llama3.jinja")
+
 TYPES = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0}
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7}
 
@@ -74,7 +84,8 @@ def llama3_rope_factors(base, dim):
     return np.array(out, dtype=np.float32)
 
 
-def copy_vocab(w, path):
+def copy_vocab(w, path, keys=None):
+    """Copies the tokenizer.* keys; their names go into the set keys if given."""
     if not os.path.isfile(path):
         sys.exit(f"mkmodel: vocabulary {path} not found (set TL_VOCAB_DIR, see scripts/fetch-vocab.sh)")
     r = gguf.GGUFReader(path)
@@ -85,6 +96,8 @@ def copy_vocab(w, path):
         vt = f.types[0]
         sub = f.types[1] if vt == VT.ARRAY else None
         w.add_key_value(name, f.contents(), vt, sub)
+        if keys is not None:
+            keys.add(name)
         if name == "tokenizer.ggml.tokens":
             n_vocab = len(f.data)
     if not n_vocab:
@@ -190,12 +203,84 @@ def build(args):
     w.close()
 
 
+def to_type(arr, wtype):
+    """A weight in the chosen type (1-D tensors stay F32)."""
+    if arr.ndim == 1 or wtype == "f32":
+        return arr, None
+    if wtype == "f16":
+        return arr.astype(np.float16), None
+    return gguf.quants.quantize(arr, TYPES[wtype]), TYPES[wtype]
+
+
+def build_llama1b(args):
+    """Writes the header first, then each tensor as it is drawn: the whole
+    model (2.5 GB in F16) is never in memory, only the largest tensor."""
+    p = L1B
+    d, hd, ff = p["d"], p["d"] // p["heads"], p["ff"]
+    kv = p["heads_kv"] * hd
+    w = gguf.GGUFWriter(args.out, "llama")
+    vocab = args.vocab or os.path.join(VOCAB_DIR, VOCAB_L1B)
+    vocab_keys = set()
+    n_vocab = copy_vocab(w, vocab, vocab_keys)
+    w.add_name("tokenloop-random-llama1b")
+    w.add_file_type(FILE_TYPE[args.type])
+    w.add_context_length(p["ctx"])
+    w.add_embedding_length(d)
+    w.add_block_count(p["layers"])
+    w.add_feed_forward_length(ff)
+    w.add_head_count(p["heads"])
+    w.add_head_count_kv(p["heads_kv"])
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_rope_freq_base(p["base"])
+    w.add_rope_dimension_count(hd)
+    w.add_vocab_size(n_vocab)
+    if "tokenizer.chat_template" not in vocab_keys:
+        with open(LLAMA3_TEMPLATE, encoding="utf-8") as f:
+            w.add_chat_template(f.read())
+    if "tokenizer.ggml.add_bos_token" not in vocab_keys:  # as Llama 3's converted files say
+        w.add_add_bos_token(True)
+    # (name, shape as rows x cols or n, kind); tied output: no output.weight.
+    plan = [("token_embd.weight", (n_vocab, d), "mat")]
+    for i in range(p["layers"]):
+        b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (d, d), "mat"),
+                 (b + "attn_k.weight", (kv, d), "mat"), (b + "attn_v.weight", (kv, d), "mat"),
+                 (b + "attn_output.weight", (d, d), "mat"), (b + "ffn_norm.weight", (d,), "norm"),
+                 (b + "ffn_gate.weight", (ff, d), "mat"), (b + "ffn_up.weight", (ff, d), "mat"),
+                 (b + "ffn_down.weight", (d, ff), "mat")]
+    plan.append(("output_norm.weight", (d,), "norm"))
+    rng = np.random.default_rng(args.seed)
+
+    def draw(shape, kind):
+        if kind == "norm":
+            return (1.0 + rng.standard_normal(shape, dtype=np.float32) * p["std"]).astype(np.float32)
+        out = np.empty(shape, dtype=np.float16 if args.type == "f16" else np.float32)
+        for r in range(0, shape[0], 8192):  # bounded float32 temporaries
+            out[r:r + 8192] = rng.standard_normal((min(8192, shape[0] - r), shape[1]), dtype=np.float32) * p["std"]
+        return out if args.type in ("f16", "f32") else to_type(out, args.type)[0]
+
+    for name, shape, kind in plan:
+        qt = QT.F32 if kind == "norm" else TYPES[args.type]
+        byte_shape = gguf.quant_shape_to_byte_shape(shape, qt)
+        nbytes = int(np.prod(byte_shape))
+        if qt in (QT.F32, QT.F16):
+            w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == QT.F32 else np.float16), nbytes)
+        else:
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in plan:
+        w.write_tensor_data(draw(shape, kind))
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("arch", choices=sorted(ARCHS))
+    ap.add_argument("arch", choices=sorted(ARCHS) + ["llama1b"])
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--type", choices=sorted(TYPES), default="f32")
+    ap.add_argument("--type", choices=sorted(TYPES), help="weight type (default f32; llama1b: f16)")
     t = ap.add_mutually_exclusive_group()
     t.add_argument("--tied", dest="tied", action="store_true", default=None)
     t.add_argument("--untied", dest="tied", action="store_false")
@@ -205,9 +290,15 @@ def main():
                     help="write <arch>.rope.scaling.type (tokenloop refuses it)")
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
+    ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    build(args)
+    if args.type is None:
+        args.type = "f16" if args.arch == "llama1b" else "f32"
+    if args.arch == "llama1b":
+        build_llama1b(args)
+    else:
+        build(args)
 
 
 if __name__ == "__main__":

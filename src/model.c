@@ -350,3 +350,23 @@ size_t tl_token_piece(const tl_model *m, int32_t id, int special, char *out, siz
     return tl_tokenizer_piece(m->tok, id, special, out, cap);
 }
 void tl_free(void *p) { free(p); }
+
+static size_t w_bytes(tl_w t) { return t ? (size_t)t->nbytes : 0; }
+
+/* A memory-bound decode reads each weight once per token, so this divided by
+ * the token time is the weight bandwidth reached (tokenloop bench). Fused
+ * tensors count through their views, which tile the whole tensor. */
+size_t tl_model_decode_bytes(const tl_model *m) {
+    if (!m || !m->arch) return 0;
+    size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs);
+    if (m->output != m->tok_embd)
+        n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        const tl_layer *L = &m->layers[i];
+        tl_w ws[] = {L->attn_norm, L->wq,       L->wk,        L->wv,          L->wo,
+                     L->ffn_norm,  L->w_gate,   L->w_up,      L->w_down,      L->attn_q_norm,
+                     L->attn_k_norm, L->attn_post_norm, L->ffn_post_norm, L->bq, L->bk, L->bv};
+        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) n += w_bytes(ws[k]);
+    }
+    return n;
+}
