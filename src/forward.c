@@ -93,6 +93,36 @@ static void mm_worker(void *arg, int ith, int nth) {
     }
 }
 
+/* ------------------------------------------------- per-token work, split */
+
+/* Element-wise work on tokens [t0, t1) (norms, RoPE, activations, quantizing
+ * a matmul's input): each token's arithmetic is the same however the tokens
+ * are split, so prompts spread it over the pool; a decode step does it inline. */
+typedef void (*tok_fn)(tl_ctx *c, int t0, int t1, void *arg);
+
+typedef struct tok_job {
+    tl_ctx *c;
+    tok_fn fn;
+    void *arg;
+    int n;
+} tok_job;
+
+static void tok_worker(void *arg, int ith, int nth) {
+    const tok_job *j = arg;
+    int64_t lo, hi;
+    tl_split(j->n, ith, nth, &lo, &hi);
+    if (lo < hi) j->fn(j->c, (int)lo, (int)hi, j->arg);
+}
+
+static void par_tokens(tl_ctx *c, int n, tok_fn fn, void *arg) {
+    if (n < 4 || tl_pool_size(c->pool) == 1) {
+        fn(c, 0, n, arg);
+        return;
+    }
+    tok_job j = {c, fn, arg, n};
+    tl_pool_run(c->pool, tok_worker, &j);
+}
+
 static int pk_cmp(const void *key, const void *el) {
     const uint8_t *a = key, *b = ((const struct pk_twin *)el)->src;
     return a < b ? -1 : a > b;
@@ -102,6 +132,23 @@ static int pk_cmp(const void *key, const void *el) {
 static tl_w packed(const tl_ctx *c, tl_w w) {
     const struct pk_twin *p = bsearch(w->data, c->pk, (size_t)c->n_pk, sizeof *c->pk, pk_cmp);
     return p && p->t.type == w->type && p->t.ne[0] == w->ne[0] && p->t.ne[1] == w->ne[1] ? &p->t : NULL;
+}
+
+typedef struct quant_job {
+    tl_quantize_fn qf;
+    tl_type vt;
+    const float *x;
+    int64_t cols;
+    size_t row;
+    int scales; /* append the float scales gemm kernels read */
+} quant_job;
+
+static void quant_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+    const quant_job *q = arg;
+    for (int t = t0; t < t1; t++) {
+        q->qf(q->x + (size_t)t * q->cols, c->xa + (size_t)t * q->row, q->cols);
+        if (q->scales) tl_act_add_scales(q->vt, c->xa + (size_t)t * q->row, q->cols);
+    }
 }
 
 /* Quantizes n_tok rows of x (width cols, stride cols) into the activation
@@ -116,11 +163,8 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
         gemm |= pw[i] != NULL;
     }
     size_t row = gemm ? tl_act_row_size(vt, cols) : tl_row_size(vt, cols);
-    tl_quantize_fn qf = c->kern.quantize[vt];
-    for (int t = 0; t < n_tok; t++) {
-        qf(x + (size_t)t * cols, c->xa + (size_t)t * row, cols);
-        if (gemm) tl_act_add_scales(vt, c->xa + (size_t)t * row, cols);
-    }
+    quant_job qj = {c->kern.quantize[vt], vt, x, cols, row, gemm};
+    par_tokens(c, n_tok, quant_tokens, &qj);
     mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok};
     for (int i = 0; i < n_mat; i++) {
         j.w[i] = pw[i] ? pw[i] : w[i];
@@ -266,22 +310,39 @@ static void add_bias(float *y, tl_w b, int n_tok, int cols) {
         for (int i = 0; i < cols; i++) y[(size_t)t * cols + i] += bv[i];
 }
 
-static void attention_block(tl_ctx *c, int il, int n) {
+typedef struct norm_job {
+    float *out;
+    const float *in;
+    const float *w;
+    int d;
+} norm_job;
+
+static void norm_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+    const norm_job *j = arg;
+    for (int t = t0; t < t1; t++)
+        rmsnorm(j->out + (size_t)t * j->d, j->in + (size_t)t * j->d, j->w, j->d, c->m->hp.norm_eps);
+}
+
+static void norm_all(tl_ctx *c, int n, float *out, const float *in, tl_w w) {
+    norm_job j = {out, in, w->data, c->m->hp.n_embd};
+    par_tokens(c, n, norm_tokens, &j);
+}
+
+/* x += xb, the residual connection */
+static void add_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+    const size_t d = (size_t)c->m->hp.n_embd;
+    for (size_t i = (size_t)t0 * d; i < (size_t)t1 * d; i++) c->x[i] += c->xb[i];
+}
+
+/* After the q/k/v projections: QK-norm, RoPE, q to f16, k and v into the cache. */
+static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+    const int il = *(const int *)arg;
     const tl_hparams *hp = &c->m->hp;
     const tl_layer *L = &c->m->layers[il];
-    int d = hp->n_embd;
-    for (int t = 0; t < n; t++)
-        rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)t * d, L->attn_norm->data, d, hp->norm_eps);
-    tl_w w[3] = {L->wq, L->wk, L->wv};
-    float *y[3] = {c->q, c->k, c->v};
-    matmul(c, 3, w, y, c->xb, n);
-    add_bias(c->q, L->bq, n, c->q_dim);
-    add_bias(c->k, L->bk, n, c->kv_dim);
-    add_bias(c->v, L->bv, n, c->kv_dim);
     const tl_arch_info *a = c->m->arch;
     const float *cs = L->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
     int hd = hp->head_dim;
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
         float *v = c->v + (size_t)t * c->kv_dim;
         if (a->qk_norm) {
@@ -296,46 +357,58 @@ static void attention_block(tl_ctx *c, int il, int n) {
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
         uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
         for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
+        /* distinct slots: a ring holds at least the window plus one batch */
         size_t at = c->kv_off[il] + (size_t)((c->n_past + t) % c->kv_len[il]) * c->kv_dim;
         for (int i = 0; i < c->kv_dim; i++) {
             c->kc[at + i] = tl_fp32_to_fp16(k[i]);
             c->vc[at + i] = tl_fp32_to_fp16(v[i]);
         }
     }
+}
+
+static void attention_block(tl_ctx *c, int il, int n) {
+    const tl_layer *L = &c->m->layers[il];
+    norm_all(c, n, c->xb, c->x, L->attn_norm);
+    tl_w w[3] = {L->wq, L->wk, L->wv};
+    float *y[3] = {c->q, c->k, c->v};
+    matmul(c, 3, w, y, c->xb, n);
+    add_bias(c->q, L->bq, n, c->q_dim);
+    add_bias(c->k, L->bk, n, c->kv_dim);
+    add_bias(c->v, L->bv, n, c->kv_dim);
+    par_tokens(c, n, attn_prep_tokens, &il);
     att_job aj = {c, il, n};
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */
     matmul(c, 1, &wo, &o, c->att, n);
-    if (a->sandwich)
-        for (int t = 0; t < n; t++)
-            rmsnorm(o + (size_t)t * d, o + (size_t)t * d, L->attn_post_norm->data, d, hp->norm_eps);
-    for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
+    if (c->m->arch->sandwich) norm_all(c, n, o, o, L->attn_post_norm);
+    par_tokens(c, n, add_tokens, NULL);
+}
+
+/* The gated activation of the feed-forward: hb = act(hb) * hb2. */
+static void ffn_act_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+    const int n_ff = c->m->hp.n_ff;
+    for (int t = t0; t < t1; t++) {
+        size_t o = (size_t)t * n_ff;
+        if (c->m->arch->act == TL_ACT_GELU)
+            tl_geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
+        else
+            tl_swiglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
+    }
 }
 
 static void ffn_block(tl_ctx *c, int il, int n) {
-    const tl_hparams *hp = &c->m->hp;
     const tl_layer *L = &c->m->layers[il];
-    int d = hp->n_embd;
-    for (int t = 0; t < n; t++)
-        rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)t * d, L->ffn_norm->data, d, hp->norm_eps);
+    norm_all(c, n, c->xb, c->x, L->ffn_norm);
     tl_w w[2] = {L->w_gate, L->w_up};
     float *y[2] = {c->hb, c->hb2};
     matmul(c, 2, w, y, c->xb, n);
-    for (int t = 0; t < n; t++) {
-        size_t o = (size_t)t * hp->n_ff;
-        if (c->m->arch->act == TL_ACT_GELU)
-            tl_geglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
-        else
-            tl_swiglu(hp->n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
-    }
+    par_tokens(c, n, ffn_act_tokens, NULL);
     tl_w wd = L->w_down;
     float *o = c->xb;
     matmul(c, 1, &wd, &o, c->hb, n);
-    if (c->m->arch->sandwich)
-        for (int t = 0; t < n; t++)
-            rmsnorm(o + (size_t)t * d, o + (size_t)t * d, L->ffn_post_norm->data, d, hp->norm_eps);
-    for (size_t i = 0; i < (size_t)n * d; i++) c->x[i] += c->xb[i];
+    if (c->m->arch->sandwich) norm_all(c, n, o, o, L->ffn_post_norm);
+    par_tokens(c, n, add_tokens, NULL);
 }
 
 int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *out,
