@@ -58,7 +58,7 @@ typedef struct mm_job {
     int n_mat;
     tl_w w[3];
     float *y[3];        /* [n_tok][w->ne[1]] */
-    int packed[3];      /* w[i] is a packed twin: run its gemm kernel */
+    int packed[3];      /* run w[i]'s gemm kernel (on its packed twin, if its type packs) */
     const uint8_t *xa;  /* n_tok rows of xa_row bytes */
     size_t xa_row;
     int n_tok;
@@ -159,7 +159,7 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
     tl_w pw[3];
     int gemm = 0;
     for (int i = 0; i < n_mat; i++) {
-        pw[i] = c->kern.gemm[w[i]->type] ? packed(c, w[i]) : NULL;
+        pw[i] = !c->kern.gemm[w[i]->type] ? NULL : tl_pack_supported((tl_type)w[i]->type) ? packed(c, w[i]) : w[i];
         gemm |= pw[i] != NULL;
     }
     size_t row = gemm ? tl_act_row_size(vt, cols) : tl_row_size(vt, cols);
@@ -486,7 +486,7 @@ static int pack_weights(tl_ctx *c) {
     size_t bytes = 0;
     int np = 0;
     for (int i = 0; i < n; i++)
-        if (c->kern.gemm[all[i]->type]) {
+        if (c->kern.gemm[all[i]->type] && tl_pack_supported((tl_type)all[i]->type)) {
             bytes += (size_t)all[i]->ne[1] * tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
             np++;
         }
@@ -499,7 +499,7 @@ static int pack_weights(tl_ctx *c) {
     size_t off = 0;
     for (int i = 0; np && !st && i < n; i++) {
         tl_w w = all[i];
-        if (!c->kern.gemm[w->type]) continue;
+        if (!c->kern.gemm[w->type] || !tl_pack_supported((tl_type)w->type)) continue;
         const size_t sz = (size_t)w->ne[1] * tl_row_size((tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &c->pk[c->n_pk++];
         tw->src = w->data;

@@ -101,12 +101,19 @@ int tl_pack_rows32(tl_type type, const void *src, void *dst, int64_t nrows, int6
     return 0;
 }
 
+int tl_pack_supported(tl_type type) {
+    pack_fields f;
+    return fields32(type, &f) == 0;
+}
+
 size_t tl_act_row_size(tl_type vt, int64_t n) {
+    if (vt != TL_Q8_0 && vt != TL_Q8_1) return tl_row_size(vt, n);
     const size_t nb = (size_t)(n / 32);
     return tl_act_scales_off(vt, n) + nb * sizeof(float) * (vt == TL_Q8_1 ? 2 : 1);
 }
 
 void tl_act_add_scales(tl_type vt, void *row, int64_t n) {
+    if (vt != TL_Q8_0 && vt != TL_Q8_1) return;
     const int64_t nb = n / 32;
     const size_t bs = vt == TL_Q8_1 ? sizeof(block_q8_1) : sizeof(block_q8_0);
     uint8_t *p = row;

@@ -225,6 +225,114 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     return hsum_f8(acc);
 }
 
+/* ---- K-quant gemm: one weight row x up to 4 tokens, unpacked once ------------------ */
+
+/* Q4_K: the superblock's quants and scales are unpacked once for N tokens; each
+ * token's integer totals are exact, and its two float sums see the operations of
+ * dot_q4_K in the same order. */
+AI void tile_q4_K(int N, int64_t n, const block_q4_K *x, const block_q8_K *const *y, float *out, size_t ys) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float acc[4] = {0}, accm[4] = {0};
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i sm = _mm256_cvtepu8_epi16(k_scales(x[i].scales));
+        const __m256i sc = _mm256_permute2x128_si256(sm, sm, 0x00);
+        const __m128i mins = _mm256_extracti128_si256(sm, 1);
+        __m256i isum[4];
+        UNROLL
+        for (int t = 0; t < N; t++) isum[t] = _mm256_setzero_si256();
+        UNROLL
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = load32(x[i].qs + 32 * j);
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const int8_t *q8 = y[t][i].qs + 64 * j;
+                const __m256i p = _mm256_add_epi32(scaled_dot32(lo, load32(q8), sc, 2 * j),
+                                                   scaled_dot32(hi, load32(q8 + 32), sc, 2 * j + 1));
+                isum[t] = _mm256_add_epi32(isum[t], p);
+            }
+        }
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float dy = y[t][i].d;
+            acc[t] = fma1((float)hsum_i8x32(isum[t]), h2f(x[i].d) * dy, acc[t]);
+            accm[t] = fma1((float)k_min_dot(mins, y[t][i].bsums), h2f(x[i].dmin) * dy, accm[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) out[(size_t)t * ys] = acc[t] - accm[t];
+}
+
+/* Q6_K: the unpacked quants and scales of each half-superblock serve N tokens;
+ * each token's 8 int32 lanes are dot_q6_K's, then the same float steps. */
+AI void tile_q6_K(int N, int64_t n, const block_q6_K *x, const block_q8_K *const *y, float *out, size_t ys) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m128i scales = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i s16 = _mm256_cvtepi8_epi16(scales);
+        __m256i sumi[4];
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const __m256i bias = _mm256_madd_epi16(load32(y[t][i].bsums), s16);
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5));
+        }
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = load32(x[i].ql + 64 * h), l1 = load32(x[i].ql + 64 * h + 32);
+            const __m256i qh = load32(x[i].qh + 32 * h);
+            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const int8_t *q8 = y[t][i].qs + 128 * h;
+                const __m256i p0 = q6_dot32(u0, load32(q8), scales, 8 * h + 0);
+                const __m256i p1 = q6_dot32(u1, load32(q8 + 32), scales, 8 * h + 2);
+                const __m256i p2 = q6_dot32(u2, load32(q8 + 64), scales, 8 * h + 4);
+                const __m256i p3 = q6_dot32(u3, load32(q8 + 96), scales, 8 * h + 6);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+            }
+        }
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float d = y[t][i].d * h2f(x[i].d);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) out[(size_t)t * ys] = hsum_f8(acc[t]);
+}
+
+/* Rows one by one (a K-quant row's unpacking is the shared work), tokens by 4.
+ * Weights as stored (no packed layout), activations plain Q8_K rows. */
+#define GEMM_K(NAME, WT, TILE)                                                                      \
+    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,  \
+                     float *y, size_t ys) {                                                         \
+        for (int t0 = 0; t0 < nt; t0 += 4) {                                                        \
+            const int tn = nt - t0 < 4 ? nt - t0 : 4;                                               \
+            const block_q8_K *yt[4];                                                                \
+            for (int t = 0; t < tn; t++) yt[t] = (const block_q8_K *)((const uint8_t *)a + (size_t)(t0 + t) * as); \
+            for (int r = 0; r < nr; r++) {                                                          \
+                const WT *x = (const WT *)((const uint8_t *)w + (size_t)r * ws);                    \
+                float *o = y + (size_t)t0 * ys + r;                                                 \
+                switch (tn) {                                                                       \
+                case 1: TILE(1, n, x, yt, o, ys); break;                                            \
+                case 2: TILE(2, n, x, yt, o, ys); break;                                            \
+                case 3: TILE(3, n, x, yt, o, ys); break;                                            \
+                default: TILE(4, n, x, yt, o, ys); break;                                           \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    }
+GEMM_K(gemm_q4_K, block_q4_K, tile_q4_K)
+GEMM_K(gemm_q6_K, block_q6_K, tile_q6_K)
+#undef GEMM_K
+
 /* ---- F16 -------------------------------------------------------------------------- */
 
 static inline __m256 load_h8(const uint16_t *p) {
@@ -390,6 +498,8 @@ void tl_kernels_fill_avx2(tl_kernels *k) {
     k->vec_dot[TL_Q4_0] = dot_q4_0;
     k->vec_dot[TL_Q4_1] = dot_q4_1;
     tile32_fill(k);
+    k->gemm[TL_Q4_K] = gemm_q4_K;
+    k->gemm[TL_Q6_K] = gemm_q6_K;
     k->vec_dot[TL_Q5_0] = dot_q5_0;
     k->vec_dot[TL_Q5_1] = dot_q5_1;
     k->vec_dot[TL_Q8_0] = dot_q8_0;

@@ -22,8 +22,9 @@ typedef float (*tl_vec_dot_fn)(int64_t n, const void *w, const void *a);
  * the pair, whatever nr and nt, so results never depend on how a matmul is cut
  * into calls (batch invariance). The kernel tiles internally so each weight
  * block is unpacked once per few tokens and decode runs several independent
- * accumulation chains. Weight rows are in the packed layout (tl_pack_rows32);
- * activation rows are vec_dot_type rows followed by their scales as floats
+ * accumulation chains. Weight rows are in the packed layout where the type has
+ * one (tl_pack_supported: the 32-block formats), else as stored; activation
+ * rows are vec_dot_type rows, for Q8_0/Q8_1 followed by their scales as floats
  * (tl_act_row_size, tl_act_add_scales). Optional (NULL: vec_dot pair by pair). */
 typedef void (*tl_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *a,
                            size_t a_stride, int nt, float *y, size_t y_stride);
@@ -48,8 +49,10 @@ typedef struct tl_kernels {
  * gives eight blocks' scales, where the GGUF layout needs one per block. Same
  * bytes per row. Returns 0, or -1 for a type without a packed layout. */
 int tl_pack_rows32(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
-/* Activation rows as gemm takes them: the vec_dot_type row (Q8_0 or Q8_1), then
- * each block's d as a float, then (Q8_1) each block's s. */
+int tl_pack_supported(tl_type type);
+/* Activation rows as gemm takes them: the vec_dot_type row; for Q8_0 and Q8_1
+ * then each block's d as a float, then (Q8_1) each block's s. Other types: the
+ * row alone (add_scales does nothing). */
 size_t tl_act_row_size(tl_type vt, int64_t n);
 /* where the float scales start: after the blocks, aligned for floats */
 static inline size_t tl_act_scales_off(tl_type vt, int64_t n) { return (tl_row_size(vt, n) + 3) & ~(size_t)3; }
