@@ -38,6 +38,8 @@ struct tl_ctx {
     uint8_t *xa;        /* quantized activations: n_batch rows of xa_row bytes */
     size_t xa_row;
     float *scores;      /* [n_threads][n_ctx] */
+    uint8_t *wide;      /* [n_threads][wide_size]: weight rows widened for prompts */
+    size_t wide_size;
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
     float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
@@ -58,6 +60,8 @@ typedef struct mm_job {
     int n_mat;
     tl_w w[3];
     float *y[3];        /* [n_tok][w->ne[1]] */
+    uint8_t *wide;      /* per thread: MM_ROW_TILE rows widened to Q8_0 (wide_size bytes) */
+    size_t wide_size;
     int packed[3];      /* run w[i]'s gemm kernel (on its packed twin, if its type packs) */
     const uint8_t *xa;  /* n_tok rows of xa_row bytes */
     size_t xa_row;
@@ -74,12 +78,24 @@ static void mm_worker(void *arg, int ith, int nth) {
         size_t rb = tl_row_size((tl_type)w->type, cols);
         tl_vec_dot_fn dot = j->k->vec_dot[w->type];
         tl_gemm_fn gemm = j->packed[mi] ? j->k->gemm[w->type] : NULL;
+        /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather
+         * than unpack it for every group of four tokens (same bits). */
+        tl_widen_fn widen = j->n_tok >= 16 && j->wide ? j->k->widen[w->type] : NULL;
+        tl_gemm_fn wgemm = j->k->gemm[TL_Q8_0];
+        if (!wgemm) widen = NULL;
         int64_t lo, hi;
         tl_split(rows, ith, nth, &lo, &hi);
         /* A tile of weight rows stays in cache while every token passes it. */
         for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE) {
             int64_t r1 = r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi;
             const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
+            if (gemm && widen) {
+                uint8_t *wide = j->wide + (size_t)ith * j->wide_size;
+                widen(wr, rb, (int)(r1 - r0), cols, wide);
+                wgemm(cols, wide, tl_row_size(TL_Q8_0, cols), (int)(r1 - r0), j->xa, j->xa_row, j->n_tok,
+                      j->y[mi] + r0, (size_t)rows);
+                continue;
+            }
             if (gemm) {
                 gemm(cols, wr, rb, (int)(r1 - r0), j->xa, j->xa_row, j->n_tok, j->y[mi] + r0, (size_t)rows);
                 continue;
@@ -165,7 +181,8 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
     size_t row = gemm ? tl_act_row_size(vt, cols) : tl_row_size(vt, cols);
     quant_job qj = {c->kern.quantize[vt], vt, x, cols, row, gemm};
     par_tokens(c, n_tok, quant_tokens, &qj);
-    mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok};
+    mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok,
+                .wide = c->wide, .wide_size = c->wide_size};
     for (int i = 0; i < n_mat; i++) {
         j.w[i] = pw[i] ? pw[i] : w[i];
         j.packed[i] = pw[i] != NULL;
@@ -571,6 +588,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->xa_row = xa_row;
     c->xa = xcalloc((size_t)nb, xa_row, &fail);
     c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
+    c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
+    c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
     c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (hp->n_swa > 0) c->rope_cs_swa = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
@@ -590,6 +609,7 @@ void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
     free(c->pk);
     free(c->pk_data);
+    free(c->wide);
     tl_pool_free(c->pool);
     free(c->kc);
     free(c->kv_len);

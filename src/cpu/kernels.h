@@ -28,6 +28,10 @@ typedef float (*tl_vec_dot_fn)(int64_t n, const void *w, const void *a);
  * (tl_act_row_size, tl_act_add_scales). Optional (NULL: vec_dot pair by pair). */
 typedef void (*tl_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *a,
                            size_t a_stride, int nt, float *y, size_t y_stride);
+/* nr packed rows of a signed 32-block format (Q4_0, Q5_0) -> nr packed Q8_0
+ * rows (row stride tl_row_size(TL_Q8_0, n)) on which gemm[TL_Q8_0] gives
+ * bitwise what gemm[type] gives on the originals. */
+typedef void (*tl_widen_fn)(const void *w, size_t w_stride, int nr, int64_t n, void *out);
 /* f32 row -> activation format (Q8_0, Q8_1, Q8_K, F16, BF16), n elements. */
 typedef void (*tl_quantize_fn)(const float *x, void *y, int64_t n);
 
@@ -36,6 +40,7 @@ typedef struct tl_kernels {
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
+    tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
     /* f16 x f16 dot with f32 accumulation (attention scores against an f16 K cache) */
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);

@@ -214,12 +214,35 @@ GEMM32(gemm_q5_0, F_Q5_0)
 GEMM32(gemm_q5_1, F_Q5_1)
 GEMM32(gemm_q8_0, F_Q8_0)
 
+/* Packed Q4_0/Q5_0 rows widened to packed Q8_0 rows (the signed quant bytes
+ * q - 8 or q - 16, the same d). The Q8_0 tile on them computes bitwise what the
+ * Q4_0/Q5_0 tile computes, without unpacking the quants again for every group
+ * of tokens: a prompt widens each slice of rows once. */
+AI void widen32(int f, const void *vw, size_t ws, int nr, int64_t n, void *vo) {
+    const int64_t nb = n / 32;
+    const size_t os = (size_t)nb * sizeof(block_q8_0);
+    for (int r = 0; r < nr; r++)
+        for (int64_t g = 0; g < nb; g += 8) {
+            const int k = nb - g < 8 ? (int)(nb - g) : 8;
+            const uint8_t *src = (const uint8_t *)vw + (size_t)r * ws + (size_t)g * blk_bytes(f);
+            uint8_t *dst = (uint8_t *)vo + (size_t)r * os + (size_t)g * sizeof(block_q8_0);
+            memcpy(dst, src, 2 * (size_t)k);
+            for (int j = 0; j < k; j++)
+                _mm256_storeu_si256((__m256i *)(dst + 2 * (size_t)k + 32 * (size_t)j), wexp_packed(f, src, k, j));
+        }
+}
+
+static void widen_q4_0(const void *w, size_t ws, int nr, int64_t n, void *out) { widen32(F_Q4_0, w, ws, nr, n, out); }
+static void widen_q5_0(const void *w, size_t ws, int nr, int64_t n, void *out) { widen32(F_Q5_0, w, ws, nr, n, out); }
+
 static void tile32_fill(tl_kernels *k) {
     k->gemm[TL_Q4_0] = gemm_q4_0;
     k->gemm[TL_Q4_1] = gemm_q4_1;
     k->gemm[TL_Q5_0] = gemm_q5_0;
     k->gemm[TL_Q5_1] = gemm_q5_1;
     k->gemm[TL_Q8_0] = gemm_q8_0;
+    k->widen[TL_Q4_0] = widen_q4_0;
+    k->widen[TL_Q5_0] = widen_q5_0;
 }
 
 #endif

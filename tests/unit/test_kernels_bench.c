@@ -182,6 +182,21 @@ static void check_gemm_case(const tl_kernels *k, tl_type t, int64_t n, int nr, i
                           tl_type_info(t)->name, (long long)n, nr, nt, ri, ti, y[(size_t)ti * ys + ri], one);
             }
         CHECK(!bad, "%s %s n=%lld tile %dx%d bitwise", k->name, tl_type_info(t)->name, (long long)n, nr, nt);
+        /* the same rows widened to Q8_0 and run by the Q8_0 gemm */
+        uint8_t *wq = k->widen[t] ? malloc(tl_row_size(TL_Q8_0, n) * (size_t)nr) : NULL;
+        if (wq) {
+            k->widen[t](wp, wb, nr, n, wq);
+            k->gemm[TL_Q8_0](n, wq, tl_row_size(TL_Q8_0, n), nr, ga, gb, nt, y, ys);
+            int wbad = 0;
+            for (int ti = 0; ti < nt; ti++)
+                for (int ri = 0; ri < nr; ri++) {
+                    const float one = k->vec_dot[t](n, w + (size_t)ri * wb, a + (size_t)ti * ab);
+                    wbad += memcmp(&one, &y[(size_t)ti * ys + ri], sizeof one) != 0;
+                }
+            CHECK(!wbad, "%s %s n=%lld tile %dx%d widened to Q8_0: %d differ", k->name, tl_type_info(t)->name,
+                  (long long)n, nr, nt, wbad);
+            free(wq);
+        }
     }
     free(w);
     free(wp);
