@@ -408,7 +408,7 @@ static void ffn_act_tokens(tl_ctx *c, int t0, int t1, void *arg) {
     for (int t = t0; t < t1; t++) {
         size_t o = (size_t)t * n_ff;
         if (c->m->arch->act == TL_ACT_GELU)
-            tl_geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
+            tl_geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu, c->kern.level >= TL_CPU_AVX2);
         else
             tl_swiglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
     }

@@ -39,6 +39,6 @@ void tl_gelu_table(uint16_t *table);
 
 /* y[i] = gelu(g[i]) * u[i] as ggml's GeGLU with its table: 0 for g <= -10,
  * g*u for g >= 10, else table[f16(g)] * u. */
-void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *table);
+void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *table, int avx2);
 
 #endif
