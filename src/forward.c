@@ -70,42 +70,42 @@ typedef struct mm_job {
 
 #define MM_ROW_TILE 16
 
+/* Rows [r0, r1) of matrix mi against tokens [t0, t1). */
+static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
+    tl_w w = j->w[mi];
+    const int64_t rows = w->ne[1], cols = w->ne[0];
+    const size_t rb = tl_row_size((tl_type)w->type, cols);
+    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
+    const uint8_t *xa = j->xa + (size_t)t0 * j->xa_row;
+    float *y = j->y[mi] + (size_t)t0 * rows + r0;
+    tl_gemm_fn gemm = j->packed[mi] ? j->k->gemm[w->type] : NULL;
+    /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather than
+     * unpack it for every group of four tokens (same bits). */
+    tl_widen_fn widen = t1 - t0 >= 16 && j->wide && j->k->gemm[TL_Q8_0] ? j->k->widen[w->type] : NULL;
+    if (gemm && widen) {
+        uint8_t *wide = j->wide + (size_t)ith * j->wide_size;
+        widen(wr, rb, (int)(r1 - r0), cols, wide);
+        j->k->gemm[TL_Q8_0](cols, wide, tl_row_size(TL_Q8_0, cols), (int)(r1 - r0), xa, j->xa_row, t1 - t0, y,
+                            (size_t)rows);
+    } else if (gemm) {
+        gemm(cols, wr, rb, (int)(r1 - r0), xa, j->xa_row, t1 - t0, y, (size_t)rows);
+    } else {
+        tl_vec_dot_fn dot = j->k->vec_dot[w->type];
+        for (int t = 0; t < t1 - t0; t++)
+            for (int64_t r = 0; r < r1 - r0; r++)
+                y[(size_t)t * rows + r] = dot(cols, wr + (size_t)r * rb, xa + (size_t)t * j->xa_row);
+    }
+}
+
+/* Each thread takes a share of the rows; a tile of MM_ROW_TILE of them stays
+ * in cache while every token passes it. */
 static void mm_worker(void *arg, int ith, int nth) {
     const mm_job *j = arg;
     for (int mi = 0; mi < j->n_mat; mi++) {
-        tl_w w = j->w[mi];
-        int64_t rows = w->ne[1], cols = w->ne[0];
-        size_t rb = tl_row_size((tl_type)w->type, cols);
-        tl_vec_dot_fn dot = j->k->vec_dot[w->type];
-        tl_gemm_fn gemm = j->packed[mi] ? j->k->gemm[w->type] : NULL;
-        /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather
-         * than unpack it for every group of four tokens (same bits). */
-        tl_widen_fn widen = j->n_tok >= 16 && j->wide ? j->k->widen[w->type] : NULL;
-        tl_gemm_fn wgemm = j->k->gemm[TL_Q8_0];
-        if (!wgemm) widen = NULL;
         int64_t lo, hi;
-        tl_split(rows, ith, nth, &lo, &hi);
-        /* A tile of weight rows stays in cache while every token passes it. */
-        for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE) {
-            int64_t r1 = r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi;
-            const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
-            if (gemm && widen) {
-                uint8_t *wide = j->wide + (size_t)ith * j->wide_size;
-                widen(wr, rb, (int)(r1 - r0), cols, wide);
-                wgemm(cols, wide, tl_row_size(TL_Q8_0, cols), (int)(r1 - r0), j->xa, j->xa_row, j->n_tok,
-                      j->y[mi] + r0, (size_t)rows);
-                continue;
-            }
-            if (gemm) {
-                gemm(cols, wr, rb, (int)(r1 - r0), j->xa, j->xa_row, j->n_tok, j->y[mi] + r0, (size_t)rows);
-                continue;
-            }
-            for (int t = 0; t < j->n_tok; t++) {
-                const uint8_t *xa = j->xa + (size_t)t * j->xa_row;
-                float *y = j->y[mi] + (size_t)t * rows;
-                for (int64_t r = r0; r < r1; r++) y[r] = dot(cols, wr + (size_t)(r - r0) * rb, xa);
-            }
-        }
+        tl_split(j->w[mi]->ne[1], ith, nth, &lo, &hi);
+        for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE)
+            mm_tile(j, mi, ith, r0, r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi, 0, j->n_tok);
     }
 }
 
