@@ -209,6 +209,9 @@ static void read_meta(const char *path, model_meta *mm) {
     }
     if (f) fclose(f);
     free(text);
+    if (!strcmp(label, "?") && mm->n_params) /* no size label (random-weight files): from the count */
+        snprintf(label, sizeof label, mm->n_params >= 1000000000ull ? "%.1fB" : "%.0fM",
+                 (double)mm->n_params / (mm->n_params >= 1000000000ull ? 1e9 : 1e6));
     snprintf(mm->type, sizeof mm->type, "%s %s %s", arch, label, ftype_name(ft));
 }
 

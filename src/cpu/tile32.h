@@ -12,7 +12,7 @@
 /* Tile shapes: TILE_DM rows for one token (decode; half for Q8_0, whose rows
  * are twice as long in bytes: streaming from memory, more rows side by side
  * measured slower), TILE_PM rows x 4 tokens for prompts: as many accumulators
- * as the registers hold (16 ymm on AVX2; an AVX-512 file has 32 and sets 8, 4). */
+ * as the registers hold (16 ymm on AVX2; the AVX-512 file has 32 and takes 4 x 4 for prompts). */
 #ifndef TILE_DM
 #define TILE_DM 4
 #endif
