@@ -273,7 +273,7 @@ VARIANTS(dot_q6_K)
 /* The gemm tiles with vpdpbusd on 256-bit vectors (AVX-512 VL + VNNI): the same
  * exact int32 sums as AVX2's maddubs + madd in one instruction. */
 #define TILE_DOT(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
-#define TILE_DM 4 /* decode rows: the best of 1..4 measured with AVX2; 8 is unmeasured */
+#define TILE_DM 2 /* decode rows: as measured best with AVX2 (see tile32.h) */
 #define TILE_PM 4 /* prompt rows x 4 tokens: 16 accumulators in 32 registers */
 #include "cpu/tile32.h"
 
