@@ -52,18 +52,6 @@ typedef struct reader {
 
 /* ---- little helpers ------------------------------------------------------ */
 
-static uint64_t le_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t le_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint16_t le_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
 /* Printable form of untrusted bytes for messages: escapes, cut at ~48 chars. */
 static void escape_str(char *dst, size_t cap, const char *p, uint64_t len) {
     size_t o = 0;
@@ -107,7 +95,7 @@ static int need(reader *r, uint64_t n, const char *what) {
 static int read_u32(reader *r, uint32_t *v, const char *what) {
     int rc = need(r, 4, what);
     if (rc) return rc;
-    *v = le_u32(r->buf + r->pos);
+    *v = tl_le_u32(r->buf + r->pos);
     r->pos += 4;
     return TL_OK;
 }
@@ -115,7 +103,7 @@ static int read_u32(reader *r, uint32_t *v, const char *what) {
 static int read_u64(reader *r, uint64_t *v, const char *what) {
     int rc = need(r, 8, what);
     if (rc) return rc;
-    *v = le_u64(r->buf + r->pos);
+    *v = tl_le_u64(r->buf + r->pos);
     r->pos += 8;
     return TL_OK;
 }
@@ -326,7 +314,7 @@ static int read_alignment(reader *r, tl_gguf *g) {
     if (kv->type != GGUF_TYPE_UINT32)
         return tl_fail(r->err, TL_ERR_FORMAT, "metadata key 'general.alignment' has type %s, expected u32",
                        tl_gguf_type_name(kv->type));
-    uint32_t a = le_u32(kv->data);
+    uint32_t a = tl_le_u32(kv->data);
     if (a == 0 || (a & (a - 1)) != 0)
         return tl_fail(r->err, TL_ERR_FORMAT, "general.alignment %u is not a power of two", a);
     g->alignment = a;
@@ -574,13 +562,13 @@ static int64_t int_at(uint32_t t, const uint8_t *p, int *ok) {
     switch (t) {
     case GGUF_TYPE_UINT8: return p[0];
     case GGUF_TYPE_INT8: return (int8_t)p[0];
-    case GGUF_TYPE_UINT16: return le_u16(p);
-    case GGUF_TYPE_INT16: return (int16_t)le_u16(p);
-    case GGUF_TYPE_UINT32: return le_u32(p);
-    case GGUF_TYPE_INT32: return (int32_t)le_u32(p);
-    case GGUF_TYPE_INT64: return (int64_t)le_u64(p);
+    case GGUF_TYPE_UINT16: return tl_le_u16(p);
+    case GGUF_TYPE_INT16: return (int16_t)tl_le_u16(p);
+    case GGUF_TYPE_UINT32: return tl_le_u32(p);
+    case GGUF_TYPE_INT32: return (int32_t)tl_le_u32(p);
+    case GGUF_TYPE_INT64: return (int64_t)tl_le_u64(p);
     case GGUF_TYPE_UINT64: {
-        uint64_t v = le_u64(p);
+        uint64_t v = tl_le_u64(p);
         if (v > (uint64_t)INT64_MAX) break;
         return (int64_t)v;
     }
@@ -593,13 +581,13 @@ static int64_t int_at(uint32_t t, const uint8_t *p, int *ok) {
 static double float_at(uint32_t t, const uint8_t *p, int *ok) {
     *ok = 1;
     if (t == GGUF_TYPE_FLOAT32) {
-        uint32_t b = le_u32(p);
+        uint32_t b = tl_le_u32(p);
         float f;
         memcpy(&f, &b, 4);
         return f;
     }
     if (t == GGUF_TYPE_FLOAT64) {
-        uint64_t b = le_u64(p);
+        uint64_t b = tl_le_u64(p);
         double d;
         memcpy(&d, &b, 8);
         return d;
@@ -641,7 +629,7 @@ int tl_gguf_get_str(const tl_gguf *g, const char *key, tl_str *out) {
     if (!kv) return 0;
     if (kv->type != GGUF_TYPE_STRING) return -1;
     if (out) {
-        out->len = le_u64(kv->data);
+        out->len = tl_le_u64(kv->data);
         out->ptr = (const char *)kv->data + 8;
     }
     return 1;
@@ -672,7 +660,7 @@ double tl_gguf_arr_float(const tl_gguf_kv *kv, uint64_t i) {
     double d = float_at(kv->arr_type, p, &ok);
     if (ok) return d;
     if (kv->arr_type == GGUF_TYPE_BOOL) return p[0] != 0;
-    if (kv->arr_type == GGUF_TYPE_UINT64) return (double)le_u64(p);
+    if (kv->arr_type == GGUF_TYPE_UINT64) return (double)tl_le_u64(p);
     return (double)int_at(kv->arr_type, p, &ok);
 }
 

@@ -75,16 +75,6 @@ void tl_gguf_writer_free(tl_gguf_writer *w) {
 
 /* ---- metadata ------------------------------------------------------------ */
 
-static uint64_t rd_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t rd_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 static uint64_t scalar_size(uint32_t t) {
     switch (t) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
@@ -101,16 +91,16 @@ static uint64_t value_extent(uint32_t t, const uint8_t *p, const uint8_t *end, i
     uint64_t avail = (uint64_t)(end - p), n, sz, total;
     if (depth > MAX_VALUE_DEPTH) return 0;
     if (t == GGUF_TYPE_STRING) {
-        if (avail < 8 || rd_u64(p) > avail - 8) return 0;
-        return 8 + rd_u64(p);
+        if (avail < 8 || tl_le_u64(p) > avail - 8) return 0;
+        return 8 + tl_le_u64(p);
     }
     if (t != GGUF_TYPE_ARRAY) {
         sz = scalar_size(t);
         return sz && sz <= avail ? sz : 0;
     }
     if (avail < 12) return 0;
-    uint32_t et = rd_u32(p);
-    n = rd_u64(p + 4);
+    uint32_t et = tl_le_u32(p);
+    n = tl_le_u64(p + 4);
     total = 12;
     sz = scalar_size(et);
     if (sz) {

@@ -14,6 +14,19 @@ int tl_fail(tl_error *err, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Overflow-checked arithmetic on sizes read from untrusted files: 0 on success. */
+/* Little-endian integers from unaligned bytes (GGUF's byte order). */
+static inline uint64_t tl_le_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t tl_le_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint16_t tl_le_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
 static inline int tl_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;
 }
