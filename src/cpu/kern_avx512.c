@@ -11,9 +11,8 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* The helpers take vnni as an argument; forced inlining with a constant folds the
- * branch so each public kernel exists once per variant. */
-#define AI static inline __attribute__((always_inline))
+/* The helpers take vnni as an argument; forced inlining (AI) with a constant
+ * folds the branch so each public kernel exists once per variant. */
 
 AI int hsum_i32x16(__m512i v) {
     const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));

@@ -9,6 +9,12 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Forced inlining: kernels are written once with constant arguments (format,
+ * tile shape, VNNI) that fold away in each instance. */
+#define AI static inline __attribute__((always_inline))
+/* Tile loops have constant trip counts; unrolled, their arrays live in registers. */
+#define UNROLL _Pragma("GCC unroll 4")
+
 /* Every float operation is spelled out: clang would otherwise fuse a*b + c. */
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF

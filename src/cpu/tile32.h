@@ -31,9 +31,6 @@ _Static_assert(TILE_PM <= 4 && TILE_DM <= 8, "tile32 holds 8 rows, and the vecto
 /* The 32-block formats by number, so one always-inline body serves them all. */
 enum { F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0 };
 
-#define AI static inline __attribute__((always_inline))
-/* The tile loops have constant trip counts; unrolled, their arrays live in registers. */
-#define UNROLL _Pragma("GCC unroll 4")
 
 AI int biased(int f) { return f == F_Q4_1 || f == F_Q5_1; }
 AI int has_qh(int f) { return f == F_Q5_0 || f == F_Q5_1; }
