@@ -21,17 +21,8 @@ GEMMA = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
 MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
 TIMEOUT = 120
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL", what)
-    return cond
+from tlcheck import check, finish, summary  # noqa: F401  (shared pass/fail counting)
+import tlcheck
 
 
 def bench(*args):
@@ -245,14 +236,13 @@ def main():
     for f in (SMOL, GEMMA, MKMODEL):
         check(os.path.exists(f), f"missing {f} (run 'make models')")
     check(os.access(TL_BIN, os.X_OK), f"no binary at {TL_BIN}")
-    if failed == 0:
+    if tlcheck.failed == 0:
         check_json_run()
         check_markdown()
         check_decode_bytes_models()
         check_memory()
         check_errors()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,17 +17,8 @@ MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 TIMEOUT_S = 10
 SEED = 20240531
 
-passed = 0
-failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what, file=sys.stderr)
+from tlcheck import check, finish, summary  # noqa: F401  (shared pass/fail counting)
+import tlcheck
 
 
 class Layout:
@@ -207,8 +198,7 @@ def main():
             if os.path.exists(p):
                 os.unlink(p)
         os.rmdir(tmpdir)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -17,22 +17,8 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-passed = 0
-failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
-
-
-def finish():
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+from tlcheck import check, finish, summary  # noqa: F401  (shared pass/fail counting)
+import tlcheck
 
 
 try:

@@ -24,16 +24,8 @@ TPL_DIR = os.path.join(ROOT, "tests", "templates")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PHI3 = os.path.join(VOCAB, "ggml-vocab-phi-3.gguf")
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL", what)
+from tlcheck import check, finish, summary  # noqa: F401  (shared pass/fail counting)
+import tlcheck
 
 
 # transformers' setup (src/transformers/utils/chat_template_utils.py)
@@ -162,8 +154,7 @@ def main():
               f"object form of --messages: rc={rc} out={out!r}")
         rc, out, err = tl_render(SMOL, None, write("bad.json", "[{\"role\": }]"), True)
         check(rc != 0 and "JSON" in err, f"bad JSON: rc={rc} err={err!r}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
