@@ -106,9 +106,13 @@ void tl_free(void *p);
 typedef struct tl_ctx tl_ctx;
 
 typedef struct tl_ctx_params {
-    int n_ctx;     /* KV cache positions; 0 = min(model's training context, 4096) */
-    int n_threads; /* 0 = all online CPUs */
-    int n_batch;   /* max tokens per forward call; 0 = 512 */
+    int n_ctx;       /* positions per sequence; 0 = min(model's training context, 4096) */
+    int n_threads;   /* 0 = all online CPUs */
+    int n_batch;     /* max tokens per forward call; 0 = 512 */
+    int n_seq_max;   /* sequences tl_seq_open may have open at once; 0 = none (eval only) */
+    size_t kv_bytes; /* KV cache memory, shared by all sequences and the prefix
+                      * cache; 0 = room for max(1, n_seq_max) full sequences */
+    int n_logits_max;/* logits rows one tl_ctx_decode may keep; 0 = 64 */
 } tl_ctx_params;
 
 int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
@@ -126,6 +130,61 @@ int tl_ctx_eval(tl_ctx *ctx, const int32_t *tokens, size_t n, int all_logits, tl
 const float *tl_ctx_logits(const tl_ctx *ctx, int i);
 /* The CPU code path in use, e.g. "avx512-vnni". */
 const char *tl_ctx_backend(const tl_ctx *ctx);
+
+/* ---- many sequences in one forward call (the server's path) -----------------
+ *
+ * The KV cache is a pool of blocks of TL_KV_BLOCK positions shared by every
+ * sequence. Each full block a tl_seq_open sequence writes is registered in the
+ * prefix cache under its tokens and everything before them; a later sequence
+ * that starts with the same tokens maps those blocks instead of computing
+ * them. Blocks nobody uses stay cached until memory is needed (least recently
+ * used first). A token's logits do not depend on what else is in the batch,
+ * on how its prompt was chunked, on whether its prefix came from the cache or
+ * on the thread count: the arithmetic of each row is fixed.
+ * tl_ctx_eval and friends run on an implicit sequence of their own, which
+ * never touches the prefix cache. */
+
+#define TL_KV_BLOCK 16
+
+/* Opens an empty sequence; *seq gets its id (1..n_seq_max). Fails with
+ * TL_ERR_CONTEXT_FULL when n_seq_max are open. */
+int tl_seq_open(tl_ctx *ctx, int *seq, tl_error *err);
+/* Maps the cached blocks that match tokens[0..n) into an empty sequence, at
+ * most max_reuse positions (whole blocks). Returns the positions reused (a
+ * multiple of TL_KV_BLOCK, 0 if none), which then count as the sequence's
+ * first tokens. */
+int tl_seq_reuse_prefix(tl_ctx *ctx, int seq, const int32_t *tokens, size_t n, size_t max_reuse);
+/* Positions the sequence holds. */
+int tl_seq_len(const tl_ctx *ctx, int seq);
+/* Closes the sequence; its full blocks stay in the prefix cache. */
+void tl_seq_close(tl_ctx *ctx, int seq);
+
+/* One forward call over tokens of any open sequences. Each token is appended
+ * to its sequence, in batch order (a sequence's tokens in order). logits[i]
+ * nonzero keeps token i's logits row (NULL: none). n <= n_batch, rows kept
+ * <= n_logits_max, and every sequence stays within n_ctx and the blocks free. */
+typedef struct tl_batch {
+    int n;
+    const int32_t *token;
+    const int32_t *seq;
+    const uint8_t *logits;
+} tl_batch;
+int tl_ctx_decode(tl_ctx *ctx, const tl_batch *batch, tl_error *err);
+/* Row i of the logits the last tl_ctx_decode kept, in batch order; NULL if
+ * out of range. */
+const float *tl_ctx_batch_logits(const tl_ctx *ctx, int i);
+
+typedef struct tl_kv_stats {
+    int block_size;      /* TL_KV_BLOCK */
+    size_t block_bytes;  /* memory of one block (all layers, K and V) */
+    int n_blocks;        /* blocks in the pool */
+    int n_used;          /* blocks some sequence holds */
+    int n_cached;        /* blocks nobody holds that keep a cached prefix */
+    int n_free;          /* blocks that can be handed out now (free + cached) */
+    uint64_t query_tokens; /* prompt tokens looked up in the prefix cache */
+    uint64_t hit_tokens;   /* of those, positions reused */
+} tl_kv_stats;
+void tl_ctx_kv_stats(const tl_ctx *ctx, tl_kv_stats *out);
 
 /* ---- sampling -------------------------------------------------------------- */
 
@@ -168,6 +227,11 @@ void tl_sampler_free(tl_sampler *s);
  * sampled token's entry. Returns the token id. */
 int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *chosen,
                           tl_token_prob *top, int n_top);
+/* The model's distribution at one row of logits without sampling: fills
+ * *chosen with token's entry and up to n_top most probable tokens (scoring a
+ * given text, e.g. prompt logprobs). Returns the count written to top. */
+int tl_sampler_report(tl_sampler *s, const float *logits, int32_t token, tl_token_prob *chosen,
+                      tl_token_prob *top, int n_top);
 /* Records a token in the penalty history (prompt tokens and generated ones). */
 void tl_sampler_accept(tl_sampler *s, int32_t token);
 void tl_sampler_reset(tl_sampler *s);
@@ -213,6 +277,25 @@ typedef struct tl_gen_stats {
     double decode_s;     /* time after the first token */
     tl_stop_reason stop;
 } tl_gen_stats;
+
+/* The output side of one sequence's loop, for callers that run the model
+ * themselves (the server): UTF-8 completion, stop strings held back and cut,
+ * end-of-generation and the n_predict cap. params->on_token is not called. */
+typedef struct tl_gen tl_gen;
+int tl_gen_new(const tl_model *model, const tl_gen_params *params, tl_gen **out, tl_error *err);
+void tl_gen_free(tl_gen *g);
+/* Takes the token just sampled. Fills ev (token, chosen, top as given; text
+ * now safe to emit, valid until the next call) and returns why generation
+ * stops after this token, TL_STOP_NONE to go on. The caller checks the
+ * context length itself (TL_STOP_CONTEXT). */
+int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_token_prob *top,
+                int n_top, tl_gen_event *ev);
+/* Once stopped (for any reason but a stop string): the text still held back
+ * (an incomplete UTF-8 sequence, a possible stop string's start); *text valid
+ * until the next call. Returns its length. */
+size_t tl_gen_flush(tl_gen *g, const char **text);
+/* Tokens pushed so far. */
+int tl_gen_count(const tl_gen *g);
 
 /* Appends prompt tokens to the context, then samples and appends until a stop
  * condition. Text goes to the callback as it becomes final. */

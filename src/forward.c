@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cpu/mathfn.h"
+#include "kv.h"
 #include "util.h"
 
 /* A weight in the packed layout its gemm kernel reads (tl_pack_rows32). */
@@ -23,13 +24,14 @@ struct tl_ctx {
     const tl_model *m;
     tl_kernels kern;
     tl_pool *pool;
-    int n_ctx, n_batch, n_past;
+    int n_ctx, n_batch, n_seq, n_logits_max;
     int q_dim, kv_dim;
-    uint16_t *kc, *vc;  /* per layer [kv_len[l]][kv_dim] f16, from kv_off[l] */
-    int *kv_len;        /* positions a layer holds: n_ctx, or a sliding-window
-                         * layer's ring (position p in slot p mod kv_len) */
-    size_t *kv_off;     /* element offset of each layer's cache */
-    int kv_hi;          /* positions < kv_hi have been written since the last clear */
+    tl_kv *kv;          /* blocks, block tables, prefix cache */
+    uint16_t *kc, *vc;  /* per layer [n_blocks][TL_KV_BLOCK][kv_dim] f16 */
+    size_t layer_stride;/* elements per layer */
+    int *tpos, *tseq;   /* [n_batch] position and sequence of each batch token */
+    int *seq_cnt;       /* [n_seq] scratch: tokens per sequence in a batch */
+    int *lrow;          /* [n_batch] tokens whose logits a call keeps */
     float *x, *xb;      /* [n_batch][d] residual, normed */
     float *q, *k, *v;   /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
     uint16_t *q16;      /* [n_batch][q_dim] q rounded to f16 */
@@ -44,9 +46,10 @@ struct tl_ctx {
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
     float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
     uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
-    float *logits;      /* eval output */
+    float *logits;      /* eval and decode output */
     size_t logits_cap;  /* floats */
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
+    int blogits_n;      /* rows held by the last tl_ctx_decode */
     struct pk_twin *pk; /* packed twins of the weights a gemm kernel takes, by source address */
     int n_pk;
     uint8_t *pk_data;
@@ -209,7 +212,7 @@ static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
     for (int t = 0; t < n_tok; t++) {
-        float theta = (float)(c->n_past + t);
+        float theta = (float)c->tpos[t];
         float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
             /* ggml divides a copy of theta by the frequency factor */
@@ -259,16 +262,22 @@ typedef struct att_job {
     int layer, n_tok;
 } att_job;
 
+/* Row of position j of a sequence, relative to a layer's K or V base. */
+static inline size_t kv_row(const tl_ctx *c, const int32_t *blk, int j) {
+    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * (size_t)c->kv_dim;
+}
+
 /* One (token, head): scores over all cached positions <= its own, softmax,
- * weighted sum of V. Keys are visited in position order whatever the batch. */
+ * weighted sum of V. Keys are visited in position order whatever the batch,
+ * the sequence's other tokens or where its blocks lie. */
 static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     const tl_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, pos = c->n_past + t;
+    int hd = hp->head_dim, pos = c->tpos[t];
     int kvh = h / (hp->n_head / hp->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
-    int len = c->kv_len[layer];
-    const uint16_t *kb = c->kc + c->kv_off[layer] + (size_t)kvh * hd;
-    const uint16_t *vb = c->vc + c->kv_off[layer] + (size_t)kvh * hd;
+    const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
+    const uint16_t *kb = c->kc + (size_t)layer * c->layer_stride + (size_t)kvh * hd;
+    const uint16_t *vb = c->vc + (size_t)layer * c->layer_stride + (size_t)kvh * hd;
     int prescaled = c->m->arch->q_prescale;
     float scale = hp->attn_scale;
     /* A sliding-window layer sees keys j with pos - j < n_swa. The keys
@@ -281,17 +290,16 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     }
     float mx = -INFINITY;
     for (int j = j0; j < lo; j++) s[j] = -INFINITY;
-    for (int j = lo, slot = lo % len; j <= pos;) {
-        /* four keys at a time where their slots are consecutive (four
-         * independent sums, each in the one-key order) */
-        if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && slot + 4 <= len) {
-            c->kern.dot_f16_x4(hd, kb + (size_t)slot * c->kv_dim, (size_t)c->kv_dim, q, s + j);
-            j += 4, slot += 4;
+    for (int j = lo; j <= pos;) {
+        /* four keys at a time where they share a block (four independent
+         * sums, each in the one-key order) */
+        if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && j % TL_KV_BLOCK <= TL_KV_BLOCK - 4) {
+            c->kern.dot_f16_x4(hd, kb + kv_row(c, blk, j), (size_t)c->kv_dim, q, s + j);
+            j += 4;
         } else {
-            s[j] = c->kern.dot_f16(hd, kb + (size_t)slot * c->kv_dim, q);
-            j++, slot++;
+            s[j] = c->kern.dot_f16(hd, kb + kv_row(c, blk, j), q);
+            j++;
         }
-        if (slot == len) slot = 0;
     }
     for (int j = lo; j <= pos; j++) {
         if (!prescaled) s[j] *= scale;
@@ -301,7 +309,7 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     double sum = tl_softmax_exp(n, s + j0, mx, avx2);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     tl_scale_round_f16(n, s + j0, (float)(1.0 / sum), avx2);
-    tl_attn_pv_ring(n, hd, s + j0, vb, c->kv_dim, j0 % len, len, acc, acc + 8 * hd, avx2);
+    tl_attn_pv_paged(n, hd, s + j0, vb, c->kv_dim, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd, avx2);
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
@@ -374,8 +382,8 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
         uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
         for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
-        /* distinct slots: a ring holds at least the window plus one batch */
-        size_t at = c->kv_off[il] + (size_t)((c->n_past + t) % c->kv_len[il]) * c->kv_dim;
+        const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
+        size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
         for (int i = 0; i < c->kv_dim; i++) {
             c->kc[at + i] = tl_fp32_to_fp16(k[i]);
             c->vc[at + i] = tl_fp32_to_fp16(v[i]);
@@ -428,21 +436,15 @@ static void ffn_block(tl_ctx *c, int il, int n) {
     par_tokens(c, n, add_tokens, NULL);
 }
 
-int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *out,
-               tl_error *err) {
+/* Runs n tokens whose positions and sequences are in c->tpos/c->tseq (the
+ * blocks under them already allocated); the logits of tokens lrow[0..nl)
+ * land in out, nl rows of n_vocab floats. */
+static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, int nl, float *out) {
     const tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd;
-    if (n <= 0 || n > c->n_batch || first_logit < 0 || first_logit > n)
-        return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (max %d)", n, c->n_batch);
-    if (c->n_past + n > c->n_ctx)
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %d tokens exceed %d",
-                       c->n_past, n, c->n_ctx);
     size_t erow = tl_row_size((tl_type)m->tok_embd->type, d);
     for (int t = 0; t < n; t++) {
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
-            return tl_fail(err, TL_ERR_ARG, "token id %d out of range 0..%d", tokens[t],
-                           hp->n_vocab - 1);
         tl_dequantize_row((tl_type)m->tok_embd->type,
                           (const uint8_t *)m->tok_embd->data + (size_t)tokens[t] * erow,
                           c->x + (size_t)t * d, d);
@@ -454,13 +456,10 @@ int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *
         attention_block(c, il, n);
         ffn_block(c, il, n);
     }
-    c->n_past += n;
-    if (c->n_past > c->kv_hi) c->kv_hi = c->n_past;
-    int nl = n - first_logit;
     if (nl > 0) {
-        for (int t = 0; t < nl; t++)
-            rmsnorm(c->xb + (size_t)t * d, c->x + (size_t)(first_logit + t) * d,
-                    m->output_norm->data, d, hp->norm_eps);
+        for (int i = 0; i < nl; i++)
+            rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
+                    hp->norm_eps);
         tl_w wo = m->output;
         matmul(c, 1, &wo, &out, c->xb, nl);
         float cap = hp->logit_softcap;
@@ -468,6 +467,13 @@ int tl_forward(tl_ctx *c, const int32_t *tokens, int n, int first_logit, float *
             for (size_t i = 0; i < (size_t)nl * hp->n_vocab; i++)
                 out[i] = tanhf(out[i] * (1.0f / cap)) * cap;
     }
+}
+
+static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error *err) {
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->m->hp.n_vocab)
+            return tl_fail(err, TL_ERR_ARG, "token id %d out of range 0..%d", tokens[t],
+                           c->m->hp.n_vocab - 1);
     return TL_OK;
 }
 
@@ -546,11 +552,28 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     }
     if (p.n_batch == 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.n_seq_max < 0 || p.n_seq_max > 4096 || p.n_logits_max < 0)
+        return tl_fail(err, TL_ERR_ARG, "bad sequence count %d or logits rows %d", p.n_seq_max,
+                       p.n_logits_max);
+    if (p.n_logits_max == 0) p.n_logits_max = 64;
+    if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
+    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t blk_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * TL_KV_BLOCK * kv_dim;
+    const size_t per_seq = (size_t)(p.n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+    size_t n_blocks = p.kv_bytes ? p.kv_bytes / blk_bytes
+                                 : per_seq * (size_t)(p.n_seq_max > 0 ? p.n_seq_max : 1);
+    if (n_blocks == 0)
+        return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes holds no block (one takes %zu)",
+                       p.kv_bytes, blk_bytes);
+    if (n_blocks > (1u << 30) / TL_KV_BLOCK)
+        return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes is too large", p.kv_bytes);
     tl_ctx *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     c->m = m;
     c->n_ctx = p.n_ctx;
     c->n_batch = p.n_batch;
+    c->n_seq = p.n_seq_max + 1;
+    c->n_logits_max = p.n_logits_max;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
     tl_kernels_init(&c->kern, tl_cpu_choose());
@@ -560,17 +583,13 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return st;
     }
     int fail = 0, nb = p.n_batch, nt = p.n_threads;
-    c->kv_len = xcalloc((size_t)hp->n_layer, sizeof *c->kv_len, &fail);
-    c->kv_off = xcalloc((size_t)hp->n_layer, sizeof *c->kv_off, &fail);
-    size_t kvn = 0;
-    for (int il = 0; !fail && il < hp->n_layer; il++) {
-        /* A ring keeps the window, one batch of new keys, and the up to 7
-         * masked keys before the window that align the sums to 8. */
-        int64_t ring = (int64_t)hp->n_swa + nb + 8;
-        c->kv_len[il] = m->layers[il].swa && ring < c->n_ctx ? (int)ring : c->n_ctx;
-        c->kv_off[il] = kvn;
-        kvn += (size_t)c->kv_len[il] * (size_t)c->kv_dim;
-    }
+    if (tl_kv_new((int)n_blocks, c->n_seq, c->n_ctx, &c->kv)) fail = 1;
+    c->layer_stride = n_blocks * TL_KV_BLOCK * kv_dim;
+    size_t kvn = (size_t)hp->n_layer * c->layer_stride;
+    c->tpos = xcalloc((size_t)nb, sizeof(int), &fail);
+    c->tseq = xcalloc((size_t)nb, sizeof(int), &fail);
+    c->lrow = xcalloc((size_t)nb, sizeof(int), &fail);
+    c->seq_cnt = xcalloc((size_t)c->n_seq, sizeof(int), &fail);
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
@@ -612,9 +631,12 @@ void tl_ctx_free(tl_ctx *c) {
     free(c->wide);
     tl_pool_free(c->pool);
     free(c->kc);
-    free(c->kv_len);
-    free(c->kv_off);
     free(c->vc);
+    tl_kv_free(c->kv);
+    free(c->tpos);
+    free(c->tseq);
+    free(c->lrow);
+    free(c->seq_cnt);
     free(c->x);
     free(c->xb);
     free(c->q);
@@ -635,52 +657,58 @@ void tl_ctx_free(tl_ctx *c) {
 }
 
 int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
-int tl_ctx_n_past(const tl_ctx *c) { return c->n_past; }
+int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
 const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
 const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
 
 int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) {
-    if (n_past < 0 || n_past > c->n_past)
-        return tl_fail(err, TL_ERR_ARG, "cannot truncate to %d (have %d)", n_past, c->n_past);
-    /* A ring that has wrapped past what the next token's window needs has
-     * lost those keys: the sequence must be re-evaluated from the start. */
-    int j0 = (n_past - c->m->hp.n_swa + 1) & ~7;
-    for (int il = 0; n_past > 0 && il < c->m->hp.n_layer; il++)
-        if (c->kv_len[il] < c->n_ctx && (j0 > 0 ? j0 : 0) + c->kv_len[il] < c->kv_hi)
-            return tl_fail(err, TL_ERR_ARG,
-                           "cannot rewind to %d: the sliding-window cache no longer holds "
-                           "positions %d.. (truncate to 0 and re-evaluate)", n_past, j0);
-    if (n_past == 0) c->kv_hi = 0;
-    c->n_past = n_past;
-    c->logits_n = 0;
+    int have = tl_ctx_n_past(c);
+    if (n_past < 0 || n_past > have)
+        return tl_fail(err, TL_ERR_ARG, "cannot truncate to %d (have %d)", n_past, have);
+    tl_kv_seq_truncate(c->kv, 0, n_past);
+    c->logits_n = c->blogits_n = 0;
+    return TL_OK;
+}
+
+static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
+    size_t need = rows * (size_t)c->m->hp.n_vocab;
+    if (need <= c->logits_cap) return TL_OK;
+    float *nl = realloc(c->logits, need * sizeof(float));
+    if (!nl) return tl_fail(err, TL_ERR_NOMEM, "out of memory for logits");
+    c->logits = nl;
+    c->logits_cap = need;
     return TL_OK;
 }
 
 int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
-    int nv = c->m->hp.n_vocab;
-    c->logits_n = 0;
+    int nv = c->m->hp.n_vocab, past = tl_ctx_n_past(c);
+    c->logits_n = c->blogits_n = 0;
     if (n == 0) return TL_OK;
-    if (n > (size_t)(c->n_ctx - c->n_past))
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %zu tokens exceed %d",
-                       c->n_past, n, c->n_ctx);
-    size_t rows = all_logits ? n : 1;
-    if (rows * (size_t)nv > c->logits_cap) {
-        float *nl = realloc(c->logits, rows * (size_t)nv * sizeof(float));
-        if (!nl) return tl_fail(err, TL_ERR_NOMEM, "out of memory for logits");
-        c->logits = nl;
-        c->logits_cap = rows * (size_t)nv;
-    }
+    if (n > (size_t)(c->n_ctx - past))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %zu tokens exceed %d", past,
+                       n, c->n_ctx);
+    int st = check_tokens(c, tokens, (int)n, err);
+    if (st || (st = logits_room(c, all_logits ? n : 1, err))) return st;
+    if (tl_kv_seq_grow(c->kv, 0, past + (int)n))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    tl_kv_seq *sq = tl_kv_seq_get(c->kv, 0);
     for (size_t done = 0; done < n;) {
         int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
         int last = done + (size_t)nb == n;
         int first = all_logits ? 0 : (last ? nb - 1 : nb);
+        for (int t = 0; t < nb; t++) {
+            c->tpos[t] = sq->len + t;
+            c->tseq[t] = 0;
+            sq->tok[sq->len + t] = tokens[done + (size_t)t];
+        }
+        for (int t = first; t < nb; t++) c->lrow[t - first] = t;
         float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
-        int st = tl_forward(c, tokens + done, nb, first, out, err);
-        if (st) return st;
+        forward(c, tokens + done, nb, c->lrow, nb - first, out);
+        tl_kv_seq_commit(c->kv, 0, sq->len + nb);
         done += (size_t)nb;
     }
     c->logits_first = all_logits ? 0 : (int)n - 1;
-    c->logits_n = (int)rows;
+    c->logits_n = all_logits ? (int)n : 1;
     return TL_OK;
 }
 
@@ -690,4 +718,91 @@ const float *tl_ctx_logits(const tl_ctx *c, int i) {
     if (i < 0) i = total - 1;
     if (i < c->logits_first || i >= total) return NULL;
     return c->logits + (size_t)(i - c->logits_first) * c->m->hp.n_vocab;
+}
+
+/* ---------------------------------------------------------- sequences */
+
+int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
+    int id = tl_kv_seq_open(c->kv, 1);
+    if (id < 0)
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "all %d sequences are open", c->n_seq - 1);
+    *seq = id;
+    return TL_OK;
+}
+
+int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
+    return seq > 0 ? tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse) : 0;
+}
+
+int tl_seq_len(const tl_ctx *c, int seq) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    return s ? s->len : -1;
+}
+
+void tl_seq_close(tl_ctx *c, int seq) {
+    if (seq > 0) tl_kv_seq_close(c->kv, seq);
+}
+
+void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
+    tl_kv_get_stats(c->kv, out);
+    out->block_bytes = 2 * sizeof(uint16_t) * (size_t)c->m->hp.n_layer * TL_KV_BLOCK * (size_t)c->kv_dim;
+}
+
+/* Checks a batch and gives each token its position; blocks are allocated. */
+static int batch_prepare(tl_ctx *c, const tl_batch *b, tl_error *err) {
+    if (!b || b->n <= 0 || b->n > c->n_batch || !b->token || !b->seq)
+        return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (1..%d)", b ? b->n : 0, c->n_batch);
+    int st = check_tokens(c, b->token, b->n, err);
+    if (st) return st;
+    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
+    int nl = 0;
+    for (int t = 0; t < b->n; t++) {
+        int id = b->seq[t];
+        if (!tl_kv_seq_peek(c->kv, id))
+            return tl_fail(err, TL_ERR_ARG, "token %d: sequence %d is not open", t, id);
+        c->seq_cnt[id]++;
+        nl += b->logits && b->logits[t];
+    }
+    if (nl > c->n_logits_max)
+        return tl_fail(err, TL_ERR_ARG, "batch keeps %d logits rows (max %d)", nl, c->n_logits_max);
+    nl = 0;
+    for (int t = 0; t < b->n; t++)
+        if (b->logits && b->logits[t]) c->lrow[nl++] = t;
+    for (int id = 0; id < c->n_seq; id++) {
+        if (!c->seq_cnt[id]) continue;
+        int len = tl_kv_seq_peek(c->kv, id)->len;
+        if (len + c->seq_cnt[id] > c->n_ctx)
+            return tl_fail(err, TL_ERR_CONTEXT_FULL, "sequence %d: %d + %d tokens exceed %d", id,
+                           len, c->seq_cnt[id], c->n_ctx);
+        if (tl_kv_seq_grow(c->kv, id, len + c->seq_cnt[id]))
+            return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    }
+    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
+    for (int t = 0; t < b->n; t++) {
+        tl_kv_seq *sq = tl_kv_seq_get(c->kv, b->seq[t]);
+        c->tseq[t] = b->seq[t];
+        c->tpos[t] = sq->len + c->seq_cnt[b->seq[t]]++;
+        sq->tok[c->tpos[t]] = b->token[t];
+    }
+    c->blogits_n = nl;
+    return TL_OK;
+}
+
+int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
+    c->logits_n = c->blogits_n = 0;
+    int st = logits_room(c, (size_t)c->n_logits_max, err);
+    if (st || (st = batch_prepare(c, b, err))) {
+        c->blogits_n = 0;
+        return st;
+    }
+    forward(c, b->token, b->n, c->lrow, c->blogits_n, c->logits);
+    for (int id = 0; id < c->n_seq; id++)
+        if (c->seq_cnt[id])
+            tl_kv_seq_commit(c->kv, id, tl_kv_seq_peek(c->kv, id)->len + c->seq_cnt[id]);
+    return TL_OK;
+}
+
+const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {
+    if (i < 0 || i >= c->blogits_n) return NULL;
+    return c->logits + (size_t)i * c->m->hp.n_vocab;
 }

@@ -536,9 +536,9 @@ static void fill_prob(tl_token_prob *tp, int32_t id, float logit, float mx, doub
     tp->prob = (float)exp(lp);
 }
 
-static void report(tl_sampler *s, const float *logits, int32_t tok, tl_token_prob *chosen,
-                   tl_token_prob *top, int n_top) {
-    if (!chosen && !(top && n_top > 0)) return;
+static int report(tl_sampler *s, const float *logits, int32_t tok, tl_token_prob *chosen,
+                  tl_token_prob *top, int n_top) {
+    if (!chosen && !(top && n_top > 0)) return 0;
     float mx = max_over(logits, NULL, s->n_vocab);
     double sum = mx > -INFINITY ? exp_row(logits, mx, 1.0f, s->prob, s->n_vocab) : 0.0;
     double log_sum = log(sum);
@@ -546,7 +546,16 @@ static void report(tl_sampler *s, const float *logits, int32_t tok, tl_token_pro
     if (top && n_top > 0) {
         int n = select_top(logits, NULL, s->n_vocab, n_top, s->ids);
         for (int i = 0; i < n; i++) fill_prob(&top[i], s->ids[i], logits[s->ids[i]], mx, log_sum);
+        return n;
     }
+    return 0;
+}
+
+int tl_sampler_report(tl_sampler *s, const float *logits, int32_t token, tl_token_prob *chosen,
+                      tl_token_prob *top, int n_top) {
+    if (!s || !logits || token < 0 || token >= s->n_vocab) return 0;
+    if (n_top > s->n_vocab) n_top = s->n_vocab;
+    return report(s, logits, token, chosen, top, n_top);
 }
 
 int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *chosen,

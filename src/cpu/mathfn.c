@@ -41,6 +41,11 @@ float tl_expf_fast(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
+/* Row of position j: through a block table of bs-row blocks, or j itself. */
+static inline int64_t pv_row(const int32_t *blk, int bs, int j) {
+    return blk ? (int64_t)blk[j / bs] * bs + j % bs : j;
+}
+
 #ifdef TL_X86
 __attribute__((target("avx2,fma"))) static __m256 expf8(__m256 x) {
     const __m256 r = _mm256_set1_ps(0x1.8p23f);
@@ -122,12 +127,12 @@ __attribute__((target("avx2,fma,f16c"))) static void scale_round_avx2(int n, flo
 
 __attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd, const float *p,
                                                                   const uint16_t *v, int64_t vs,
-                                                                  int first, int ring, float *acc,
-                                                                  float *out) {
+                                                                  const int32_t *blk, int bs, int j0,
+                                                                  float *acc, float *out) {
     memset(acc, 0, (size_t)8 * hd * sizeof *acc);
-    for (int j = 0, slot = first; j < n; j++, slot = slot + 1 == ring ? 0 : slot + 1) {
+    for (int j = 0; j < n; j++) {
         float *a = acc + (size_t)(j & 7) * hd;
-        const uint16_t *vj = v + (size_t)slot * vs;
+        const uint16_t *vj = v + pv_row(blk, bs, j0 + j) * vs;
         __m256 pj = _mm256_set1_ps(p[j]);
         int d = 0;
         for (; d + 8 <= hd; d += 8) {
@@ -181,21 +186,21 @@ void tl_scale_round_f16(int n, float *s, float scale, int avx2) {
 
 void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t vs, float *acc,
                 float *out, int avx2) {
-    tl_attn_pv_ring(n, hd, p, v, vs, 0, n, acc, out, avx2);
+    tl_attn_pv_paged(n, hd, p, v, vs, NULL, 0, 0, acc, out, avx2);
 }
 
-void tl_attn_pv_ring(int n, int hd, const float *p, const uint16_t *v, int64_t vs, int first,
-                     int ring, float *acc, float *out, int avx2) {
+void tl_attn_pv_paged(int n, int hd, const float *p, const uint16_t *v, int64_t vs,
+                      const int32_t *blk, int bs, int j0, float *acc, float *out, int avx2) {
 #ifdef TL_X86
     if (avx2) {
-        attn_pv_avx2(n, hd, p, v, vs, first, ring, acc, out);
+        attn_pv_avx2(n, hd, p, v, vs, blk, bs, j0, acc, out);
         return;
     }
 #endif
     memset(acc, 0, (size_t)8 * hd * sizeof *acc);
-    for (int j = 0, slot = first; j < n; j++, slot = slot + 1 == ring ? 0 : slot + 1) {
+    for (int j = 0; j < n; j++) {
         float *a = acc + (size_t)(j & 7) * hd;
-        const uint16_t *vj = v + (size_t)slot * vs;
+        const uint16_t *vj = v + pv_row(blk, bs, j0 + j) * vs;
         for (int d = 0; d < hd; d++) a[d] = fmaf(tl_fp16_to_fp32(vj[d]), p[j], a[d]);
     }
     for (int d = 0; d < hd; d++) {

@@ -29,10 +29,11 @@ void tl_scale_round_f16(int n, float *s, float scale, int avx2);
 void tl_attn_pv(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, float *acc,
                 float *out, int avx2);
 
-/* tl_attn_pv over a ring of `ring` rows: row j (j < n) is row (first + j) mod
- * ring of v; the partial sums still go by j mod 8. */
-void tl_attn_pv_ring(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, int first,
-                     int ring, float *acc, float *out, int avx2);
+/* tl_attn_pv over a paged cache: p[j] weighs position j0 + j, whose row is
+ * row (blk[(j0+j)/bs]*bs + (j0+j)%bs) of v (blk NULL: row j0 + j). The
+ * partial sums still go by j mod 8. */
+void tl_attn_pv_paged(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride,
+                      const int32_t *blk, int bs, int j0, float *acc, float *out, int avx2);
 
 /* ggml's GELU table: for every f16 bit pattern h, f16(gelu_tanh(h)). */
 void tl_gelu_table(uint16_t *table);

@@ -49,17 +49,24 @@ static void check_swiglu(void) {
     CHECK(same(y1, y2, N), "swiglu: AVX2 equals scalar");
 }
 
+/* Paged rows: a shuffled block table over v gives the same bits as the
+ * same rows laid out contiguously, on both paths. */
 static void check_pv(void) {
-    enum { HD = 84, NK = 77, VS = 3 * HD };
-    static uint16_t v[NK * VS];
-    static float p[NK], acc[9 * HD], o1[HD], o2[HD];
+    enum { HD = 84, BS = 16, NB = 6, NK = BS * NB, VS = 3 * HD };
+    static uint16_t v[NK * VS], flat[NK * VS];
+    static float p[NK], acc[9 * HD], o1[HD], o2[HD], o3[HD];
+    const int32_t blk[NB] = {4, 0, 5, 2, 1, 3};
     for (int i = 0; i < NK * VS; i++) v[i] = tl_fp32_to_fp16(frand());
+    for (int j = 0; j < NK; j++) /* position j lives in block blk[j/BS], row j%BS */
+        memcpy(flat + (size_t)j * VS, v + ((size_t)blk[j / BS] * BS + j % BS) * VS, VS * sizeof *v);
     for (int i = 0; i < NK; i++) p[i] = tl_fp16_to_fp32(tl_fp32_to_fp16(fabsf(frand())));
-    for (int n = 1; n <= NK; n += 19)
-        for (int first = 0; first < NK; first += 31) {
-            tl_attn_pv_ring(n, HD, p, v, VS, first, NK, acc, o1, 0);
-            tl_attn_pv_ring(n, HD, p, v, VS, first, NK, acc, o2, 1);
-            CHECK(same(o1, o2, HD), "attn_pv n=%d first=%d: AVX2 equals scalar", n, first);
+    for (int j0 = 0; j0 < NK; j0 += 24)
+        for (int n = 1; j0 + n <= NK; n += 13) {
+            tl_attn_pv_paged(n, HD, p, v, VS, blk, BS, j0, acc, o1, 0);
+            tl_attn_pv_paged(n, HD, p, v, VS, blk, BS, j0, acc, o2, 1);
+            tl_attn_pv(n, HD, p, flat + (size_t)j0 * VS, VS, acc, o3, 0);
+            CHECK(same(o1, o2, HD), "attn_pv n=%d j0=%d: AVX2 equals scalar", n, j0);
+            CHECK(same(o1, o3, HD), "attn_pv n=%d j0=%d: paged equals contiguous", n, j0);
         }
 }
 

@@ -1,0 +1,133 @@
+/* server: the pieces of `tokenloop serve` and the contracts between them.
+ * HTTP threads (http.c) parse and validate a request (api.c) into an srv_req,
+ * the scheduler thread (sched.c) runs every live request in shared forward
+ * calls and appends events to each, and the HTTP thread turns those events
+ * into a JSON reply or SSE chunks. metrics.c keeps the counters /metrics
+ * shows. Only include/tokenloop.h is used from the engine. */
+#ifndef TL_SERVER_H
+#define TL_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "tokenloop.h"
+
+#define SRV_MAX_TOP 20
+
+/* ---- options (cli/cmd_serve.c fills them) ---------------------------------- */
+typedef struct srv_opts {
+    const char *model_path;
+    const char *host;      /* "127.0.0.1" */
+    int port;              /* 8080 */
+    int n_parallel;        /* -np: sequences decoded together (4) */
+    int n_ctx;             /* -c: positions per sequence (0 = min(train, 4096)) */
+    int kv_mem_mib;        /* --kv-mem (0 = 1.5 x np x c positions) */
+    const char *api_key;   /* NULL = no auth */
+    int max_queue;         /* --max-queue: waiting requests before 503 (64) */
+    int n_threads;         /* -t (0 = all cores) */
+    int n_batch;           /* tokens per forward call (512) */
+    int prefill_chunk;     /* --prefill-chunk: prompt tokens per step (256) */
+    int drain_timeout_s;   /* --drain-timeout (30) */
+    size_t max_body;       /* bytes (8 MiB) */
+    const char *model_id;  /* name in replies and /v1/models (file's base name) */
+} srv_opts;
+
+/* ---- a request and its events ------------------------------------------------ */
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+
+typedef enum srv_ev_kind {
+    SRV_EV_PROMPT, /* echo: one prompt token with its logprob entry (first has none) */
+    SRV_EV_TOKEN,  /* one generated token: its newly safe text (may be empty) + logprobs */
+    SRV_EV_DONE,   /* finished: trailing text, finish reason, usage */
+    SRV_EV_ERROR   /* failed after admission: message */
+} srv_ev_kind;
+
+typedef struct srv_event {
+    srv_ev_kind kind;
+    int32_t token;                   /* PROMPT/TOKEN */
+    char *text;                      /* owned, NUL-terminated; may be "" */
+    size_t text_len;
+    int has_logprob;                 /* PROMPT: 0 for the first prompt token */
+    tl_token_prob chosen;
+    tl_token_prob top[SRV_MAX_TOP];
+    int n_top;
+    const char *finish_reason;       /* DONE: "stop" or "length" (static string) */
+} srv_event;
+
+typedef struct srv_req {
+    /* Filled by api.c before srv_sched_submit, read-only afterwards. */
+    srv_kind kind;
+    int stream, include_usage;
+    int32_t *prompt;                 /* owned */
+    int n_prompt;
+    int max_tokens;                  /* >= 0; -1: until the sequence's context is full */
+    tl_sampler_params sp;            /* sp.logit_bias points into bias */
+    tl_logit_bias *bias;             /* owned */
+    char **stop;                     /* owned strings */
+    int n_stop;
+    int logprobs;                    /* report logprobs of generated tokens */
+    int top_logprobs;                /* alternatives per token, 0..SRV_MAX_TOP */
+    int echo;                        /* completions: echo the prompt (with logprobs if logprobs) */
+    char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
+    int64_t created;                 /* unix seconds */
+    double t_arrival;                /* monotonic seconds, for time-to-first-token */
+
+    /* Shared between the HTTP thread and the scheduler, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;               /* signalled on every new event */
+    int efd;                         /* eventfd, also written on every new event (poll with the socket) */
+    srv_event *ev;                   /* events appended by the scheduler */
+    int n_ev, cap_ev;
+    int n_taken;                     /* events the HTTP side has consumed */
+    int finished;                    /* a DONE or ERROR event was appended */
+    atomic_int cancelled;            /* set by the HTTP side (client left); the scheduler frees the sequence at its next step */
+    atomic_int refs;                 /* HTTP side + scheduler; srv_req_release frees at 0 */
+
+    /* Written by the scheduler before DONE. */
+    int prompt_tokens, completion_tokens, cached_tokens;
+} srv_req;
+
+/* Allocates a zeroed request with mu/cv/efd ready and refs = 1. */
+srv_req *srv_req_new(void);
+/* Drops one reference; the last one frees everything the request owns. */
+void srv_req_release(srv_req *r);
+/* Scheduler side: appends a copy of ev (taking ownership of ev->text), signals. */
+int srv_req_push(srv_req *r, const srv_event *ev);
+
+/* ---- the scheduler ------------------------------------------------------------- */
+typedef struct srv_sched srv_sched;
+typedef struct srv_metrics srv_metrics;
+
+enum { SRV_OK = 0, SRV_QUEUE_FULL = 1, SRV_DRAINING = 2, SRV_TOO_LONG = 3 };
+
+/* Creates the context (n_seq_max = np, kv_bytes from --kv-mem) and starts the
+ * scheduler thread. The model outlives the scheduler. */
+int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
+                  tl_error *err);
+/* Queues r (takes a reference). Returns SRV_OK, SRV_QUEUE_FULL (503),
+ * SRV_DRAINING (503) or SRV_TOO_LONG (prompt + max_tokens beyond -c: 400). */
+int srv_sched_submit(srv_sched *s, srv_req *r);
+/* Stops admitting; running and waiting requests go on. */
+void srv_sched_drain(srv_sched *s);
+/* Requests waiting + running. */
+int srv_sched_pending(srv_sched *s);
+/* Per-sequence context (-c) the scheduler enforces. */
+int srv_sched_n_ctx(const srv_sched *s);
+/* Stops the thread (cancelling whatever still runs: those get an ERROR event) and frees. */
+void srv_sched_free(srv_sched *s);
+
+/* ---- metrics ------------------------------------------------------------------ */
+/* Counters and histograms, thread-safe (their own mutex). */
+srv_metrics *srv_metrics_new(void);
+void srv_metrics_free(srv_metrics *mx);
+void srv_metrics_request(srv_metrics *mx, const char *endpoint, int code);
+void srv_metrics_tokens(srv_metrics *mx, int prompt, int generated, int cached);
+void srv_metrics_ttft(srv_metrics *mx, double seconds);
+void srv_metrics_itl(srv_metrics *mx, double seconds);
+/* Gauges, set by the scheduler each step. */
+void srv_metrics_state(srv_metrics *mx, int waiting, int running, const tl_kv_stats *kv);
+/* Prometheus text 0.0.4; *out malloc'ed. */
+int srv_metrics_render(srv_metrics *mx, const char *model_id, char **out, size_t *len);
+
+#endif

@@ -1,0 +1,49 @@
+/* kv: the bookkeeping of the paged KV cache. Owns the block pool (reference
+ * counts, free list, least-recently-used list), every sequence's block table
+ * and tokens, and the prefix cache that maps (what came before, the next
+ * TL_KV_BLOCK tokens) to a block already computed. The K/V numbers themselves
+ * live in the context (forward.c); a block id indexes them in every layer. */
+#ifndef TL_KV_H
+#define TL_KV_H
+
+#include <stdint.h>
+
+#include "tokenloop.h"
+
+typedef struct tl_kv tl_kv;
+
+typedef struct tl_kv_seq {
+    int open;
+    int cache;        /* registers its full blocks in the prefix cache */
+    int len;          /* positions written */
+    int n_blk;        /* blocks in blk[] (may run ahead of len) */
+    int n_reg;        /* full blocks already offered to the prefix cache */
+    uint64_t chain;   /* serial of the prefix through block n_reg - 1 (0: none) */
+    int32_t *blk;     /* [max_blocks] */
+    int32_t *tok;     /* [n_ctx] the tokens at each position */
+} tl_kv_seq;
+
+/* n_seq sequences (id 0 is the implicit one, which never caches). */
+int tl_kv_new(int n_blocks, int n_seq, int n_ctx, tl_kv **out);
+void tl_kv_free(tl_kv *kv);
+int tl_kv_n_blocks(const tl_kv *kv);
+tl_kv_seq *tl_kv_seq_get(tl_kv *kv, int id); /* NULL unless open */
+const tl_kv_seq *tl_kv_seq_peek(const tl_kv *kv, int id);
+/* Opens a free id in 1..n_seq-1, or -1. */
+int tl_kv_seq_open(tl_kv *kv, int cache);
+/* Releases every block (full ones stay cached) and closes (id 0 stays open). */
+void tl_kv_seq_close(tl_kv *kv, int id);
+/* Drops positions >= len of a sequence that does not cache (blocks wholly
+ * past it are released). */
+void tl_kv_seq_truncate(tl_kv *kv, int id, int len);
+/* Makes blocks cover positions < len; -1 when the pool is exhausted. */
+int tl_kv_seq_grow(tl_kv *kv, int id, int len);
+/* After positions [seq->len, len) were written (their tokens already in
+ * seq->tok): advances len and offers newly full blocks to the prefix cache. */
+void tl_kv_seq_commit(tl_kv *kv, int id, int len);
+/* Maps cached blocks matching tok[0..n) (at most max_reuse positions) into
+ * an empty sequence; returns positions reused. */
+int tl_kv_seq_reuse(tl_kv *kv, int id, const int32_t *tok, size_t n, size_t max_reuse);
+void tl_kv_get_stats(const tl_kv *kv, tl_kv_stats *out);
+
+#endif

@@ -1,0 +1,273 @@
+/* Many sequences in one forward call (tl_seq_* and tl_ctx_decode) on the real
+ * models: every token's logits must be bitwise the same as when its sequence
+ * runs alone, whatever the other sequences in the batch, the chunking, the
+ * thread count, or whether its prefix came from the prefix cache. Also the
+ * errors: closed sequences, too many logits rows, an exhausted KV pool. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tl_test.h"
+#include "tokenloop.h"
+
+#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define GEMMA "models/gemma-3-270m-q4_k_m.gguf"
+#define NS 3
+
+static uint64_t rng = 88172645463325252ull;
+static int rnd(int n) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (int)(rng % (uint64_t)n);
+}
+
+/* All logits of ids[0..n) evaluated alone, in one call. */
+static float *alone(tl_model *m, const int32_t *ids, int n, int threads) {
+    tl_ctx_params cp = {.n_ctx = 256, .n_threads = threads};
+    tl_ctx *c;
+    tl_error err = {0};
+    if (tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        return NULL;
+    }
+    int nv = tl_model_n_vocab(m);
+    float *out = malloc((size_t)n * nv * sizeof *out);
+    if (out && tl_ctx_eval(c, ids, (size_t)n, 1, &err) == 0)
+        for (int i = 0; i < n; i++) memcpy(out + (size_t)i * nv, tl_ctx_logits(c, i), (size_t)nv * sizeof *out);
+    else
+        CHECK(0, "eval alone: %s", err.msg);
+    tl_ctx_free(c);
+    return out;
+}
+
+/* The NS prompts fed together in random chunks (max_chunk tokens of each
+ * sequence per call, random order); each token's row is compared with ref. */
+static void interleaved(tl_model *m, int32_t *const *ids, const int *n, float *const *ref,
+                        int max_chunk, int threads, const char *what) {
+    tl_ctx_params cp = {.n_ctx = 256, .n_threads = threads, .n_seq_max = 4, .n_batch = 64,
+                        .n_logits_max = 64};
+    tl_ctx *c;
+    tl_error err = {0};
+    if (tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        return;
+    }
+    int nv = tl_model_n_vocab(m), seq[NS], done[NS] = {0}, bad = 0;
+    for (int s = 0; s < NS; s++) CHECK(tl_seq_open(c, &seq[s], &err) == 0, "open: %s", err.msg);
+    int32_t tok[64], sid[64], pos[64];
+    uint8_t want[64];
+    for (int left = 1; left && !bad;) {
+        int nb = 0;
+        for (int k = 0, s0 = rnd(NS); k < NS; k++) {
+            int s = (s0 + k) % NS, take = 1 + rnd(max_chunk);
+            for (int i = 0; i < take && done[s] < n[s] && nb < 64; i++, done[s]++) {
+                tok[nb] = ids[s][done[s]], sid[nb] = seq[s], pos[nb] = done[s] + 100 * s, want[nb] = 1;
+                nb++;
+            }
+        }
+        tl_batch b = {nb, tok, sid, want};
+        if (tl_ctx_decode(c, &b, &err)) {
+            CHECK(0, "%s: decode: %s", what, err.msg);
+            break;
+        }
+        for (int i = 0; i < nb; i++) {
+            int s = pos[i] / 100, p = pos[i] % 100;
+            if (memcmp(tl_ctx_batch_logits(c, i), ref[s] + (size_t)p * nv, (size_t)nv * sizeof(float)))
+                bad++;
+        }
+        left = 0;
+        for (int s = 0; s < NS; s++) left |= done[s] < n[s];
+    }
+    CHECK(bad == 0, "%s: %d rows differ from the sequence alone", what, bad);
+    for (int s = 0; s < NS; s++) CHECK(tl_seq_len(c, seq[s]) == n[s], "%s: length %d", what, tl_seq_len(c, seq[s]));
+    tl_ctx_free(c);
+}
+
+/* A prompt whose first blocks come from the prefix cache: the new tokens'
+ * logits equal a cold run's; cached_tokens is whole blocks, at most n - 1. */
+static void prefix_reuse(tl_model *m, const int32_t *ids, int n, const float *ref) {
+    tl_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .n_seq_max = 2};
+    tl_ctx *c;
+    tl_error err = {0};
+    if (tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        return;
+    }
+    int nv = tl_model_n_vocab(m), a, b;
+    int32_t sid[256];
+    uint8_t want[256] = {0};
+    CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
+    CHECK(tl_seq_reuse_prefix(c, a, ids, (size_t)n, (size_t)n - 1) == 0, "empty cache gave a hit");
+    for (int i = 0; i < n; i++) sid[i] = a;
+    tl_batch bt = {n, ids, sid, want};
+    CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
+    tl_seq_close(c, a);
+    tl_kv_stats st;
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.n_used == 0 && st.n_cached == n / TL_KV_BLOCK, "after close: used %d cached %d", st.n_used, st.n_cached);
+    for (int cut = n; cut >= n - 1; cut--) { /* the whole prompt again, or all but its last token */
+        CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+        int got = tl_seq_reuse_prefix(c, b, ids, (size_t)cut, (size_t)cut - 1);
+        int expect = (cut - 1) / TL_KV_BLOCK * TL_KV_BLOCK;
+        CHECK(got == expect && tl_seq_len(c, b) == got, "reused %d, expected %d", got, expect);
+        int rest = cut - got;
+        for (int i = 0; i < rest; i++) sid[i] = b, want[i] = 1;
+        tl_batch b2 = {rest, ids + got, sid, want};
+        CHECK(tl_ctx_decode(c, &b2, &err) == 0, "%s", err.msg);
+        int bad = 0;
+        for (int i = 0; i < rest; i++)
+            bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(got + i) * nv, (size_t)nv * sizeof(float)) != 0;
+        CHECK(bad == 0, "prefix reuse: %d of %d rows differ from cold", bad, rest);
+        tl_seq_close(c, b);
+        memset(want, 0, sizeof want);
+    }
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.hit_tokens > 0 && st.query_tokens >= st.hit_tokens, "stats: %llu hits of %llu",
+          (unsigned long long)st.hit_tokens, (unsigned long long)st.query_tokens);
+    tl_ctx_free(c);
+}
+
+static void errors(tl_model *m, const int32_t *ids) {
+    tl_error err = {0};
+    tl_ctx *c;
+    tl_ctx_params cp0 = {.n_ctx = 64, .n_threads = 1, .n_seq_max = 2};
+    CHECK(tl_ctx_new(m, &cp0, &c, &err) == 0, "%s", err.msg);
+    tl_kv_stats st;
+    tl_ctx_kv_stats(c, &st);
+    tl_ctx_free(c);
+    CHECK(st.n_blocks == 2 * 64 / TL_KV_BLOCK && st.block_bytes > 0, "default pool: %d blocks", st.n_blocks);
+    /* a pool of 5 blocks: one 64-position sequence and one block more */
+    tl_ctx_params cp = {.n_ctx = 64, .n_threads = 1, .n_seq_max = 2, .n_logits_max = 2};
+    cp.kv_bytes = st.block_bytes - 1; /* not even a block */
+    CHECK(tl_ctx_new(m, &cp, &c, &err) == TL_ERR_ARG, "a pool without a block accepted");
+    cp.kv_bytes = 5 * st.block_bytes;
+    CHECK(tl_ctx_new(m, &cp, &c, &err) == 0, "%s", err.msg);
+    int a, b, x;
+    CHECK(tl_seq_open(c, &a, &err) == 0 && tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+    CHECK(tl_seq_open(c, &x, &err) == TL_ERR_CONTEXT_FULL, "a third sequence opened");
+    int32_t sid[64];
+    uint8_t want[64];
+    for (int i = 0; i < 64; i++) sid[i] = a, want[i] = 1;
+    tl_batch bt = {3, ids, sid, want};
+    CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_ARG, "3 logits rows with a limit of 2");
+    bt.logits = NULL;
+    sid[1] = 7;
+    CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_ARG, "a sequence that is not open");
+    sid[1] = a;
+    bt.n = 0;
+    CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_ARG, "an empty batch");
+    bt.n = 64; /* four of the five blocks */
+    CHECK(tl_ctx_decode(c, &bt, &err) == 0 && tl_seq_len(c, a) == 64, "%s", err.msg);
+    bt.n = 1;
+    CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_CONTEXT_FULL, "past n_ctx accepted");
+    for (int i = 0; i < 64; i++) sid[i] = b;
+    bt.n = 32;
+    CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_CONTEXT_FULL, "more blocks than the pool has");
+    tl_seq_close(c, b); /* b's one block was allocated before the failure: released */
+    tl_seq_close(c, a);
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.n_used == 0 && st.n_cached == 4 && st.n_free == 5, "after close: used %d cached %d free %d",
+          st.n_used, st.n_cached, st.n_free);
+    CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 64; i++) sid[i] = b;
+    bt.n = 64;
+    bt.token = ids + 1; /* other tokens: no hit, cached blocks are evicted */
+    CHECK(tl_ctx_decode(c, &bt, &err) == 0, "cached blocks are evicted for a new sequence: %s", err.msg);
+    CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
+    /* b took the free block and evicted three cached ones, a's last three
+     * first (released tail first): a's first block is still found */
+    CHECK(tl_seq_reuse_prefix(c, a, ids, 64, 63) == TL_KV_BLOCK, "tail-first eviction");
+    tl_ctx_free(c);
+}
+
+/* Gemma 3 (sliding window 512): a cached prefix past the window. */
+static void gemma(void) {
+    tl_model *m;
+    tl_error err = {0};
+    if (tl_model_load(GEMMA, &m, &err)) {
+        CHECK(0, "load %s: %s", GEMMA, err.msg);
+        return;
+    }
+    char text[8192] = "";
+    for (int i = 0; i < 60; i++) {
+        char line[96];
+        snprintf(line, sizeof line, "Step %d: the lantern lit %d rooms of the tower. ", i, 5 * i + 3);
+        strcat(text, line);
+    }
+    int32_t *ids;
+    size_t n_all;
+    CHECK(tl_tokenize(m, text, strlen(text), TL_TOK_ADD_BOS, &ids, &n_all, &err) == 0, "%s", err.msg);
+    const int n = 540;
+    CHECK(n_all >= (size_t)n, "gemma text has %zu tokens", n_all);
+    tl_ctx_params cp = {.n_ctx = 640, .n_threads = 2, .n_seq_max = 2, .n_logits_max = 4};
+    tl_ctx *c;
+    if (n_all >= (size_t)n && tl_ctx_new(m, &cp, &c, &err) == 0) {
+        int nv = tl_model_n_vocab(m), a, b;
+        int32_t sid[640];
+        uint8_t want[640] = {0};
+        float *cold = malloc((size_t)nv * sizeof *cold);
+        CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < n; i++) sid[i] = a;
+        for (int done = 0; done < n;) {
+            int nb = n - done < 512 ? n - done : 512;
+            want[nb - 1] = done + nb == n;
+            tl_batch bt = {nb, ids + done, sid, want};
+            CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
+            want[nb - 1] = 0;
+            done += nb;
+        }
+        memcpy(cold, tl_ctx_batch_logits(c, 0), (size_t)nv * sizeof *cold);
+        tl_seq_close(c, a);
+        CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+        int got = tl_seq_reuse_prefix(c, b, ids, (size_t)n, (size_t)n - 1);
+        CHECK(got == (n - 1) / TL_KV_BLOCK * TL_KV_BLOCK, "gemma reused %d", got);
+        for (int i = 0; i < n - got; i++) sid[i] = b;
+        want[n - got - 1] = 1;
+        tl_batch bt = {n - got, ids + got, sid, want};
+        CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
+        CHECK(!memcmp(cold, tl_ctx_batch_logits(c, 0), (size_t)nv * sizeof *cold),
+              "gemma: logits after a cached prefix past the window differ from cold");
+        free(cold);
+        tl_ctx_free(c);
+    } else {
+        CHECK(0, "gemma ctx: %s", err.msg);
+    }
+    tl_free(ids);
+    tl_model_free(m);
+}
+
+int main(void) {
+    tl_model *m;
+    tl_error err = {0};
+    if (tl_model_load(MODEL, &m, &err)) {
+        CHECK(0, "load %s: %s (run 'make models')", MODEL, err.msg);
+        return tl_test_summary();
+    }
+    const char *texts[NS] = {
+        "<|im_start|>user\nName three rivers in Europe and say which is longest.<|im_end|>\n<|im_start|>assistant\n",
+        "The quick brown fox jumps over the lazy dog. Then it runs into the forest, where the trees are tall and",
+        "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint(fib(10))  # prints"};
+    int32_t *ids[NS];
+    int n[NS];
+    float *ref[NS];
+    for (int s = 0; s < NS; s++) {
+        size_t k;
+        CHECK(tl_tokenize(m, texts[s], strlen(texts[s]), TL_TOK_PARSE_SPECIAL, &ids[s], &k, &err) == 0, "%s", err.msg);
+        n[s] = (int)k;
+        ref[s] = alone(m, ids[s], n[s], 1);
+    }
+    if (ref[0] && ref[1] && ref[2]) {
+        interleaved(m, ids, n, ref, 1, 2, "one token each per call");
+        interleaved(m, ids, n, ref, 7, 1, "chunks up to 7, 1 thread");
+        interleaved(m, ids, n, ref, 20, 3, "chunks up to 20, 3 threads");
+        prefix_reuse(m, ids[2], n[2], ref[2]);
+    }
+    errors(m, ids[1]);
+    for (int s = 0; s < NS; s++) {
+        free(ref[s]);
+        tl_free(ids[s]);
+    }
+    tl_model_free(m);
+    gemma();
+    return tl_test_summary();
+}
