@@ -8,16 +8,20 @@ WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototype
           -Wno-unused-parameter
 # -ffp-contract=off: gcc and clang must not fuse a*b+c on their own; kernels
 # say where they fuse, so every build rounds the same way.
-CFLAGS  = -std=c11 $(OPT) -g $(WARN) -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc -fPIC -MMD -MP $(SAN)
+CFLAGS  = -std=c11 $(OPT) -g $(WARN) -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc -Iserver -fPIC -MMD -MP $(SAN)
 LDFLAGS = $(SAN)
 LDLIBS  = -lpcre2-8 -lm -lpthread
+# The server (server/*.c) adds its HTTP and JSON libraries.
+SERVER_LIBS = -lmicrohttpd -ljansson
 
 LIB_SRC  = $(wildcard src/*.c) $(wildcard src/cpu/*.c)
+SERVER_SRC = $(wildcard server/*.c)
 CLI_SRC  = $(wildcard cli/*.c)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
 TOOL_SRC = $(wildcard tests/tools/*.c)
 
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TOOL_BIN = $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
@@ -34,7 +38,7 @@ SIMDE_BIN = $(if $(wildcard /usr/include/simde/x86/avx512.h),$(BUILD)/simde/test
 SIMDE_LIB = $(filter-out $(BUILD)/src/cpu/kern_avx512.o $(BUILD)/src/cpu/dispatch.o,$(LIB_OBJ))
 
 .PHONY: all lib test unit run models clean asan format fixtures
-all: $(BUILD)/libtokenloop.a tokenloop $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
+all: $(BUILD)/libtokenloop.a $(BUILD)/libtlserver.a tokenloop $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
 
 $(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/simd256.h
 	@mkdir -p $(dir $@)
@@ -57,11 +61,21 @@ $(BUILD)/libtokenloop.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# `tokenloop serve` and its tests: HTTP, JSON, scheduler and metrics.
+$(BUILD)/libtlserver.a: $(SERVER_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
 tokenloop: $(BUILD)/tokenloop
 	cp $< $@
 
-$(BUILD)/tokenloop: $(CLI_OBJ) $(BUILD)/libtokenloop.a
-	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libtokenloop.a $(LDLIBS)
+$(BUILD)/tokenloop: $(CLI_OBJ) $(BUILD)/libtlserver.a $(BUILD)/libtokenloop.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libtlserver.a $(BUILD)/libtokenloop.a $(SERVER_LIBS) $(LDLIBS)
+
+# The server's unit tests link the server library too (the shorter stem wins).
+$(BUILD)/tests/test_server_%: $(BUILD)/tests/unit/test_server_%.o $(BUILD)/libtlserver.a $(BUILD)/libtokenloop.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libtlserver.a $(BUILD)/libtokenloop.a $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libtokenloop.a
 	@mkdir -p $(dir $@)
@@ -103,9 +117,9 @@ fixtures:
 	@tests/oracle/make_fixtures.sh
 
 format:
-	clang-format -i include/*.h src/*.[ch] src/cpu/*.[ch] cli/*.[ch] tests/unit/*.[ch]
+	clang-format -i include/*.h src/*.[ch] src/cpu/*.[ch] server/*.[ch] cli/*.[ch] tests/unit/*.[ch]
 
 clean:
 	rm -rf $(BUILD) build-asan tokenloop
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/tests/unit/%.d)
+-include $(LIB_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TOOL_SRC:%.c=$(BUILD)/%.d) $(TEST_BIN:$(BUILD)/tests/%=$(BUILD)/tests/unit/%.d)

@@ -36,5 +36,6 @@ int cmd_logits(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

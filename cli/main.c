@@ -23,6 +23,7 @@ static const char USAGE[] =
     "  logits      write the logits of a token sequence (for testing against peers)\n"
     "  quantize    convert a GGUF model's weights to another type (Q4_0, Q8_0, Q4_K, F16, ...)\n"
     "  bench       prefill/decode speed (llama-bench's protocol) and memory bandwidth\n"
+    "  serve       OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "\n"
     "Run 'tokenloop COMMAND --help' for the options of a command.\n"
     "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni caps it).\n";
@@ -159,7 +160,7 @@ int main(int argc, char **argv) {
     } cmds[] = {{"run", cmd_run},   {"chat", cmd_chat},     {"tokenize", cmd_tokenize},
                 {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits},
                 {"template", cmd_template}, {"bench", cmd_bench},
-                {"quantize", cmd_quantize}};
+                {"quantize", cmd_quantize}, {"serve", cmd_serve}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     cli_error("unknown command '%s' (try 'tokenloop --help')", argv[1]);

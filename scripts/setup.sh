@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need and is missing: a C compiler,
-# make, PCRE2, SIMDe (Debian packages) and the Python packages the tests check
-# against (gguf, numpy). Idempotent and quiet when everything is there.
+# make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
+# packages the tests check against (gguf, numpy, jinja2) or drive the server with
+# (openai, prometheus-client). Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
@@ -9,6 +10,8 @@ command -v make >/dev/null 2>&1 || need_pkgs+=(make)
 command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
 [ -f /usr/include/pcre2.h ] || need_pkgs+=(libpcre2-dev)
 [ -f /usr/include/simde/x86/avx512.h ] || need_pkgs+=(libsimde-dev)
+[ -f /usr/include/microhttpd.h ] || need_pkgs+=(libmicrohttpd-dev)
+[ -f /usr/include/jansson.h ] || need_pkgs+=(libjansson-dev)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
@@ -20,4 +23,9 @@ if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
     echo "setup: installing Python packages gguf, numpy, jinja2" >&2
     python3 -m pip install -q gguf numpy jinja2 >&2 ||
         python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
+fi
+if ! python3 -c 'import openai, prometheus_client' >/dev/null 2>&1; then
+    echo "setup: installing Python packages openai, prometheus-client" >&2
+    python3 -m pip install -q openai prometheus-client >&2 ||
+        python3 -m pip install -q --break-system-packages openai prometheus-client >&2
 fi

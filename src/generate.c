@@ -1,7 +1,7 @@
-/* generate: the loop for one sequence. Prefill the prompt in one batched
- * eval, then sample, stream, append and repeat until an end-of-generation
- * token, a stop string, the length cap or a full context. Owns the stop-string
- * hold-back buffer and the timing statistics of one call. */
+/* generate: the loop for one sequence. tl_gen owns the output side (the
+ * streaming detokenizer, the stop-string hold-back buffer, the token count and
+ * the stop rules); tl_generate drives the model with it: prefill the prompt in
+ * one batched eval, then sample, stream, append and repeat. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,34 +10,95 @@
 #include "util.h"
 
 #define MAX_TOP 20
+/* Longest token piece passed on whole; longer ones are truncated (none of the
+ * supported vocabularies comes near). +16 leaves room for held UTF-8 bytes. */
 #define PIECE_CAP 1024
+#define PIECE_ROOM (PIECE_CAP + 16)
 
-typedef struct stream {
-    char *buf; /* text decoded but not yet emitted (could start a stop string) */
+struct tl_gen {
+    const tl_model *model;
+    int n_predict, ignore_eog;
+    char **stop; /* private copies: the caller's strings need not outlive tl_gen_new */
+    size_t *stop_len;
+    int n_stop;
+    tl_detok dt;
+    /* Text decoded but not yet final (it could start a stop string). Sized at
+     * creation so that push never allocates: what stays held is shorter than
+     * the longest stop string, and one push adds at most PIECE_ROOM bytes. */
+    char *buf;
     size_t len, cap;
-} stream;
+    size_t consumed; /* bytes of buf handed out by the last call, dropped by the next */
+    int count;
+    int stop_reason;
+};
 
-static int stream_add(stream *s, const char *p, size_t n) {
-    if (s->len + n + 1 > s->cap) {
-        size_t nc = (s->len + n + 1) * 2;
-        char *nb = realloc(s->buf, nc);
-        if (!nb) return -1;
-        s->buf = nb;
-        s->cap = nc;
+void tl_gen_free(tl_gen *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->stop);
+    free(g->stop_len);
+    free(g->buf);
+    free(g);
+}
+
+static int copy_stops(tl_gen *g, const tl_gen_params *gp, size_t *max_len) {
+    *max_len = 0;
+    if (gp->n_stop <= 0) return 0;
+    g->stop = calloc((size_t)gp->n_stop, sizeof *g->stop);
+    g->stop_len = calloc((size_t)gp->n_stop, sizeof *g->stop_len);
+    if (!g->stop || !g->stop_len) return -1;
+    for (int i = 0; i < gp->n_stop; i++) {
+        const char *s = gp->stop[i] ? gp->stop[i] : "";
+        size_t n = strlen(s);
+        if (!(g->stop[i] = malloc(n + 1))) return -1;
+        g->n_stop = i + 1;
+        memcpy(g->stop[i], s, n + 1);
+        g->stop_len[i] = n;
+        if (n > *max_len) *max_len = n;
     }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
-    s->buf[s->len] = 0;
     return 0;
 }
 
-/* Length of the longest suffix of text that is a proper prefix of a stop string. */
-static size_t held_suffix(const char *text, size_t len, const tl_gen_params *gp) {
+int tl_gen_new(const tl_model *model, const tl_gen_params *gp, tl_gen **out, tl_error *err) {
+    *out = NULL;
+    if (!model || !gp) return tl_fail(err, TL_ERR_ARG, "tl_gen_new: missing model or params");
+    if (gp->n_stop > 0 && !gp->stop) return tl_fail(err, TL_ERR_ARG, "tl_gen_new: n_stop without stop");
+    tl_gen *g = calloc(1, sizeof *g);
+    if (!g) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    g->model = model;
+    g->n_predict = gp->n_predict;
+    g->ignore_eog = gp->ignore_eog;
+    size_t max_stop = 0;
+    if (copy_stops(g, gp, &max_stop) == 0) {
+        g->cap = max_stop + PIECE_ROOM + 16;
+        g->buf = malloc(g->cap);
+    }
+    if (!g->buf) {
+        tl_gen_free(g);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    }
+    g->buf[0] = 0;
+    tl_detok_init(&g->dt, 0);
+    *out = g;
+    return 0;
+}
+
+int tl_gen_count(const tl_gen *g) { return g ? g->count : 0; }
+
+/* Drops what the previous call handed out (its text was valid until now). */
+static void drop_consumed(tl_gen *g) {
+    memmove(g->buf, g->buf + g->consumed, g->len - g->consumed);
+    g->len -= g->consumed;
+    g->consumed = 0;
+}
+
+/* Length of the longest suffix of buf that is a proper prefix of a stop string. */
+static size_t held_suffix(const tl_gen *g) {
     size_t best = 0;
-    for (int i = 0; i < gp->n_stop; i++) {
-        size_t sl = strlen(gp->stop[i]);
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t sl = g->stop_len[i];
         for (size_t k = sl ? sl - 1 : 0; k > best; k--)
-            if (k <= len && memcmp(text + len - k, gp->stop[i], k) == 0) {
+            if (k <= g->len && memcmp(g->buf + g->len - k, g->stop[i], k) == 0) {
                 best = k;
                 break;
             }
@@ -45,14 +106,14 @@ static size_t held_suffix(const char *text, size_t len, const tl_gen_params *gp)
     return best;
 }
 
-/* Finds the earliest stop string in text; returns its offset or -1. */
-static long find_stop(const char *text, size_t len, const tl_gen_params *gp) {
+/* Offset of the earliest stop string in buf, or -1. */
+static long find_stop(const tl_gen *g) {
     long best = -1;
-    for (int i = 0; i < gp->n_stop; i++) {
-        size_t sl = strlen(gp->stop[i]);
-        if (!sl || sl > len) continue;
-        for (size_t at = 0; at + sl <= len; at++)
-            if (memcmp(text + at, gp->stop[i], sl) == 0) {
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t sl = g->stop_len[i];
+        if (!sl || sl > g->len) continue;
+        for (size_t at = 0; at + sl <= g->len; at++)
+            if (memcmp(g->buf + at, g->stop[i], sl) == 0) {
                 if (best < 0 || (long)at < best) best = (long)at;
                 break;
             }
@@ -60,86 +121,97 @@ static long find_stop(const char *text, size_t len, const tl_gen_params *gp) {
     return best;
 }
 
-static int emit(const tl_gen_params *gp, tl_gen_event *ev, const char *text, size_t n) {
-    ev->text = text;
-    ev->text_len = n;
-    return gp->on_token ? gp->on_token(ev, gp->user) : 0;
+int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_token_prob *top,
+                int n_top, tl_gen_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    ev->token = token;
+    if (chosen) ev->chosen = *chosen;
+    ev->top = top;
+    ev->n_top = top ? n_top : 0;
+    ev->text = "";
+    drop_consumed(g);
+    if (g->stop_reason) return g->stop_reason; /* already stopped: nothing more comes out */
+    g->count++;
+    if (!g->ignore_eog && tl_token_is_eog(g->model, token)) {
+        g->stop_reason = TL_STOP_EOG; /* the token is reported, its text is not */
+        return g->stop_reason;
+    }
+    g->len += tl_detok_push(&g->dt, g->model, token, g->buf + g->len, PIECE_ROOM);
+    long at = find_stop(g);
+    if (at >= 0) {
+        ev->text = g->buf;
+        ev->text_len = (size_t)at;
+        g->consumed = g->len; /* the stop string and whatever follows it are dropped */
+        g->stop_reason = TL_STOP_STRING;
+        return g->stop_reason;
+    }
+    ev->text = g->buf;
+    ev->text_len = g->len - held_suffix(g);
+    g->consumed = ev->text_len;
+    if (g->n_predict >= 0 && g->count >= g->n_predict) g->stop_reason = TL_STOP_LENGTH;
+    return g->stop_reason;
+}
+
+size_t tl_gen_flush(tl_gen *g, const char **text) {
+    drop_consumed(g);
+    *text = "";
+    if (g->stop_reason == TL_STOP_STRING) return 0;
+    g->len += tl_detok_flush(&g->dt, g->buf + g->len, g->cap - g->len);
+    *text = g->buf;
+    g->consumed = g->len;
+    return g->len;
+}
+
+/* ---- the whole loop, for the CLI and the tests ---------------------------------- */
+
+/* Feeds the callback one pushed token; returns the loop's stop reason. */
+static int deliver(const tl_gen_params *gp, int why, const tl_gen_event *ev) {
+    int cb = gp->on_token ? gp->on_token(ev, gp->user) : 0;
+    if (why == TL_STOP_EOG || why == TL_STOP_STRING) return why;
+    return cb ? TL_STOP_CALLBACK : why; /* a callback stop outranks the length cap */
 }
 
 int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_prompt,
                 const tl_gen_params *gp, tl_gen_stats *stats, tl_error *err) {
-    const tl_model *m = tl_ctx_model(ctx);
     tl_gen_stats st = {0};
     double t0 = tl_now();
     if (n_prompt == 0) return tl_fail(err, TL_ERR_ARG, "empty prompt");
-    int rc = tl_ctx_eval(ctx, prompt, n_prompt, 0, err);
+    tl_gen *g;
+    int rc = tl_gen_new(tl_ctx_model(ctx), gp, &g, err);
     if (rc) return rc;
+    if ((rc = tl_ctx_eval(ctx, prompt, n_prompt, 0, err))) {
+        tl_gen_free(g);
+        return rc;
+    }
     st.n_prompt = (int)n_prompt;
     st.prefill_s = tl_now() - t0;
     for (size_t i = 0; i < n_prompt; i++) tl_sampler_accept(smp, prompt[i]);
 
     tl_token_prob top[MAX_TOP];
     int n_top = gp->n_top < 0 ? 0 : (gp->n_top > MAX_TOP ? MAX_TOP : gp->n_top);
-    tl_detok dt;
-    tl_detok_init(&dt, 0);
-    stream pend = {0};
-    char piece[PIECE_CAP + 16];
     double t_first = 0;
     int stop = TL_STOP_NONE;
     while (!stop) {
-        tl_gen_event ev = {0};
-        const float *logits = tl_ctx_logits(ctx, -1);
-        int32_t tok = tl_sampler_sample(smp, logits, &ev.chosen, n_top ? top : NULL, n_top);
-        if (st.n_gen == 0) {
+        tl_token_prob chosen;
+        int32_t tok = tl_sampler_sample(smp, tl_ctx_logits(ctx, -1), &chosen, n_top ? top : NULL, n_top);
+        if (st.n_gen++ == 0) {
             t_first = tl_now();
             st.ttft_s = t_first - t0;
         }
-        st.n_gen++;
         tl_sampler_accept(smp, tok);
-        ev.token = tok;
-        ev.top = top;
-        ev.n_top = n_top;
-        if (!gp->ignore_eog && tl_token_is_eog(m, tok)) {
-            stop = TL_STOP_EOG;
-            emit(gp, &ev, "", 0); /* the token is reported, its text is not */
-            break;
-        }
-        size_t pl = tl_detok_push(&dt, m, tok, piece, sizeof piece);
-        if (stream_add(&pend, piece, pl)) {
-            rc = tl_fail(err, TL_ERR_NOMEM, "out of memory");
-            break;
-        }
-        long at = find_stop(pend.buf, pend.len, gp);
-        size_t ready;
-        if (at >= 0) {
-            ready = (size_t)at;
-            stop = TL_STOP_STRING;
-        } else {
-            ready = pend.len - held_suffix(pend.buf, pend.len, gp);
-        }
-        if (emit(gp, &ev, pend.buf, ready) && !stop) stop = TL_STOP_CALLBACK;
-        memmove(pend.buf, pend.buf + ready, pend.len - ready);
-        pend.len -= ready;
-        if (stop == TL_STOP_STRING) pend.len = 0;
-        if (stop) break;
-        if (gp->n_predict >= 0 && st.n_gen >= gp->n_predict) {
-            stop = TL_STOP_LENGTH;
-            break;
-        }
-        if (tl_ctx_n_past(ctx) >= tl_ctx_n_ctx(ctx)) {
-            stop = TL_STOP_CONTEXT;
-            break;
-        }
-        if ((rc = tl_ctx_eval(ctx, &tok, 1, 0, err))) break;
+        tl_gen_event ev;
+        int why = tl_gen_push(g, tok, &chosen, top, n_top, &ev);
+        stop = deliver(gp, why, &ev);
+        if (!stop && tl_ctx_n_past(ctx) >= tl_ctx_n_ctx(ctx)) stop = TL_STOP_CONTEXT;
+        if (!stop && (rc = tl_ctx_eval(ctx, &tok, 1, 0, err))) break;
     }
-    if (!rc && stop != TL_STOP_STRING) { /* what was held back is final now */
-        size_t fl = tl_detok_flush(&dt, piece, sizeof piece);
-        if (pend.len || fl) {
-            tl_gen_event ev = {.token = -1};
-            if (!stream_add(&pend, piece, fl)) emit(gp, &ev, pend.buf, pend.len);
-        }
+    const char *rest = NULL;
+    size_t n_rest = rc ? 0 : tl_gen_flush(g, &rest); /* what was held back is final now */
+    if (n_rest) {
+        tl_gen_event ev = {.token = -1, .text = rest, .text_len = n_rest};
+        if (gp->on_token) gp->on_token(&ev, gp->user);
     }
-    free(pend.buf);
+    tl_gen_free(g);
     st.decode_s = st.n_gen ? tl_now() - t_first : 0;
     st.stop = stop;
     if (stats) *stats = st;

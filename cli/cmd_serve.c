@@ -1,0 +1,209 @@
+/* cli/serve: `tokenloop serve`, the OpenAI-compatible HTTP server. Parses the
+ * flags, starts listening before the model loads (so /health answers and
+ * /ready says 503 while loading), then runs until SIGTERM/SIGINT: the first
+ * drains, a second exits at once. The server itself lives in server/. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../server/http.h"
+#include "cli.h"
+
+static const char SERVE_HELP[] =
+    "usage: tokenloop serve [-m FILE] [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions\n"
+    "(streaming with \"stream\": true), GET /v1/models, POST /tokenize, POST /detokenize,\n"
+    "GET /health, GET /ready, GET /metrics (Prometheus). Every live request shares each\n"
+    "forward call; prompt prefixes are cached and reused across requests.\n"
+    "\n"
+    "  -m, --model FILE        GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+    "                          or $TOKENLOOP_MODEL)\n"
+    "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
+    "      --port N            TCP port (default 8080)\n"
+    "  -np, --parallel N       sequences decoded together (default 4)\n"
+    "  -c, --ctx-size N        context per sequence in tokens (default: min(training, 4096))\n"
+    "      --kv-mem MiB        KV cache memory, shared by the sequences and the prefix\n"
+    "                          cache (default: 1.5 x np x ctx positions)\n"
+    "      --api-key KEY       require 'Authorization: Bearer KEY' on /v1/*, /tokenize and\n"
+    "                          /detokenize (401 otherwise)\n"
+    "      --max-queue N       requests waiting beyond -np before 503 + Retry-After (default 64)\n"
+    "  -t, --threads N         threads (default: all CPUs)\n"
+    "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
+    "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
+    "\n"
+    "SIGTERM or SIGINT drains: new completions and /ready get 503, running requests\n"
+    "finish (up to --drain-timeout), then the server exits 0. A second signal exits 1 at\n"
+    "once. Request bodies are limited to 8 MiB.\n";
+
+static int parse_serve(int argc, char **argv, srv_opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() if (!(v = cli_value(argc, argv, &i))) return -1
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(SERVE_HELP, stdout);
+            return 1;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            VAL(); o->model_path = v;
+        } else if (!strcmp(a, "--host")) {
+            VAL(); o->host = v;
+        } else if (!strcmp(a, "--port")) {
+            VAL(); if (cli_int(a, v, 1, 65535, &o->port)) return -1;
+        } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
+            VAL(); if (cli_int(a, v, 1, 1024, &o->n_parallel)) return -1;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            VAL(); if (cli_int(a, v, 0, 1 << 22, &o->n_ctx)) return -1;
+        } else if (!strcmp(a, "--kv-mem")) {
+            VAL(); if (cli_int(a, v, 0, 1 << 24, &o->kv_mem_mib)) return -1;
+        } else if (!strcmp(a, "--api-key")) {
+            VAL();
+            if (!*v) {
+                cli_error("--api-key: empty key");
+                return -1;
+            }
+            o->api_key = v;
+        } else if (!strcmp(a, "--max-queue")) {
+            VAL(); if (cli_int(a, v, 0, 1 << 20, &o->max_queue)) return -1;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            VAL(); if (cli_int(a, v, 1, 1 << 20, &o->prefill_chunk)) return -1;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            VAL(); if (cli_int(a, v, 0, 86400, &o->drain_timeout_s)) return -1;
+        } else {
+            cli_error("unknown option '%s' (try 'tokenloop serve --help')", a);
+            return -1;
+        }
+#undef VAL
+    }
+    return 0;
+}
+
+/* Signals arrive here, on a thread of their own (sigwait), not in a handler. */
+typedef struct sigs {
+    sigset_t set;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int count;
+} sigs;
+
+static void *sig_thread(void *arg) {
+    sigs *s = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&s->set, &sig)) continue;
+        pthread_mutex_lock(&s->mu);
+        int n = ++s->count;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        if (n >= 2) {
+            fprintf(stderr, "tokenloop serve: second signal, exiting now\n");
+            _exit(1);
+        }
+        fprintf(stderr, "tokenloop serve: draining (signal again to exit now)\n");
+    }
+    return NULL;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void wait_signal(sigs *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->count) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Lets running requests finish, up to the drain timeout, then the last replies go out. */
+static void drain(srv_app *app) {
+    atomic_store(&app->phase, SRV_PHASE_DRAINING);
+    srv_sched_drain(app->sched);
+    double end = now_s() + app->o->drain_timeout_s;
+    while (srv_sched_pending(app->sched) > 0 && now_s() < end) usleep(20000);
+    end = now_s() + 2;
+    while (atomic_load(&app->busy) > 0 && now_s() < end) usleep(10000);
+}
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static int serve(srv_opts *o, sigs *sg) {
+    tl_error err = {0};
+    srv_app app;
+    memset(&app, 0, sizeof app);
+    app.o = o;
+    atomic_init(&app.phase, SRV_PHASE_LOADING);
+    atomic_init(&app.busy, 0);
+    if (!(app.mx = srv_metrics_new())) {
+        cli_error("out of memory");
+        return 1;
+    }
+    srv_http *h = NULL;
+    if (srv_http_start(&app, &h, &err)) {
+        cli_tl_error(&err);
+        srv_metrics_free(app.mx);
+        return 1;
+    }
+    fprintf(stderr, "tokenloop serve: listening on http://%s:%d, loading %s\n", o->host, o->port,
+            o->model_path);
+    tl_model *m = NULL;
+    int rc = 1;
+    if (tl_model_load(o->model_path, &m, &err)) {
+        cli_error("%s: %s", o->model_path, err.msg);
+    } else if (srv_sched_new(m, o, app.mx, &app.sched, &err)) {
+        cli_tl_error(&err);
+    } else {
+        app.m = m;
+        app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024};
+        atomic_store(&app.phase, SRV_PHASE_READY);
+        fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",
+                o->model_id, o->n_parallel, app.api.n_ctx);
+        wait_signal(sg);
+        drain(&app);
+        rc = 0;
+    }
+    /* Whatever still runs gets an error event, so no reader waits forever. */
+    if (app.sched) srv_sched_free(app.sched);
+    double end = now_s() + 1;
+    while (atomic_load(&app.busy) > 0 && now_s() < end) usleep(10000);
+    srv_http_stop(h);
+    srv_metrics_free(app.mx);
+    tl_model_free(m);
+    return rc;
+}
+
+int cmd_serve(int argc, char **argv) {
+    char buf[4096];
+    srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_queue = 64,
+                  .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30,
+                  .max_body = (size_t)8 << 20};
+    int pr = parse_serve(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : EXIT_USAGE;
+    if (!o.model_path) o.model_path = cli_default_model(buf, sizeof buf);
+    o.model_id = base_name(o.model_path);
+    sigs sg = {.count = 0};
+    sigemptyset(&sg.set);
+    sigaddset(&sg.set, SIGTERM);
+    sigaddset(&sg.set, SIGINT);
+    /* Blocked before any thread starts, so only sig_thread ever sees them. */
+    pthread_sigmask(SIG_BLOCK, &sg.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_mutex_init(&sg.mu, NULL);
+    pthread_cond_init(&sg.cv, NULL);
+    pthread_t st;
+    if (pthread_create(&st, NULL, sig_thread, &sg)) {
+        cli_error("cannot start the signal thread");
+        return 1;
+    }
+    pthread_detach(st);
+    return serve(&o, &sg);
+}

@@ -1,0 +1,75 @@
+/* server/api: the OpenAI-compatible wire format. Parses and validates request
+ * bodies (jansson) into srv_req, and renders every reply: completions, stream
+ * chunks, usage, logprobs, errors, /v1/models, /tokenize and /detokenize. */
+#ifndef TL_SERVER_API_H
+#define TL_SERVER_API_H
+
+#include <stddef.h>
+
+#include "server.h"
+
+/* What a rejected request answers: HTTP status and the OpenAI error fields. */
+typedef struct api_err {
+    int http;
+    const char *type;   /* "invalid_request_error", ... (static) */
+    char param[64];     /* "" = null */
+    char code[48];      /* "" = null */
+    char msg[384];
+} api_err;
+
+/* Fills e and returns -1 (for `return api_fail(...)`). */
+int api_fail(api_err *e, int http, const char *type, const char *param, const char *code,
+             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* What the API needs from the server: the model, its id and the context. */
+typedef struct api_ctx {
+    const tl_model *m;
+    const char *model_id;
+    int n_ctx;          /* positions per sequence */
+    int max_messages;   /* 1024 */
+} api_ctx;
+
+/* Nesting depth of a JSON text ([ and { outside strings). */
+int api_json_depth(const char *s, size_t n);
+
+/* Parses and validates a /v1/chat/completions or /v1/completions body into r
+ * (fresh from srv_req_new): sampling, stop, logprobs and the tokenized
+ * prompt. 0, or -1 with e filled (a 4xx). */
+int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t len, srv_req *r,
+                      api_err *e);
+
+/* Bytes -> valid UTF-8 (each bad sequence becomes U+FFFD). malloc'ed, NUL-terminated. */
+char *api_utf8_fix(const char *s, size_t n, size_t *out_len);
+
+/* The error body {"error":{message,type,param,code}}; malloc'ed. */
+char *api_error_json(const api_err *e, size_t *len);
+
+/* The whole non-streamed reply from r's events (r->finished). malloc'ed. */
+char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len);
+
+/* A growable byte buffer for stream frames. */
+typedef struct api_buf {
+    char *p;
+    size_t n, cap;
+} api_buf;
+int api_buf_add(api_buf *b, const char *s, size_t n);
+void api_buf_free(api_buf *b);
+
+/* Stream state across events of one request. */
+typedef struct api_stream {
+    int started;      /* first frame (chat role delta, echo) sent */
+    int ended;        /* [DONE] written */
+    size_t text_off;  /* legacy text_offset so far (code points) */
+} api_stream;
+
+/* Appends the SSE frames ("data: {json}\n\n") that event ev of r produces,
+ * and the final "data: [DONE]\n\n" after DONE or ERROR. 0 or -1 (no memory). */
+int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const srv_event *ev,
+                     api_buf *out);
+
+char *api_models_json(const api_ctx *a, size_t *len);
+/* /tokenize and /detokenize: reply body, or NULL with e filled. */
+char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);
+char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);
+
+#endif

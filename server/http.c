@@ -1,0 +1,437 @@
+/* server/http: libmicrohttpd daemon (thread per connection, poll()), routing,
+ * bearer auth in constant time, body limits, and the waits: a non-streamed
+ * reply blocks its connection thread until the request finishes; a stream is
+ * a blocking content reader that writes SSE frames as events arrive. Both
+ * poll the request's eventfd together with the socket, so a client that
+ * leaves cancels its request. Owns the MHD daemon and per-connection state. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "http.h"
+
+struct srv_http {
+    struct MHD_Daemon *d;
+    srv_app *app;
+};
+
+enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK };
+
+static const struct {
+    const char *path, *method;
+    enum route r;
+    int auth, post;
+} ROUTES[] = {
+    {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
+    {"/v1/completions", "POST", R_COMPL, 1, 1},
+    {"/v1/models", "GET", R_MODELS, 1, 0},
+    {"/health", "GET", R_HEALTH, 0, 0},
+    {"/ready", "GET", R_READY, 0, 0},
+    {"/metrics", "GET", R_METRICS, 0, 0},
+    {"/tokenize", "POST", R_TOKENIZE, 1, 1},
+    {"/detokenize", "POST", R_DETOK, 1, 1},
+};
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+
+/* Per-request state (MHD's con_cls). */
+typedef struct conn {
+    int ri;            /* index into ROUTES */
+    char *body;
+    size_t n, cap, seen;
+    int too_big;
+    srv_req *req;      /* the HTTP side's reference */
+    int counted;       /* in app->busy */
+} conn;
+
+/* A stream's reader state; holds its own reference on the request. */
+typedef struct stream {
+    srv_app *app;
+    srv_req *r;
+    int fd;
+    api_stream st;
+    api_buf out;
+    size_t off;
+} stream;
+
+static const char *endpoint(int ri) { return ri >= 0 ? ROUTES[ri].path : "other"; }
+
+/* ---- replies ---------------------------------------------------------------- */
+
+/* body is malloc'ed and handed to MHD (NULL: a fixed out-of-memory error). */
+static enum MHD_Result reply(srv_app *app, struct MHD_Connection *c, int ri, unsigned code,
+                             const char *ctype, char *body, size_t n) {
+    static const char OOM[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":null}}";
+    struct MHD_Response *rsp =
+        body ? MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(sizeof OOM - 1, (void *)OOM, MHD_RESPMEM_PERSISTENT);
+    if (!rsp) {
+        free(body);
+        return MHD_NO;
+    }
+    if (!body) code = MHD_HTTP_INTERNAL_SERVER_ERROR, ctype = "application/json";
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (code == MHD_HTTP_SERVICE_UNAVAILABLE) MHD_add_response_header(rsp, "Retry-After", "1");
+    if (code == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(rsp, "WWW-Authenticate", "Bearer");
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED && ri >= 0)
+        MHD_add_response_header(rsp, "Allow", ROUTES[ri].method);
+    enum MHD_Result ret = MHD_queue_response(c, code, rsp);
+    MHD_destroy_response(rsp);
+    if (app->mx) srv_metrics_request(app->mx, endpoint(ri), (int)code);
+    return ret;
+}
+
+static enum MHD_Result reply_json(srv_app *app, struct MHD_Connection *c, int ri, unsigned code,
+                                  char *body, size_t n) {
+    return reply(app, c, ri, code, "application/json", body, n);
+}
+
+static enum MHD_Result reply_err(srv_app *app, struct MHD_Connection *c, int ri, const api_err *e) {
+    size_t n = 0;
+    char *s = api_error_json(e, &n);
+    return reply_json(app, c, ri, (unsigned)e->http, s, n);
+}
+
+static enum MHD_Result fail(srv_app *app, struct MHD_Connection *c, int ri, int code,
+                            const char *type, const char *msg) {
+    api_err e;
+    api_fail(&e, code, type, NULL, NULL, "%s", msg);
+    return reply_err(app, c, ri, &e);
+}
+
+static enum MHD_Result reply_str(srv_app *app, struct MHD_Connection *c, int ri, unsigned code,
+                                 const char *s) {
+    return reply_json(app, c, ri, code, strdup(s), strlen(s));
+}
+
+/* ---- auth ---------------------------------------------------------------------- */
+
+/* Constant time in the key's content: every byte of the longer string is
+ * visited and the lengths are folded into the difference. */
+static int key_ok(const char *hdr, const char *key) {
+    if (!hdr || strncasecmp(hdr, "Bearer ", 7)) return 0;
+    const char *g = hdr + 7;
+    size_t gl = strlen(g), kl = strlen(key), n = gl > kl ? gl : kl, d = gl ^ kl;
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)(i < gl ? g[i] : 0) ^ (unsigned char)(i < kl ? key[i] : 0);
+    return d == 0;
+}
+
+/* ---- waiting on a request ------------------------------------------------------ */
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* 1: the eventfd fired, 0: timeout, -1: the client left. */
+static int wait_events(srv_req *r, int fd, int ms) {
+    struct pollfd p[2] = {{r->efd, POLLIN, 0}, {fd, POLLRDHUP, 0}};
+    int n = poll(p, fd >= 0 ? 2 : 1, ms);
+    if (n > 0 && fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return -1;
+    if (n > 0 && (p[0].revents & POLLIN)) {
+        uint64_t v;
+        ssize_t k = read(r->efd, &v, sizeof v);
+        (void)k;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- streams -------------------------------------------------------------------- */
+
+/* Formats the events not yet taken into s->out. */
+static int stream_take(stream *s) {
+    srv_event evs[32];
+    int n = 0;
+    pthread_mutex_lock(&s->r->mu);
+    while (n < 32 && s->r->n_taken < s->r->n_ev) evs[n++] = s->r->ev[s->r->n_taken++];
+    pthread_mutex_unlock(&s->r->mu);
+    /* Event texts stay owned by the request, which this stream holds a reference on. */
+    for (int i = 0; i < n; i++)
+        if (api_stream_event(&s->app->api, s->r, &s->st, &evs[i], &s->out)) return -1;
+    return n;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *s = cls;
+    for (;;) {
+        if (s->off < s->out.n) {
+            size_t k = s->out.n - s->off < max ? s->out.n - s->off : max;
+            memcpy(buf, s->out.p + s->off, k);
+            s->off += k;
+            if (s->off == s->out.n) s->off = s->out.n = 0;
+            return (ssize_t)k;
+        }
+        if (s->st.ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        int got = stream_take(s);
+        if (got < 0) break;
+        if (got > 0) continue;
+        int w = wait_events(s->r, s->fd, 1000);
+        if (w < 0) break;
+        /* openai's SSE decoder skips comment lines: keeps proxies and clients from timing out. */
+        if (w == 0 && api_buf_add(&s->out, ": keep-alive\n\n", 14)) break;
+    }
+    atomic_store(&s->r->cancelled, 1);
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void stream_free(void *cls) {
+    stream *s = cls;
+    if (!s->st.ended) atomic_store(&s->r->cancelled, 1);
+    srv_req_release(s->r);
+    api_buf_free(&s->out);
+    free(s);
+}
+
+static enum MHD_Result start_stream(srv_app *app, struct MHD_Connection *c, conn *k) {
+    stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        atomic_store(&k->req->cancelled, 1);
+        return reply_json(app, c, k->ri, 500, NULL, 0);
+    }
+    s->app = app;
+    s->r = k->req;
+    s->fd = conn_fd(c);
+    atomic_fetch_add(&s->r->refs, 1);
+    struct MHD_Response *rsp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+    if (!rsp) {
+        stream_free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, rsp);
+    MHD_destroy_response(rsp);
+    if (app->mx) srv_metrics_request(app->mx, endpoint(k->ri), 200);
+    return ret;
+}
+
+/* ---- completions ------------------------------------------------------------------ */
+
+static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *k) {
+    srv_req *r = k->req;
+    int fd = conn_fd(c);
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        int fin = r->finished;
+        pthread_mutex_unlock(&r->mu);
+        if (fin) break;
+        if (wait_events(r, fd, 1000) < 0) {
+            atomic_store(&r->cancelled, 1);
+            return MHD_NO;
+        }
+    }
+    const srv_event *last = r->n_ev ? &r->ev[r->n_ev - 1] : NULL;
+    if (!last || last->kind == SRV_EV_ERROR)
+        return fail(app, c, k->ri, 503, "unavailable_error",
+                    last && last->text && last->text[0] ? last->text : "the request failed");
+    size_t n = 0;
+    char *s = api_reply_json(&app->api, r, &n);
+    return reply_json(app, c, k->ri, 200, s, n);
+}
+
+static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *k) {
+    api_err e;
+    if (!(k->req = srv_req_new())) return reply_json(app, c, k->ri, 500, NULL, 0);
+    srv_kind kind = ROUTES[k->ri].r == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (api_parse_request(&app->api, kind, k->body ? k->body : "", k->n, k->req, &e))
+        return reply_err(app, c, k->ri, &e);
+    switch (srv_sched_submit(app->sched, k->req)) {
+    case SRV_OK:
+        break;
+    case SRV_QUEUE_FULL:
+        return fail(app, c, k->ri, 503, "unavailable_error", "the server is busy: too many requests waiting");
+    case SRV_DRAINING:
+        return fail(app, c, k->ri, 503, "unavailable_error", "the server is shutting down");
+    case SRV_TOO_LONG:
+        api_fail(&e, 400, "invalid_request_error", kind == SRV_CHAT ? "messages" : "prompt",
+                 "context_length_exceeded", "the prompt and max_tokens exceed the context of %d tokens",
+                 srv_sched_n_ctx(app->sched));
+        return reply_err(app, c, k->ri, &e);
+    default:
+        return fail(app, c, k->ri, 503, "unavailable_error", "the request could not be queued");
+    }
+    atomic_fetch_add(&app->busy, 1);
+    k->counted = 1;
+    return k->req->stream ? start_stream(app, c, k) : wait_reply(app, c, k);
+}
+
+/* ---- routing ------------------------------------------------------------------------ */
+
+static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, int ri) {
+    int phase = atomic_load(&app->phase);
+    switch (ROUTES[ri].r) {
+    case R_HEALTH:
+        return reply_str(app, c, ri, 200, "{\"status\":\"ok\"}");
+    case R_READY:
+        if (phase == SRV_PHASE_READY) return reply_str(app, c, ri, 200, "{\"status\":\"ready\"}");
+        return reply_str(app, c, ri, 503, phase == SRV_PHASE_LOADING ? "{\"status\":\"loading\"}"
+                                                                    : "{\"status\":\"draining\"}");
+    case R_METRICS: {
+        char *s = NULL;
+        size_t n = 0;
+        if (srv_metrics_render(app->mx, app->o->model_id, &s, &n)) return reply_json(app, c, ri, 500, NULL, 0);
+        return reply(app, c, ri, 200, "text/plain; version=0.0.4; charset=utf-8", s, n);
+    }
+    default: { /* R_MODELS */
+        size_t n = 0;
+        char *s = api_models_json(&app->api, &n);
+        return reply_json(app, c, ri, 200, s, n);
+    }
+    }
+}
+
+static enum MHD_Result body_done(srv_app *app, struct MHD_Connection *c, conn *k) {
+    if (k->too_big) {
+        char m[96];
+        snprintf(m, sizeof m, "the request body is larger than %zu bytes", app->o->max_body);
+        return fail(app, c, k->ri, 413, "invalid_request_error", m);
+    }
+    enum route r = ROUTES[k->ri].r;
+    if (r == R_CHAT || r == R_COMPL) return completion(app, c, k);
+    api_err e;
+    size_t n = 0;
+    const char *b = k->body ? k->body : "";
+    char *s = r == R_TOKENIZE ? api_tokenize(&app->api, b, k->n, &n, &e)
+                              : api_detokenize(&app->api, b, k->n, &n, &e);
+    return s ? reply_json(app, c, k->ri, 200, s, n) : reply_err(app, c, k->ri, &e);
+}
+
+static int body_add(srv_app *app, conn *k, const char *data, size_t n) {
+    k->seen += n;
+    if (k->seen > app->o->max_body) {
+        k->too_big = 1;
+        return k->seen > 4 * app->o->max_body ? -1 : 0; /* past 4x: stop reading, close */
+    }
+    if (k->n + n + 1 > k->cap) {
+        size_t nc = (k->n + n + 1) * 2;
+        if (nc > app->o->max_body + 1) nc = app->o->max_body + 1;
+        char *nb = realloc(k->body, nc);
+        if (!nb) return -1;
+        k->body = nb;
+        k->cap = nc;
+    }
+    memcpy(k->body + k->n, data, n);
+    k->n += n;
+    k->body[k->n] = 0;
+    return 0;
+}
+
+/* First call for a request: everything decided from the headers alone. */
+static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const char *url,
+                                  const char *method, void **con_cls) {
+    int ri = -1;
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (!strcmp(url, ROUTES[i].path)) ri = (int)i;
+    if (ri < 0) return fail(app, c, -1, 404, "not_found_error", "no such endpoint");
+    if (strcmp(method, ROUTES[ri].method))
+        return fail(app, c, ri, 405, "invalid_request_error", "method not allowed");
+    if (ROUTES[ri].auth && app->o->api_key &&
+        !key_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                app->o->api_key))
+        return fail(app, c, ri, 401, "authentication_error", "invalid or missing API key");
+    int phase = atomic_load(&app->phase);
+    enum route r = ROUTES[ri].r;
+    if (phase == SRV_PHASE_LOADING && r != R_HEALTH && r != R_READY && r != R_METRICS)
+        return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
+    if (phase == SRV_PHASE_DRAINING && (r == R_CHAT || r == R_COMPL))
+        return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
+    if (!ROUTES[ri].post) return simple_get(app, c, ri);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > app->o->max_body) {
+        char m[96];
+        snprintf(m, sizeof m, "the request body is larger than %zu bytes", app->o->max_body);
+        return fail(app, c, ri, 413, "invalid_request_error", m);
+    }
+    conn *k = calloc(1, sizeof *k);
+    if (!k) return MHD_NO;
+    k->ri = ri;
+    *con_cls = k;
+    return MHD_YES;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls) {
+    srv_app *app = cls;
+    conn *k = *con_cls;
+    if (!k) return first_call(app, c, url, method, con_cls);
+    if (*upload_size) {
+        int rc = body_add(app, k, upload, *upload_size);
+        *upload_size = 0;
+        return rc ? MHD_NO : MHD_YES;
+    }
+    return body_done(app, c, k);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    srv_app *app = cls;
+    conn *k = *con_cls;
+    if (!k) return;
+    if (k->req) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) atomic_store(&k->req->cancelled, 1);
+        srv_req_release(k->req);
+    }
+    if (k->counted) atomic_fetch_sub(&app->busy, 1);
+    free(k->body);
+    free(k);
+    *con_cls = NULL;
+}
+
+/* ---- the daemon ------------------------------------------------------------------ */
+
+int srv_http_start(srv_app *app, srv_http **out, tl_error *err) {
+    *out = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", app->o->port);
+    int gai = getaddrinfo(app->o->host, port, &hints, &ai);
+    if (gai || !ai) {
+        snprintf(err->msg, sizeof err->msg, "cannot resolve host '%s': %s", app->o->host, gai_strerror(gai));
+        err->status = TL_ERR_ARG;
+        return TL_ERR_ARG;
+    }
+    srv_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        freeaddrinfo(ai);
+        err->status = TL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return TL_ERR_NOMEM;
+    }
+    h->app = app;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    h->d = MHD_start_daemon(flags, (uint16_t)app->o->port, NULL, NULL, handler, app,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, completed,
+                            app, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!h->d) {
+        free(h);
+        err->status = TL_ERR_IO;
+        snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d (in use?)", app->o->host,
+                 app->o->port);
+        return TL_ERR_IO;
+    }
+    *out = h;
+    return TL_OK;
+}
+
+void srv_http_stop(srv_http *h) {
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}

@@ -1,0 +1,652 @@
+/* sched: the scheduler thread. It owns the tl_ctx (weights, paged KV, prefix
+ * cache), admits queued requests into sequences, and runs every live sequence
+ * in one tl_ctx_decode per step (decode tokens first, then chunked prefill),
+ * turning each kept logits row into events on its request. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server.h"
+
+/* Logits rows one step may keep (tl_ctx_params.n_logits_max): bounds the
+ * memory of echo-with-logprobs prefill. */
+#define SCHED_MAX_ROWS 64
+/* How long an idle scheduler sleeps before looking for cancellations. */
+#define SCHED_IDLE_NS 50000000L
+#define PIECE_CAP 256
+
+typedef struct slot {
+    srv_req *r;
+    int seq;
+    tl_sampler *smp;
+    tl_gen *gen;
+    int n_fed;          /* prompt tokens in the sequence (reused ones included) */
+    int prompt_lp;      /* echo with logprobs: a row for every prompt token */
+    int need_blocks;    /* blocks the sequence may hold at its longest */
+    int32_t pending;    /* sampled token still to be fed (-1: none) */
+    int n_gen;
+    double t_last;      /* when the last token was sampled (inter-token latency) */
+    uint64_t order;     /* admission order: prefill goes oldest first */
+} slot;
+
+/* What a kept logits row is for. */
+typedef struct row_use {
+    int slot;
+    int pos; /* prompt position of the token whose logits these are */
+} row_use;
+
+struct srv_sched {
+    const tl_model *m;
+    srv_metrics *mx;
+    tl_ctx *ctx;
+    int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows;
+
+    pthread_t th;
+    int th_started;
+    pthread_mutex_t mu; /* guards everything below up to the slots */
+    pthread_cond_t cv;
+    int stop, draining;
+    srv_req **wait; /* FIFO ring */
+    int w_head, w_len, w_cap;
+    int n_running;
+
+    /* scheduler thread only */
+    slot *slots;
+    uint64_t next_order;
+    int32_t *b_tok, *b_seq;
+    uint8_t *b_lg;
+    row_use *rows;
+    int *order_idx;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int blocks_for(int positions) {
+    return (positions + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+}
+
+/* ---- events ------------------------------------------------------------------ */
+
+static char *dup_text(const char *p, size_t n) {
+    char *t = malloc(n + 1);
+    if (!t) return NULL;
+    if (n) memcpy(t, p, n);
+    t[n] = 0;
+    return t;
+}
+
+/* srv_req_push marks the request finished even when it runs out of memory
+ * for a final event, so the reader always learns the outcome. */
+static void push_event(srv_req *r, srv_event *ev) {
+    (void)srv_req_push(r, ev);
+}
+
+static void push_error(srv_req *r, const char *msg) {
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_ERROR;
+    ev.text = dup_text(msg, strlen(msg));
+    ev.text_len = ev.text ? strlen(msg) : 0;
+    push_event(r, &ev);
+}
+
+/* ---- slots -------------------------------------------------------------------- */
+
+static void slot_clear(srv_sched *s, slot *sl) {
+    if (sl->seq > 0) tl_seq_close(s->ctx, sl->seq);
+    tl_sampler_free(sl->smp);
+    tl_gen_free(sl->gen);
+    srv_req *r = sl->r;
+    memset(sl, 0, sizeof *sl);
+    sl->pending = -1;
+    if (r) {
+        srv_req_release(r);
+        pthread_mutex_lock(&s->mu);
+        s->n_running--;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void slot_fail(srv_sched *s, slot *sl, const char *msg) {
+    push_error(sl->r, msg);
+    slot_clear(s, sl);
+}
+
+static void slot_done(srv_sched *s, slot *sl, int reason) {
+    srv_req *r = sl->r;
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_DONE;
+    const char *tail = "";
+    size_t n = 0;
+    if (sl->gen && reason != TL_STOP_STRING) n = tl_gen_flush(sl->gen, &tail);
+    ev.text = dup_text(tail, n);
+    ev.text_len = ev.text ? n : 0;
+    ev.finish_reason = (reason == TL_STOP_EOG || reason == TL_STOP_STRING) ? "stop" : "length";
+    r->prompt_tokens = r->n_prompt;
+    r->completion_tokens = sl->n_gen;
+    srv_metrics_tokens(s->mx, r->n_prompt, sl->n_gen, r->cached_tokens);
+    push_event(r, &ev);
+    slot_clear(s, sl);
+}
+
+/* Blocks the running sequences may still take before they end. */
+static int blocks_reserved(srv_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->r) continue;
+        int held = blocks_for(tl_seq_len(s->ctx, sl->seq));
+        if (sl->need_blocks > held) n += sl->need_blocks - held;
+    }
+    return n;
+}
+
+static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
+    int rc = tl_sampler_new(&r->sp, s->n_vocab, &sl->smp, err);
+    if (rc) return rc;
+    tl_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.n_predict = r->max_tokens;
+    gp.stop = (const char *const *)r->stop;
+    gp.n_stop = r->n_stop;
+    gp.n_top = r->top_logprobs;
+    return tl_gen_new(s->m, &gp, &sl->gen, err);
+}
+
+static void emit_first_prompt_token(srv_sched *s, srv_req *r) {
+    char piece[PIECE_CAP];
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_PROMPT;
+    ev.token = r->prompt[0];
+    size_t n = tl_token_piece(s->m, r->prompt[0], 1, piece, sizeof piece);
+    if (n > sizeof piece) n = sizeof piece;
+    ev.text = dup_text(piece, n);
+    ev.text_len = ev.text ? n : 0;
+    push_event(r, &ev);
+}
+
+/* Tries to start the request at the queue's head in a free slot. Returns 1 if
+ * admitted (or failed and answered), 0 if it must wait for KV blocks. */
+static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
+    tl_error err = {0};
+    int seq = 0;
+    if (tl_seq_open(s->ctx, &seq, &err) != 0) return 0;
+    int prompt_lp = r->echo && r->logprobs;
+    size_t max_reuse = prompt_lp ? 0 : (size_t)(r->n_prompt - 1);
+    int reused = tl_seq_reuse_prefix(s->ctx, seq, r->prompt, (size_t)r->n_prompt, max_reuse);
+    if (reused < 0) reused = 0;
+    int target = r->max_tokens < 0 ? s->n_ctx : r->n_prompt + r->max_tokens;
+    if (target > s->n_ctx) target = s->n_ctx;
+    int need = blocks_for(target);
+    tl_kv_stats kv;
+    tl_ctx_kv_stats(s->ctx, &kv);
+    int have = kv.n_free - blocks_reserved(s);
+    if (need - reused / TL_KV_BLOCK > have) {
+        tl_seq_close(s->ctx, seq);
+        /* With nothing else running the blocks will never come: say so. */
+        if (s->n_running > 0) return 0;
+        push_error(r, "the request needs more KV cache than --kv-mem provides");
+        srv_req_release(r);
+        return 1;
+    }
+    memset(sl, 0, sizeof *sl);
+    sl->r = r;
+    sl->seq = seq;
+    sl->pending = -1;
+    sl->n_fed = reused;
+    sl->prompt_lp = prompt_lp;
+    sl->need_blocks = need;
+    sl->order = s->next_order++;
+    r->cached_tokens = reused;
+    pthread_mutex_lock(&s->mu);
+    s->n_running++;
+    pthread_mutex_unlock(&s->mu);
+    if (slot_setup(s, sl, r, &err) != 0) {
+        slot_fail(s, sl, err.msg[0] ? err.msg : "could not set up sampling");
+        return 1;
+    }
+    if (prompt_lp) emit_first_prompt_token(s, r);
+    return 1;
+}
+
+static srv_req *queue_pop(srv_sched *s) {
+    srv_req *r = s->wait[s->w_head];
+    s->w_head = (s->w_head + 1) % s->w_cap;
+    s->w_len--;
+    return r;
+}
+
+/* Cancelled waiting requests leave the queue; the rest keep their order. */
+static void drop_cancelled_waiting(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->w_len;
+    for (int i = 0; i < n; i++) {
+        srv_req *r = queue_pop(s);
+        if (atomic_load(&r->cancelled)) {
+            push_error(r, "cancelled");
+            srv_req_release(r);
+        } else {
+            s->wait[(s->w_head + s->w_len) % s->w_cap] = r;
+            s->w_len++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void admit(srv_sched *s) {
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->r) continue;
+        /* Only this thread pops, so the head stays put while admit_one runs;
+         * it leaves the queue only once started or answered (FIFO: nobody
+         * overtakes a request that waits for blocks). */
+        pthread_mutex_lock(&s->mu);
+        srv_req *r = s->w_len ? s->wait[s->w_head] : NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (!r || !admit_one(s, sl, r)) return;
+        pthread_mutex_lock(&s->mu);
+        (void)queue_pop(s);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* ---- one step ------------------------------------------------------------------ */
+
+static void batch_add(srv_sched *s, int *n, int32_t tok, int seq, int keep, int *n_rows, int si,
+                      int pos) {
+    s->b_tok[*n] = tok;
+    s->b_seq[*n] = seq;
+    s->b_lg[*n] = (uint8_t)(keep != 0);
+    if (keep) {
+        s->rows[*n_rows].slot = si;
+        s->rows[*n_rows].pos = pos;
+        (*n_rows)++;
+    }
+    (*n)++;
+}
+
+/* Slots still prefilling, oldest first. */
+static int prefill_order(srv_sched *s, int *idx) {
+    int k = 0;
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->r || sl->n_fed >= sl->r->n_prompt) continue;
+        int j = k++;
+        while (j > 0 && s->slots[idx[j - 1]].order > sl->order) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+    return k;
+}
+
+static int build_batch(srv_sched *s, int *n_rows_out) {
+    int n = 0, n_rows = 0;
+    /* Only a -c smaller than -np makes the call too small for every decode
+     * token; the rest then wait a step. */
+    for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->r && sl->pending >= 0)
+            batch_add(s, &n, sl->pending, sl->seq, 1, &n_rows, i, -1);
+    }
+    int budget = s->chunk < s->n_batch - n ? s->chunk : s->n_batch - n;
+    int *idx = s->order_idx;
+    int k = prefill_order(s, idx);
+    for (int q = 0; q < k && budget > 0; q++) {
+        slot *sl = &s->slots[idx[q]];
+        srv_req *r = sl->r;
+        int take = r->n_prompt - sl->n_fed;
+        if (take > budget) take = budget;
+        if (sl->prompt_lp) {
+            int room = s->max_rows - n_rows;
+            if (take > room) take = room;
+        } else if (sl->n_fed + take == r->n_prompt && n_rows >= s->max_rows) {
+            take--; /* the last token needs a row: leave it for the next step */
+        }
+        for (int t = 0; t < take; t++) {
+            int pos = sl->n_fed + t;
+            int keep = sl->prompt_lp || pos == r->n_prompt - 1;
+            batch_add(s, &n, r->prompt[pos], sl->seq, keep, &n_rows, idx[q], pos);
+        }
+        budget -= take;
+    }
+    *n_rows_out = n_rows;
+    return n;
+}
+
+/* A prompt row of an echo request: the entry of the next prompt token. */
+static void emit_prompt_row(srv_sched *s, slot *sl, const float *lg, int pos) {
+    srv_req *r = sl->r;
+    int32_t tok = r->prompt[pos + 1];
+    char piece[PIECE_CAP];
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_PROMPT;
+    ev.token = tok;
+    ev.has_logprob = 1;
+    ev.n_top = tl_sampler_report(sl->smp, lg, tok, &ev.chosen, ev.top, r->top_logprobs);
+    size_t n = tl_token_piece(s->m, tok, 1, piece, sizeof piece);
+    if (n > sizeof piece) n = sizeof piece;
+    ev.text = dup_text(piece, n);
+    ev.text_len = ev.text ? n : 0;
+    push_event(r, &ev);
+}
+
+/* Samples the next token from a row; finishes the request if it stops. */
+static void sample_row(srv_sched *s, slot *sl, const float *lg) {
+    srv_req *r = sl->r;
+    if (r->max_tokens == 0) {
+        slot_done(s, sl, TL_STOP_LENGTH);
+        return;
+    }
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_TOKEN;
+    int n_top = r->logprobs ? r->top_logprobs : 0;
+    int32_t tok = tl_sampler_sample(sl->smp, lg, &ev.chosen, r->logprobs ? ev.top : NULL, n_top);
+    if (tok < 0 || tok >= s->n_vocab) {
+        slot_fail(s, sl, "sampling failed");
+        return;
+    }
+    tl_sampler_accept(sl->smp, tok);
+    ev.n_top = n_top < s->n_vocab ? n_top : s->n_vocab;
+    ev.token = tok;
+    sl->n_gen++;
+    double t = now_s();
+    if (sl->n_gen == 1) srv_metrics_ttft(s->mx, t - r->t_arrival);
+    else srv_metrics_itl(s->mx, t - sl->t_last);
+    sl->t_last = t;
+    tl_gen_event ge;
+    memset(&ge, 0, sizeof ge);
+    int stop = tl_gen_push(sl->gen, tok, &ev.chosen, ev.top, ev.n_top, &ge);
+    ev.text = dup_text(ge.text ? ge.text : "", ge.text ? ge.text_len : 0);
+    ev.text_len = ev.text && ge.text ? ge.text_len : 0;
+    push_event(r, &ev);
+    /* Prompt + completion never exceed -c (as with an explicit max_tokens,
+     * which submit bounds the same way): the sampled token would take the
+     * last position. */
+    if (stop == TL_STOP_NONE && tl_seq_len(s->ctx, sl->seq) + 1 >= s->n_ctx) stop = TL_STOP_CONTEXT;
+    if (stop != TL_STOP_NONE) slot_done(s, sl, stop);
+    else sl->pending = tok;
+}
+
+static void fail_batch(srv_sched *s, int n, const char *msg) {
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->r) continue;
+        for (int t = 0; t < n; t++) {
+            if (s->b_seq[t] == sl->seq) {
+                slot_fail(s, sl, msg);
+                break;
+            }
+        }
+    }
+}
+
+static void run_batch(srv_sched *s, int n, int n_rows) {
+    tl_batch b = {n, s->b_tok, s->b_seq, s->b_lg};
+    tl_error err = {0};
+    if (tl_ctx_decode(s->ctx, &b, &err) != 0) {
+        fail_batch(s, n, err.msg[0] ? err.msg : "decode failed");
+        return;
+    }
+    /* Advance first, so sample_row sees the sequence's true length. */
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < s->np; i++) {
+            slot *sl = &s->slots[i];
+            if (sl->r && sl->seq == s->b_seq[t]) {
+                if (sl->pending >= 0) sl->pending = -1;
+                else sl->n_fed++;
+                break;
+            }
+        }
+    }
+    for (int k = 0; k < n_rows; k++) {
+        slot *sl = &s->slots[s->rows[k].slot];
+        if (!sl->r) continue; /* finished by an earlier row */
+        const float *lg = tl_ctx_batch_logits(s->ctx, k);
+        if (!lg) {
+            slot_fail(s, sl, "missing logits row");
+            continue;
+        }
+        int pos = s->rows[k].pos;
+        if (pos >= 0 && pos < sl->r->n_prompt - 1) emit_prompt_row(s, sl, lg, pos);
+        else sample_row(s, sl, lg);
+    }
+}
+
+static void drop_cancelled_running(srv_sched *s) {
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->r && atomic_load(&sl->r->cancelled)) slot_fail(s, sl, "cancelled");
+    }
+}
+
+static void publish_state(srv_sched *s) {
+    tl_kv_stats kv;
+    tl_ctx_kv_stats(s->ctx, &kv);
+    pthread_mutex_lock(&s->mu);
+    int w = s->w_len, run = s->n_running;
+    pthread_mutex_unlock(&s->mu);
+    srv_metrics_state(s->mx, w, run, &kv);
+}
+
+static void idle_wait(srv_sched *s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += SCHED_IDLE_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (!s->stop && s->w_len == 0) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void shutdown_all(srv_sched *s) {
+    for (int i = 0; i < s->np; i++)
+        if (s->slots[i].r) slot_fail(s, &s->slots[i], "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    while (s->w_len) {
+        srv_req *r = queue_pop(s);
+        push_error(r, "the server is shutting down");
+        srv_req_release(r);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *sched_main(void *arg) {
+    srv_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        drop_cancelled_running(s);
+        drop_cancelled_waiting(s);
+        admit(s);
+        int n_rows = 0;
+        int n = build_batch(s, &n_rows);
+        if (n > 0) run_batch(s, n, n_rows);
+        publish_state(s);
+        if (n == 0) idle_wait(s);
+    }
+    shutdown_all(s);
+    publish_state(s);
+    return NULL;
+}
+
+/* ---- public ---------------------------------------------------------------------- */
+
+static int sched_alloc(srv_sched *s, tl_error *err) {
+    size_t nb = (size_t)s->n_batch;
+    s->slots = calloc((size_t)s->np, sizeof *s->slots);
+    s->wait = calloc((size_t)s->w_cap, sizeof *s->wait);
+    s->b_tok = calloc(nb, sizeof *s->b_tok);
+    s->b_seq = calloc(nb, sizeof *s->b_seq);
+    s->b_lg = calloc(nb, sizeof *s->b_lg);
+    s->rows = calloc(nb, sizeof *s->rows);
+    s->order_idx = calloc((size_t)s->np, sizeof *s->order_idx);
+    if (!s->order_idx || !s->slots || !s->wait || !s->b_tok || !s->b_seq || !s->b_lg || !s->rows) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        err->status = TL_ERR_NOMEM;
+        return TL_ERR_NOMEM;
+    }
+    for (int i = 0; i < s->np; i++) s->slots[i].pending = -1;
+    return 0;
+}
+
+static void sched_release_mem(srv_sched *s) {
+    free(s->slots);
+    free(s->wait);
+    free(s->b_tok);
+    free(s->b_seq);
+    free(s->b_lg);
+    free(s->rows);
+    free(s->order_idx);
+    tl_ctx_free(s->ctx);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+static int sched_fail(tl_error *err, int status, const char *msg) {
+    if (err) {
+        err->status = status;
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    }
+    return status;
+}
+
+/* --kv-mem, or by default 1.5 x np full sequences: every admitted request
+ * fits, and the extra half keeps prefixes cached while all slots run. The
+ * bytes of a block come from a one-block probe context. */
+static int kv_bytes_for(const tl_model *m, const srv_opts *o, size_t *out, tl_error *err) {
+    if (o->kv_mem_mib > 0) {
+        *out = (size_t)o->kv_mem_mib << 20;
+        return 0;
+    }
+    tl_ctx *probe = NULL;
+    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1};
+    int rc = tl_ctx_new(m, &pp, &probe, err);
+    if (rc) return rc;
+    tl_kv_stats kv;
+    tl_ctx_kv_stats(probe, &kv);
+    tl_ctx_free(probe);
+    int n_ctx = o->n_ctx;
+    if (n_ctx <= 0) {
+        n_ctx = tl_model_n_ctx_train(m);
+        if (n_ctx <= 0 || n_ctx > 4096) n_ctx = 4096; /* the engine's default */
+    }
+    size_t per_seq = (size_t)blocks_for(n_ctx);
+    size_t blocks = (3 * per_seq * (size_t)o->n_parallel + 1) / 2;
+    *out = blocks * kv.block_bytes;
+    return 0;
+}
+
+int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
+                  tl_error *err) {
+    tl_error scratch = {0};
+    if (!err) err = &scratch;
+    *out = NULL;
+    if (!m || !o || o->n_parallel < 1) return sched_fail(err, TL_ERR_ARG, "scheduler: bad options");
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return sched_fail(err, TL_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->m = m;
+    s->mx = mx;
+    s->np = o->n_parallel;
+    s->max_rows = s->np > SCHED_MAX_ROWS ? s->np : SCHED_MAX_ROWS;
+    /* kv_bytes 0 lets the engine size the pool for np full sequences: enough
+     * for every admitted request, and whatever they leave unused caches. */
+    /* Every running sequence's decode token should fit in one call, with room
+     * left for prefill. */
+    int nb = o->n_batch > 0 ? o->n_batch : 512;
+    if (nb < 2 * s->np) nb = 2 * s->np;
+    tl_ctx_params cp = {.n_ctx = o->n_ctx,
+                        .n_threads = o->n_threads,
+                        .n_batch = nb,
+                        .n_seq_max = s->np,
+                        .n_logits_max = s->max_rows};
+    int rc = kv_bytes_for(m, o, &cp.kv_bytes, err);
+    if (rc == 0) rc = tl_ctx_new(m, &cp, &s->ctx, err);
+    if (rc) {
+        sched_release_mem(s);
+        return rc;
+    }
+    s->n_ctx = tl_ctx_n_ctx(s->ctx);
+    /* The engine caps a call at the context length. */
+    s->n_batch = nb < s->n_ctx ? nb : s->n_ctx;
+    if (s->max_rows > s->n_batch) s->max_rows = s->n_batch;
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 256;
+    s->n_vocab = tl_model_n_vocab(m);
+    s->max_queue = o->max_queue > 0 ? o->max_queue : 64;
+    s->w_cap = s->max_queue + 1;
+    if ((rc = sched_alloc(s, err)) != 0) {
+        sched_release_mem(s);
+        return rc;
+    }
+    if (pthread_create(&s->th, NULL, sched_main, s) != 0) {
+        sched_release_mem(s);
+        return sched_fail(err, TL_ERR_NOMEM, "could not start the scheduler thread");
+    }
+    s->th_started = 1;
+    *out = s;
+    return 0;
+}
+
+int srv_sched_submit(srv_sched *s, srv_req *r) {
+    if (r->n_prompt >= s->n_ctx || r->n_prompt < 1 ||
+        r->n_prompt + (r->max_tokens > 0 ? r->max_tokens : 0) > s->n_ctx)
+        return SRV_TOO_LONG;
+    pthread_mutex_lock(&s->mu);
+    int rc = SRV_OK;
+    if (s->draining || s->stop) rc = SRV_DRAINING;
+    else if (s->w_len >= s->max_queue) rc = SRV_QUEUE_FULL;
+    else {
+        atomic_fetch_add(&r->refs, 1);
+        s->wait[(s->w_head + s->w_len) % s->w_cap] = r;
+        s->w_len++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void srv_sched_drain(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_sched_pending(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->w_len + s->n_running;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int srv_sched_n_ctx(const srv_sched *s) {
+    return s->n_ctx;
+}
+
+void srv_sched_free(srv_sched *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->th_started) pthread_join(s->th, NULL);
+    sched_release_mem(s);
+}

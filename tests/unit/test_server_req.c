@@ -1,0 +1,428 @@
+/* test_server_req: the server's request parser and reply builder (server/api.c)
+ * on the SmolLM2 tokenizer and template: every field's type and range errors,
+ * hostile JSON, the srv_req a good request becomes, and the JSON shapes of
+ * replies and stream chunks built from events. */
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api.h"
+#include "server.h"
+#include "tl_test.h"
+
+static const char *MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+static api_ctx A;
+
+/* Parses body; returns 0 or the HTTP status; *param gets the error's param. */
+static int parse(srv_kind k, const char *body, size_t len, char *param, srv_req **keep) {
+    srv_req *r = srv_req_new();
+    api_err e;
+    int rc = api_parse_request(&A, k, body, len, r, &e);
+    if (param) strcpy(param, rc ? e.param : "");
+    if (rc) CHECK(e.msg[0] && e.type, "error without message for %s", body);
+    if (!rc && keep) *keep = r;
+    else srv_req_release(r);
+    return rc ? e.http : 0;
+}
+
+#define CHAT_MSG "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]"
+
+static void bad_chat(const char *extra, const char *want_param) {
+    char body[2048], p[64];
+    snprintf(body, sizeof body, "{" CHAT_MSG ",%s}", extra);
+    int code = parse(SRV_CHAT, body, strlen(body), p, NULL);
+    CHECK(code == 400, "%s -> %d", extra, code);
+    if (want_param) CHECK(!strcmp(p, want_param), "%s: param '%s', want '%s'", extra, p, want_param);
+}
+
+static void good_chat(const char *extra) {
+    char body[2048];
+    snprintf(body, sizeof body, "{" CHAT_MSG ",%s}", extra);
+    int code = parse(SRV_CHAT, body, strlen(body), NULL, NULL);
+    CHECK(code == 0, "%s -> %d", extra, code);
+}
+
+static void bad_compl(const char *body, const char *want_param) {
+    char p[64];
+    int code = parse(SRV_COMPLETION, body, strlen(body), p, NULL);
+    CHECK(code == 400, "%s -> %d", body, code);
+    if (want_param) CHECK(!strcmp(p, want_param), "%s: param '%s', want '%s'", body, p, want_param);
+}
+
+static void test_fields(void) {
+    const char *types[][2] = {
+        {"\"temperature\":\"1\"", "temperature"}, {"\"temperature\":2.5", "temperature"},
+        {"\"temperature\":-0.1", "temperature"},  {"\"top_p\":0", "top_p"},
+        {"\"top_p\":1.5", "top_p"},               {"\"top_p\":true", "top_p"},
+        {"\"min_p\":-1", "min_p"},                {"\"top_k\":1.5", "top_k"},
+        {"\"top_k\":\"5\"", "top_k"},             {"\"top_k\":99999999", "top_k"},
+        {"\"seed\":1.25", "seed"},                {"\"seed\":\"x\"", "seed"},
+        {"\"presence_penalty\":3", "presence_penalty"}, {"\"frequency_penalty\":-2.5", "frequency_penalty"},
+        {"\"max_tokens\":0", "max_tokens"},       {"\"max_tokens\":-3", "max_tokens"},
+        {"\"max_tokens\":100000", "max_tokens"},  {"\"max_tokens\":\"9\"", "max_tokens"},
+        {"\"max_completion_tokens\":1e6", "max_completion_tokens"},
+        {"\"n\":2", "n"},                         {"\"stream\":1", "stream"},
+        {"\"stream_options\":[]", "stream_options"}, {"\"stream_options\":{\"x\":1}", "stream_options"},
+        {"\"stream_options\":{\"include_usage\":\"yes\"}", "include_usage"},
+        {"\"stop\":5", "stop"},                   {"\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop"},
+        {"\"stop\":[\"\"]", "stop"},              {"\"stop\":[1]", "stop"},
+        {"\"logit_bias\":[]", "logit_bias"},      {"\"logit_bias\":{\"x\":1}", "logit_bias"},
+        {"\"logit_bias\":{\"49152\":1}", "logit_bias"}, {"\"logit_bias\":{\"5\":101}", "logit_bias"},
+        {"\"logit_bias\":{\"5\":\"1\"}", "logit_bias"}, {"\"logit_bias\":{\"-1\":1}", "logit_bias"},
+        {"\"logprobs\":1", "logprobs"},           {"\"top_logprobs\":3", "top_logprobs"},
+        {"\"logprobs\":true,\"top_logprobs\":21", "top_logprobs"},
+        {"\"model\":5", "model"},                 {"\"user\":[]", "user"},
+        {"\"prompt_cache_key\":1", "prompt_cache_key"},
+        {"\"tools\":[{\"type\":\"function\"}]", "tools"}, {"\"tool_choice\":\"auto\"", "tool_choice"},
+        {"\"functions\":[]", "functions"},        {"\"audio\":{}", "audio"},
+        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"\"bogus_field\":1", "bogus_field"},     {"\"prompt\":\"x\"", "prompt"},
+        {"\"echo\":true", "echo"},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) bad_chat(types[i][0], types[i][1]);
+    const char *ok[] = {"\"temperature\":0", "\"temperature\":null", "\"top_k\":5.0", "\"seed\":-7",
+                        "\"max_tokens\":3.0", "\"tools\":null", "\"stop\":\"x\"", "\"stop\":null",
+                        "\"stop\":[\"a\",\"b\"]", "\"logit_bias\":{\"5\":-100,\"7\":2.5}",
+                        "\"logprobs\":true,\"top_logprobs\":20", "\"n\":1", "\"user\":\"u\"",
+                        "\"model\":\"anything\"", "\"prompt_cache_key\":\"k\"",
+                        "\"response_format\":{\"type\":\"text\"}",
+                        "\"stream\":true,\"stream_options\":{\"include_usage\":true}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) good_chat(ok[i]);
+
+    bad_compl("{\"prompt\":\"x\",\"logprobs\":true}", "logprobs");
+    bad_compl("{\"prompt\":\"x\",\"logprobs\":21}", "logprobs");
+    bad_compl("{\"prompt\":\"x\",\"echo\":1}", "echo");
+    bad_compl("{\"prompt\":\"x\",\"best_of\":2}", "best_of");
+    bad_compl("{\"prompt\":\"x\",\"suffix\":\"y\"}", "suffix");
+    bad_compl("{\"prompt\":[\"a\",\"b\"]}", "prompt");
+    bad_compl("{\"prompt\":[1,-2]}", "prompt");
+    bad_compl("{\"prompt\":[1,49152]}", "prompt");
+    bad_compl("{\"prompt\":5}", "prompt");
+    bad_compl("{\"prompt\":\"\"}", "prompt");
+    bad_compl("{}", "prompt");
+    bad_compl("{\"prompt\":\"x\",\"messages\":[]}", "messages");
+    bad_compl("{\"prompt\":\"x\",\"max_completion_tokens\":3}", "max_completion_tokens");
+    const char *e0 = "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":0}";
+    CHECK(parse(SRV_COMPLETION, e0, strlen(e0), NULL, NULL) == 0, "echo + max_tokens 0");
+    const char *ta = "{\"prompt\":[[1,2,3]],\"best_of\":1}";
+    CHECK(parse(SRV_COMPLETION, ta, strlen(ta), NULL, NULL) == 0, "one token-id prompt in an array");
+}
+
+static void test_messages(void) {
+    char p[64];
+    const char *bad[][2] = {
+        {"{\"messages\":[]}", "messages"},
+        {"{}", "messages"},
+        {"{\"messages\":{}}", "messages"},
+        {"{\"messages\":[1]}", "messages[0]"},
+        {"{\"messages\":[{\"content\":\"x\"}]}", "messages[0]"},
+        {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages[0]"},
+        {"{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"extra\":1}]}", "messages[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"u\"}}]}]}",
+         "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "messages[0]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int code = parse(SRV_CHAT, bad[i][0], strlen(bad[i][0]), p, NULL);
+        CHECK(code == 400 && !strcmp(p, bad[i][1]), "%s -> %d param '%s'", bad[i][0], code, p);
+    }
+    /* Text parts are joined with "\n": the same tokens as the joined string. */
+    srv_req *a = NULL, *b = NULL;
+    const char *parts = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                        "{\"type\":\"text\",\"text\":\"b\"}]}]}";
+    const char *joined = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\"}]}";
+    CHECK(parse(SRV_CHAT, parts, strlen(parts), NULL, &a) == 0, "text parts");
+    CHECK(parse(SRV_CHAT, joined, strlen(joined), NULL, &b) == 0, "joined");
+    if (a && b)
+        CHECK(a->n_prompt == b->n_prompt && !memcmp(a->prompt, b->prompt, (size_t)a->n_prompt * 4),
+              "parts and joined string differ");
+    srv_req_release(a);
+    srv_req_release(b);
+    /* Too many messages. */
+    size_t cap = 1100 * 40 + 64, n = 0;
+    char *big = malloc(cap);
+    n += (size_t)snprintf(big + n, cap - n, "{\"messages\":[");
+    for (int i = 0; i < 1100; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s{\"role\":\"user\",\"content\":\"x\"}", i ? "," : "");
+    n += (size_t)snprintf(big + n, cap - n, "]}");
+    CHECK(parse(SRV_CHAT, big, n, p, NULL) == 400 && !strcmp(p, "messages"), "1100 messages");
+    free(big);
+}
+
+static void test_hostile(void) {
+    char deep[200] = "{\"messages\":", *d = deep + strlen(deep);
+    for (int i = 0; i < 32; i++) *d++ = '[';
+    for (int i = 0; i < 32; i++) *d++ = ']';
+    strcpy(d, "}");
+    CHECK(api_json_depth(deep, strlen(deep)) == 33, "depth %d", api_json_depth(deep, strlen(deep)));
+    CHECK(parse(SRV_CHAT, deep, strlen(deep), NULL, NULL) == 400, "depth 33");
+    CHECK(api_json_depth("{\"a\":\"[[[[\\\"[[\"}", 16) == 1, "brackets inside strings");
+    const char *bad[] = {
+        "", "{", "[]", "null", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]} trailing",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\\u0000\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"messages\":[]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":1e999}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":18446744073709551616}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":9223372036854775807}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}",
+        "{'messages':1}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(parse(SRV_CHAT, bad[i], strlen(bad[i]), NULL, NULL) == 400, "hostile %zu: %s", i, bad[i]);
+    const char inv[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
+    CHECK(parse(SRV_CHAT, inv, sizeof inv - 1, NULL, NULL) == 400, "invalid UTF-8");
+    const char nul[] = "{\"prompt\":\"a\0b\"}";
+    CHECK(parse(SRV_COMPLETION, nul, sizeof nul - 1, NULL, NULL) == 400, "raw NUL");
+}
+
+static void test_good(void) {
+    const char *chat = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                       "{\"role\":\"user\",\"content\":\"Hi there\"}],\"temperature\":0.5,\"top_p\":0.9,"
+                       "\"top_k\":7,\"min_p\":0.1,\"seed\":42,\"stop\":[\"END\",\"\\n\\n\"],"
+                       "\"presence_penalty\":0.5,\"frequency_penalty\":-0.25,\"logit_bias\":{\"17\":-100},"
+                       "\"logprobs\":true,\"top_logprobs\":3,\"max_completion_tokens\":9,\"stream\":true,"
+                       "\"stream_options\":{\"include_usage\":true}}";
+    srv_req *r = NULL;
+    CHECK(parse(SRV_CHAT, chat, strlen(chat), NULL, &r) == 0, "good chat");
+    if (r) {
+        CHECK(r->kind == SRV_CHAT && r->stream && r->include_usage, "flags");
+        CHECK(r->max_tokens == 9 && r->logprobs && r->top_logprobs == 3 && !r->echo, "counts");
+        CHECK_NEAR(r->sp.temp, 0.5, 0, "temp");
+        CHECK_NEAR(r->sp.top_p, 0.9f, 0, "top_p");
+        CHECK(r->sp.top_k == 7 && r->sp.seed == 42, "top_k %d seed", r->sp.top_k);
+        CHECK_NEAR(r->sp.min_p, 0.1f, 0, "min_p");
+        CHECK_NEAR(r->sp.presence_penalty, 0.5, 0, "presence");
+        CHECK_NEAR(r->sp.freq_penalty, -0.25, 0, "frequency");
+        CHECK(r->sp.repeat_penalty == 1 && r->sp.penalty_last_n == -1, "penalty window");
+        CHECK(r->sp.n_logit_bias == 1 && r->sp.logit_bias[0].token == 17 &&
+              r->sp.logit_bias[0].bias == -100, "bias");
+        CHECK(r->n_stop == 2 && !strcmp(r->stop[0], "END") && !strcmp(r->stop[1], "\n\n"), "stop");
+        CHECK(!strncmp(r->id, "chatcmpl-", 9) && r->created > 1600000000, "id %s", r->id);
+        /* The prompt: the model's own template, special tokens parsed, no BOS. */
+        tl_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "Hi there"}};
+        char *txt = NULL;
+        size_t tl = 0, n = 0;
+        int32_t *ids = NULL;
+        tl_error err;
+        CHECK(tl_chat_apply_msgs(A.m, NULL, msgs, 2, 1, &txt, &tl, &err) == 0, "render");
+        CHECK(tl_tokenize(A.m, txt, tl, TL_TOK_PARSE_SPECIAL, &ids, &n, &err) == 0, "tokenize");
+        CHECK((size_t)r->n_prompt == n && !memcmp(ids, r->prompt, n * 4), "chat prompt tokens");
+        CHECK(strstr(txt, "<|im_start|>assistant\n") != NULL, "generation prompt");
+        tl_free(txt);
+        tl_free(ids);
+        srv_req_release(r);
+    }
+    const char *defaults = "{" CHAT_MSG "}";
+    r = NULL;
+    CHECK(parse(SRV_CHAT, defaults, strlen(defaults), NULL, &r) == 0, "defaults");
+    if (r) {
+        CHECK(r->sp.temp == 1.0f && r->sp.top_k == 0 && r->sp.top_p == 1.0f && r->sp.min_p == 0,
+              "OpenAI defaults");
+        CHECK(r->sp.seed == TL_SEED_RANDOM && r->max_tokens == -1 && !r->stream && !r->logprobs,
+              "absent fields");
+        srv_req_release(r);
+    }
+    const char *compl = "{\"prompt\":\"The capital of France is\",\"max_tokens\":5,\"echo\":true,"
+                        "\"logprobs\":2,\"temperature\":0}";
+    r = NULL;
+    CHECK(parse(SRV_COMPLETION, compl, strlen(compl), NULL, &r) == 0, "good completion");
+    if (r) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        tl_error err;
+        const char *p = "The capital of France is";
+        tl_tokenize(A.m, p, strlen(p), TL_TOK_PARSE_SPECIAL | (tl_model_add_bos(A.m) ? TL_TOK_ADD_BOS : 0),
+                    &ids, &n, &err);
+        CHECK((size_t)r->n_prompt == n && n > 3 && !memcmp(ids, r->prompt, n * 4), "completion tokens");
+        CHECK(r->kind == SRV_COMPLETION && r->echo && r->logprobs && r->top_logprobs == 2 &&
+              r->max_tokens == 5 && r->sp.temp == 0, "completion fields");
+        CHECK(!strncmp(r->id, "cmpl-", 5), "id");
+        tl_free(ids);
+        srv_req_release(r);
+    }
+    /* Context: prompt + max_tokens beyond -c. */
+    char p[64];
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":[1,2,3],\"max_tokens\":%d}", A.n_ctx - 2);
+    CHECK(parse(SRV_COMPLETION, body, strlen(body), p, NULL) == 400, "too long");
+    snprintf(body, sizeof body, "{\"prompt\":[1,2,3],\"max_tokens\":%d}", A.n_ctx - 3);
+    CHECK(parse(SRV_COMPLETION, body, strlen(body), p, NULL) == 0, "fits exactly");
+}
+
+static void push_tok(srv_req *r, srv_ev_kind k, int32_t tok, const char *text, int has_lp) {
+    srv_event ev = {0};
+    ev.kind = k;
+    ev.token = tok;
+    ev.text = strdup(text);
+    ev.text_len = strlen(text);
+    ev.has_logprob = has_lp;
+    ev.chosen = (tl_token_prob){tok, 0.5f, -0.6931472f};
+    ev.n_top = 3;
+    for (int i = 0; i < 3; i++) ev.top[i] = (tl_token_prob){tok + i, 0.5f / (float)(i + 1), -(float)i - 0.5f};
+    ev.top[0].token = tok;
+    srv_req_push(r, &ev);
+}
+
+static json_t *loads(const char *s) {
+    json_error_t je;
+    json_t *j = s ? json_loads(s, 0, &je) : NULL;
+    CHECK(j != NULL, "reply is not JSON: %s", s ? s : "(null)");
+    return j;
+}
+
+static void test_replies(void) {
+    srv_req *r = NULL;
+    const char *chat = "{" CHAT_MSG ",\"logprobs\":true,\"top_logprobs\":2}";
+    CHECK(parse(SRV_CHAT, chat, strlen(chat), NULL, &r) == 0, "chat");
+    if (!r) return;
+    int32_t hello = r->prompt[r->n_prompt - 1];
+    push_tok(r, SRV_EV_TOKEN, hello, "Hel", 1);
+    push_tok(r, SRV_EV_TOKEN, hello, "lo\xff", 1);
+    srv_event done = {.kind = SRV_EV_DONE, .text = strdup("!"), .text_len = 1, .finish_reason = "length"};
+    srv_req_push(r, &done);
+    r->prompt_tokens = r->n_prompt;
+    r->completion_tokens = 2;
+    r->cached_tokens = 16;
+    CHECK(r->finished, "finished after DONE");
+    size_t n;
+    char *s = api_reply_json(&A, r, &n);
+    json_t *j = loads(s);
+    if (j) {
+        json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+        CHECK(!strcmp(json_string_value(json_object_get(j, "object")), "chat.completion"), "object");
+        const char *content = json_string_value(json_object_get(json_object_get(c0, "message"), "content"));
+        CHECK(content && !strcmp(content, "Hello\xef\xbf\xbd!"), "content '%s'", content ? content : "");
+        CHECK(!strcmp(json_string_value(json_object_get(c0, "finish_reason")), "length"), "finish");
+        json_t *u = json_object_get(j, "usage");
+        CHECK(json_integer_value(json_object_get(u, "completion_tokens")) == 2 &&
+              json_integer_value(json_object_get(u, "total_tokens")) == r->n_prompt + 2 &&
+              json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) == 16,
+              "usage");
+        json_t *lp = json_object_get(json_object_get(c0, "logprobs"), "content");
+        CHECK(json_array_size(lp) == 2, "logprob entries %zu", json_array_size(lp));
+        json_t *e0 = json_array_get(lp, 0);
+        CHECK(json_array_size(json_object_get(e0, "top_logprobs")) == 2, "top 2");
+        CHECK(json_is_array(json_object_get(e0, "bytes")) && json_is_string(json_object_get(e0, "token")),
+              "entry shape");
+        CHECK_NEAR(json_real_value(json_object_get(e0, "logprob")), -0.6931472f, 1e-7, "logprob value");
+        json_decref(j);
+    }
+    free(s);
+    /* Streamed: role delta first, content chunks, finish, usage, [DONE]. */
+    r->include_usage = 1;
+    api_stream st = {0};
+    api_buf out = {0};
+    for (int i = 0; i < r->n_ev; i++) CHECK(api_stream_event(&A, r, &st, &r->ev[i], &out) == 0, "frame");
+    CHECK(st.ended && out.p && strstr(out.p, "\"role\":\"assistant\"") != NULL, "role chunk");
+    CHECK(out.p && strstr(out.p, "\"choices\":[],") != NULL, "usage chunk");
+    CHECK(out.n >= 14 && !strcmp(out.p + out.n - 14, "data: [DONE]\n\n"), "[DONE] last");
+    int frames = 0;
+    for (char *q = out.p; q && (q = strstr(q, "data: ")); q += 6) frames++;
+    CHECK(frames == 7, "frames %d (role, 2 tokens, trailing text, finish, usage, done)", frames);
+    api_buf_free(&out);
+    srv_req_release(r);
+
+    /* Legacy logprobs with echo: the first prompt entry is null. */
+    r = NULL;
+    const char *compl = "{\"prompt\":\"Hi there\",\"echo\":true,\"logprobs\":1,\"max_tokens\":1}";
+    CHECK(parse(SRV_COMPLETION, compl, strlen(compl), NULL, &r) == 0, "legacy");
+    if (!r) return;
+    for (int i = 0; i < r->n_prompt; i++) push_tok(r, SRV_EV_PROMPT, r->prompt[i], "", i > 0);
+    push_tok(r, SRV_EV_TOKEN, 42, "x", 1);
+    srv_event d2 = {.kind = SRV_EV_DONE, .text = strdup(""), .finish_reason = "length"};
+    srv_req_push(r, &d2);
+    s = api_reply_json(&A, r, &n);
+    j = loads(s);
+    if (j) {
+        json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+        const char *text = json_string_value(json_object_get(c0, "text"));
+        CHECK(text && !strcmp(text, "Hi therex"), "echo text '%s'", text ? text : "");
+        json_t *lp = json_object_get(c0, "logprobs");
+        json_t *tl = json_object_get(lp, "token_logprobs"), *tp = json_object_get(lp, "top_logprobs");
+        CHECK(json_array_size(tl) == (size_t)r->n_prompt + 1 && json_is_null(json_array_get(tl, 0)) &&
+              json_is_null(json_array_get(tp, 0)) && json_is_object(json_array_get(tp, 1)),
+              "legacy columns");
+        CHECK(json_object_size(json_array_get(tp, 1)) == 1, "top dict: top-1 plus the chosen");
+        json_t *off = json_object_get(lp, "text_offset");
+        CHECK(json_integer_value(json_array_get(off, 0)) == 0 &&
+              json_integer_value(json_array_get(off, r->n_prompt)) == 8, "text_offset");
+        json_decref(j);
+    }
+    free(s);
+    srv_req_release(r);
+}
+
+static void test_misc(void) {
+    size_t n;
+    char *f = api_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6, &n);
+    CHECK(f && !strcmp(f, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"), "U+FFFD per bad byte");
+    free(f);
+    api_err e;
+    char *t = api_tokenize(&A, "{\"content\":\"Hello world\"}", 25, &n, &e);
+    json_t *j = loads(t);
+    if (j) {
+        CHECK(json_integer_value(json_object_get(j, "count")) == (json_int_t)json_array_size(json_object_get(j, "tokens")) &&
+              json_array_size(json_object_get(j, "tokens")) >= 2, "tokenize");
+        json_decref(j);
+    }
+    free(t);
+    char *d = api_detokenize(&A, "{\"tokens\":[19556, 905]}", 23, &n, &e);
+    json_t *dj = loads(d);
+    if (dj) {
+        int32_t ids[2] = {19556, 905};
+        char expect[128] = "";
+        for (int i = 0; i < 2; i++) {
+            size_t pl = strlen(expect);
+            pl += tl_token_piece(A.m, ids[i], 1, expect + pl, sizeof expect - pl - 1);
+            expect[pl] = 0;
+        }
+        CHECK(!strcmp(json_string_value(json_object_get(dj, "content")), expect), "detokenize");
+        json_decref(dj);
+    }
+    free(d);
+    CHECK(api_detokenize(&A, "{\"tokens\":[-1]}", 15, &n, &e) == NULL && e.http == 400, "bad ids");
+    CHECK(api_tokenize(&A, "{\"x\":1}", 7, &n, &e) == NULL && e.http == 400, "unknown key");
+    char *m = api_models_json(&A, &n);
+    j = loads(m);
+    if (j) {
+        json_t *d0 = json_array_get(json_object_get(j, "data"), 0);
+        CHECK(!strcmp(json_string_value(json_object_get(d0, "id")), A.model_id), "model id");
+        json_decref(j);
+    }
+    free(m);
+    api_fail(&e, 400, NULL, "temperature", NULL, "bad %d", 1);
+    char *es = api_error_json(&e, &n);
+    j = loads(es);
+    if (j) {
+        json_t *eo = json_object_get(j, "error");
+        CHECK(!strcmp(json_string_value(json_object_get(eo, "param")), "temperature") &&
+              json_is_null(json_object_get(eo, "code")) &&
+              !strcmp(json_string_value(json_object_get(eo, "type")), "invalid_request_error"),
+              "error shape");
+        json_decref(j);
+    }
+    free(es);
+}
+
+int main(void) {
+    tl_model *m = NULL;
+    tl_error err = {0};
+    if (tl_model_load_vocab(MODEL, &m, &err)) {
+        CHECK(0, "cannot load %s: %s (run make models)", MODEL, err.msg);
+        return tl_test_summary();
+    }
+    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024};
+    test_fields();
+    test_messages();
+    test_hostile();
+    test_good();
+    test_replies();
+    test_misc();
+    tl_model_free(m);
+    return tl_test_summary();
+}
