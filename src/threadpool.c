@@ -1,6 +1,10 @@
 /* threadpool: fork-join workers. A generation counter announces work; workers
  * spin on it for a short while (a decode step issues hundreds of small jobs
- * back to back), then block on a condition variable so idle pools cost no CPU. */
+ * back to back), then block on a condition variable so idle pools cost no CPU.
+ * A job's nth shares are claimed from a counter by whichever thread is
+ * running, so when another process holds a core and a worker is not
+ * scheduled, the caller does that worker's share instead of waiting a time
+ * slice for it (a decode step has ~150 jobs). */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -25,7 +29,8 @@ struct tl_pool {
     tl_pool_fn fn;
     void *arg;
     atomic_uint gen;
-    atomic_int pending;
+    atomic_int next;    /* next share to claim */
+    atomic_int done;    /* shares finished */
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -35,6 +40,18 @@ static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+/* Claims and runs shares of the current job until none is left. fn and arg
+ * are read after a successful claim: the claim synchronizes with the reset
+ * of `next` that publishes them, so a late worker never runs a stale job. */
+static void run_shares(tl_pool *p) {
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_acq_rel);
+        if (i >= p->n) return;
+        p->fn(p->arg, i, p->n);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -57,8 +74,7 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
         seen = g;
-        p->fn(p->arg, w->ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        run_shares(p);
     }
 }
 
@@ -70,7 +86,8 @@ int tl_pool_new(int n_threads, tl_pool **out, tl_error *err) {
     if (!p) return tl_fail(err, TL_ERR_NOMEM, "out of memory (thread pool)");
     p->n = n_threads;
     atomic_init(&p->gen, 0);
-    atomic_init(&p->pending, 0);
+    atomic_init(&p->next, n_threads); /* nothing to claim */
+    atomic_init(&p->done, 0);
     atomic_init(&p->stop, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -116,15 +133,16 @@ void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg) {
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_release);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->next, 0, memory_order_release);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    fn(arg, 0, p->n);
-    /* Spin briefly, then yield: on a busy machine a preempted worker needs
-     * this CPU to finish, and burning our time slice would only delay it. */
-    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+    run_shares(p);
+    /* Shares still running on workers: spin briefly, then yield, since on a
+     * busy machine a preempted worker needs this CPU to finish. */
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->n; spins++) {
         if (spins < 100000) cpu_relax();
         else sched_yield();
     }

@@ -8,13 +8,16 @@
 
 typedef struct tl_pool tl_pool;
 
-/* fn(arg, ith, nth) is called once by each of nth threads (ith = 0..nth-1). */
+/* fn(arg, ith, nth) is called once for each share ith = 0..nth-1 of a job,
+ * each share on one thread (which thread is not fixed: per-share scratch is
+ * indexed by ith, never by the thread). */
 typedef void (*tl_pool_fn)(void *arg, int ith, int nth);
 
 int tl_pool_new(int n_threads, tl_pool **out, tl_error *err);
 void tl_pool_free(tl_pool *p);
 int tl_pool_size(const tl_pool *p);
-/* Runs fn on all threads (the caller is thread 0) and returns when all finished. */
+/* Runs the nth shares of fn on the pool (the caller takes part) and returns
+ * when all are finished. */
 void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg);
 
 /* The contiguous share [*lo, *hi) of n items for thread ith of nth. */
