@@ -241,6 +241,24 @@ static void drop_cancelled_waiting(srv_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Whether r should wait for a running request that is still computing
+ * blocks r could reuse: requests that arrive together with the same long
+ * prefix then compute it once, not once each. Those blocks are registered
+ * within a few steps (the running one prefills oldest first). */
+static int wait_for_shared_prefix(const srv_sched *s, const srv_req *r) {
+    if (r->echo && r->logprobs) return 0; /* computes its whole prompt anyway */
+    for (int i = 0; i < s->np; i++) {
+        const slot *sl = &s->slots[i];
+        if (!sl->r || sl->n_fed >= sl->r->n_prompt) continue;
+        const srv_req *o = sl->r;
+        int n = r->n_prompt - 1 < o->n_prompt ? r->n_prompt - 1 : o->n_prompt, k = 0;
+        while (k < n && r->prompt[k] == o->prompt[k]) k++;
+        /* a whole block in common that the other has not written yet */
+        if (k / TL_KV_BLOCK > sl->n_fed / TL_KV_BLOCK) return 1;
+    }
+    return 0;
+}
+
 static void admit(srv_sched *s) {
     for (int i = 0; i < s->np; i++) {
         slot *sl = &s->slots[i];
@@ -251,7 +269,7 @@ static void admit(srv_sched *s) {
         pthread_mutex_lock(&s->mu);
         srv_req *r = s->w_len ? s->wait[s->w_head] : NULL;
         pthread_mutex_unlock(&s->mu);
-        if (!r || !admit_one(s, sl, r)) return;
+        if (!r || wait_for_shared_prefix(s, r) || !admit_one(s, sl, r)) return;
         pthread_mutex_lock(&s->mu);
         (void)queue_pop(s);
         pthread_mutex_unlock(&s->mu);
