@@ -224,7 +224,11 @@ def test_sigterm():
     try:
         if not check(srv.wait_ready(), "drain server ready"):
             return
-        s = raw_request(srv.port, chat_body("Count from one to one hundred.", max_tokens=48, stream=True))
+        # Long enough to be still running after the signal on a fast machine:
+        # the end-of-text tokens (<|endoftext|> 0, <|im_end|> 2) are banned.
+        body = chat_body("Count from one to one hundred.", max_tokens=300, stream=True)
+        body["logit_bias"] = {"0": -100, "2": -100}
+        s = raw_request(srv.port, body)
         got = b""
         t_end = time.time() + 30 * SLOW
         while b"data: {" not in got and time.time() < t_end:
