@@ -127,8 +127,10 @@ static void prefix_reuse(tl_model *m, const int32_t *ids, int n, const float *re
     tl_ctx_free(c);
 }
 
-static void errors(tl_model *m, const int32_t *ids) {
+static void errors(tl_model *m, const int32_t *text, int n_text) {
     tl_error err = {0};
+    int32_t ids[65]; /* the prompt's tokens, repeated to fill 64 positions and one more */
+    for (int i = 0; i < 65; i++) ids[i] = text[i % n_text];
     tl_ctx *c;
     tl_ctx_params cp0 = {.n_ctx = 64, .n_threads = 1, .n_seq_max = 2};
     CHECK(tl_ctx_new(m, &cp0, &c, &err) == 0, "%s", err.msg);
@@ -262,7 +264,7 @@ int main(void) {
         interleaved(m, ids, n, ref, 20, 3, "chunks up to 20, 3 threads");
         prefix_reuse(m, ids[2], n[2], ref[2]);
     }
-    errors(m, ids[1]);
+    errors(m, ids[1], n[1]);
     for (int s = 0; s < NS; s++) {
         free(ref[s]);
         tl_free(ids[s]);
