@@ -16,19 +16,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tlserver  # noqa: E402
 from tlcheck import ROOT, check, finish  # noqa: E402
+from tlserver import SLOW, TL_BIN  # noqa: E402
 
-TL_BIN = os.path.abspath(os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop")))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-SLOW = 4 if os.environ.get("TL_ASAN") else 1
 T = 120 * SLOW  # seconds any one call may take
 PROMPT = "What is the capital of France? Answer in one sentence."
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw(port, method, path, body=None, headers=None, timeout=T):
@@ -46,34 +40,8 @@ def raw(port, method, path, body=None, headers=None, timeout=T):
         c.close()
 
 
-class Server:
-    def __init__(self, extra=()):
-        self.port = free_port()
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [TL_BIN, "serve", "-m", MODEL, "--port", str(self.port), "-np", "4", "-t", "2",
-             "-c", "2048", *extra], stdout=self.log, stderr=self.log)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self):
-        end = time.time() + 60 * SLOW
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                break
-            try:
-                if raw(self.port, "GET", "/ready", timeout=5)[0] == 200:
-                    return True
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.log.seek(0)
-        print(self.log.read().decode(errors="replace")[-3000:])
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+def Server(extra=()):
+    return tlserver.Server(MODEL, ["-np", "4", "-t", "2", "-c", "2048", *extra])
 
 
 def is_error_json(body):
@@ -294,8 +262,9 @@ def main():
             srv.proc.send_signal(signal.SIGTERM)
             rc = srv.proc.wait(timeout=60 * SLOW)
             if not check(rc == 0, f"SIGTERM exit code {rc}"):
-                srv.log.seek(0)
-                print(srv.log.read().decode(errors="replace")[-3000:])
+                if srv.log is not sys.stderr:
+                    srv.log.seek(0)
+                    print(srv.log.read().decode(errors="replace")[-3000:])
     finally:
         srv.stop()
     test_api_key(openai)

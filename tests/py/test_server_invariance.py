@@ -17,14 +17,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
+import tlserver  # noqa: E402
 from tlcheck import check  # noqa: E402
+from tlserver import SLOW, TL_BIN  # noqa: E402
 
 ROOT = tlcheck.ROOT
-TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "tokenloop"))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
 ASAN = os.environ.get("TL_ASAN") == "1"
-SLOW = 4 if ASAN else 1
 N_CROWD = 8 if ASAN else 16
 MAX_TOKENS = 10
 
@@ -36,41 +36,9 @@ PREFIX = "Reference notes, read carefully. " + " ".join(
     f"Item {i}: the {TOPICS[i % len(TOPICS)]} entry records value {i * 37 % 101}." for i in range(80))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(tlserver.Server):
     def __init__(self, model, *args):
-        self.port = free_port()
-        log = sys.stderr if os.environ.get("TL_SERVER_LOG") else subprocess.DEVNULL
-        self.proc = subprocess.Popen([TL_BIN, "serve", "-m", model, "--port", str(self.port), *args],
-                                     stdout=log, stderr=log)
-
-    def wait_ready(self, timeout=60):
-        t_end = time.time() + timeout * SLOW
-        while time.time() < t_end and self.proc.poll() is None:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/ready")
-                st = c.getresponse().status
-                c.close()
-                if st == 200:
-                    return True
-            except OSError:
-                pass
-            time.sleep(0.1)
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        super().__init__(model, args)
 
     def post(self, path, body):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120 * SLOW)

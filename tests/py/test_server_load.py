@@ -15,53 +15,19 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
+import tlserver  # noqa: E402
 from tlcheck import check  # noqa: E402
+from tlserver import SLOW, TL_BIN  # noqa: E402
 
 ROOT = tlcheck.ROOT
-TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "tokenloop"))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 ASAN = os.environ.get("TL_ASAN") == "1"
 N_CLIENTS = 40 if ASAN else 200
-# ASan makes every step several times slower; its waits stretch to match.
-SLOW = 4 if ASAN else 1
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One `tokenloop serve` on a free port; stop() always leaves no process."""
-
+class Server(tlserver.Server):
     def __init__(self, *args):
-        self.port = free_port()
-        self.log = open(os.devnull, "w") if not os.environ.get("TL_SERVER_LOG") else sys.stderr
-        self.proc = subprocess.Popen([TL_BIN, "serve", "-m", MODEL, "--port", str(self.port), *args],
-                                     stdout=self.log, stderr=self.log)
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout=60):
-        t_end = time.time() + timeout * SLOW
-        while time.time() < t_end:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                if get(self.port, "/ready")[0] == 200:
-                    return True
-            except OSError:
-                pass
-            time.sleep(0.1)
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        super().__init__(MODEL, args)
 
 
 def get(port, path, timeout=5):
