@@ -19,6 +19,12 @@ const char *cli_value(int argc, char **argv, int *i);
 int cli_int(const char *opt, const char *v, long lo, long hi, int *out);
 int cli_float(const char *opt, const char *v, float *out);
 int cli_u64(const char *opt, const char *v, uint64_t *out);
+/* --numerics fast|exact -> TL_NUMERICS_*; prints the error and returns -1 otherwise. */
+int cli_numerics(const char *opt, const char *v, int *out);
+/* The help line every command that runs the model shows for it. */
+#define CLI_NUMERICS_HELP \
+    "      --numerics MODE     fast (default) or exact: bitwise llama.cpp's CPU kernels\n" \
+    "                          (docs/NUMERICS.md); $TL_NUMERICS sets the default\n"
 
 /* The default model: $TOKENLOOP_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
  * relative to the current directory or to the binary's directory. */

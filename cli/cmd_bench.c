@@ -24,7 +24,7 @@ typedef struct bench_opts {
     const char *model;
     int p[MAX_LIST], n_p;
     int n[MAX_LIST], n_n;
-    int reps, n_threads, json, no_warmup, memory;
+    int reps, n_threads, json, no_warmup, memory, numerics;
     int mem_cache_mib, mem_dram_mib;
 } bench_opts;
 
@@ -46,6 +46,7 @@ static const char BENCH_HELP[] =
     "  -t, --threads N           threads (default: all online CPUs)\n"
     "  -o, --output md|json      a markdown table (default) or a JSON array\n"
     "      --no-warmup           skip the warmup run before each test\n"
+    "      --numerics MODE       fast (default) or exact (docs/NUMERICS.md)\n"
     "      --memory              measure memory read bandwidth instead of a model:\n"
     "                            a cache-sized and a DRAM-sized buffer, best of 5\n"
     "      --mem-cache MIB       the cache-sized buffer (default 16)\n"
@@ -114,6 +115,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                 return -1;
             }
             o->json = !strcmp(v, "json");
+        } else if (!strcmp(a, "--numerics")) {
+            VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if (!strcmp(a, "--no-warmup")) {
             o->no_warmup = 1;
         } else if (!strcmp(a, "--memory")) {
@@ -335,7 +338,7 @@ static void json_str(const char *s) {
     putchar('"');
 }
 
-static void json_row(const char *path, const model_meta *mm, const char *backend, int threads,
+static void json_row(const char *path, const model_meta *mm, const char *backend, const char *numerics, int threads,
                      int batch, const bench_result *r, int first) {
     double avg = mean_of(r->ts, r->n);
     uint64_t sum = 0;
@@ -348,6 +351,8 @@ static void json_row(const char *path, const model_meta *mm, const char *backend
            mm->size, mm->n_params);
     printf("    \"backend\": ");
     json_str(backend);
+    printf(",\n    \"numerics\": ");
+    json_str(numerics);
     printf(",\n    \"n_batch\": %d,\n    \"n_threads\": %d,\n", batch, threads);
     printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": 0,\n", r->n_prompt, r->n_gen);
     printf("    \"test_time\": \"%s\",\n", r->test_time);
@@ -398,13 +403,13 @@ static int run_tests(bench_run *b, const bench_opts *o, const char *path, const 
             rc = 1;
             break;
         }
-        if (o->json) json_row(path, mm, backend, o->n_threads, batch, &r, !printed++);
+        if (o->json) json_row(path, mm, backend, tl_ctx_numerics(b->ctx), o->n_threads, batch, &r, !printed++);
         else md_row(mm, backend, o->n_threads, &r);
         fflush(stdout);
     }
     /* the JSON stays well-formed even when a test failed */
     if (o->json && (r.ns && r.ts)) fputs(printed ? "\n]\n" : "]\n", stdout);
-    else if (!rc) printf("\nbuild: tokenloop %s\n", TL_VERSION);
+    else if (!rc) printf("\nbuild: tokenloop %s, numerics %s\n", TL_VERSION, tl_ctx_numerics(b->ctx));
     free(r.ns);
     free(r.ts);
     return rc;
@@ -429,7 +434,7 @@ static int bench_model(const bench_opts *o) {
     read_meta(path, &mm);
     /* one context sized for the largest test; each run clears it */
     int batch = max_p > 0 ? max_p : 1, n_ctx = max_p > max_n ? max_p : max_n;
-    tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch};
+    tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics};
     bench_run b = {.n_vocab = tl_model_n_vocab(m), .bos = -1, .rng = 1};
     if (tl_model_add_bos(m)) b.bos = tl_token_bos(m);
     int rc = 0;

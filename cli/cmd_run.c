@@ -14,7 +14,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *system;
     const char *stop[MAX_STOPS];
     int n_stop;
-    int n_predict, n_ctx, n_threads, n_batch;
+    int n_predict, n_ctx, n_threads, n_batch, numerics;
     int chat, show_probs, print_ids, ignore_eos;
     tl_sampler_params sp;
 } run_opts;
@@ -31,6 +31,7 @@ static const char RUN_HELP[] =
     "  -c, --ctx-size N        context size in tokens (default: min(training context, 4096))\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
     "  -b, --batch-size N      max tokens per forward call (default 512)\n"
+    CLI_NUMERICS_HELP
     "      --temp T            temperature (default 0.8; 0 = greedy argmax)\n"
     "      --top-k K           top-k (default 40; 0 = off)\n"
     "      --top-p P           top-p (default 0.95; 1 = off)\n"
@@ -77,6 +78,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->n_batch)) return -1;
+        } else if (!strcmp(a, "--numerics")) {
+            VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if (!strcmp(a, "--temp")) {
             VAL(); if (cli_float(a, v, &o->sp.temp)) return -1;
         } else if (!strcmp(a, "--top-k")) {
@@ -268,7 +271,7 @@ static int session_open(session *s, const run_opts *o) {
         if (!o->model) fputs("tokenloop: hint: run 'make models' to fetch the default model\n", stderr);
         return -1;
     }
-    tl_ctx_params cp = {.n_ctx = o->n_ctx, .n_threads = o->n_threads, .n_batch = o->n_batch};
+    tl_ctx_params cp = {.n_ctx = o->n_ctx, .n_threads = o->n_threads, .n_batch = o->n_batch, .numerics = o->numerics};
     if (tl_ctx_new(s->m, &cp, &s->ctx, &err) ||
         tl_sampler_new(&o->sp, tl_model_n_vocab(s->m), &s->smp, &err)) {
         cli_tl_error(&err);

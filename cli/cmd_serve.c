@@ -33,6 +33,7 @@ static const char SERVE_HELP[] =
     "                          /detokenize (401 otherwise)\n"
     "      --max-queue N       requests waiting beyond -np before 503 + Retry-After (default 64)\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
+    CLI_NUMERICS_HELP
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
     "\n"
@@ -70,6 +71,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 0, 1 << 20, &o->max_queue)) return -1;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
+        } else if (!strcmp(a, "--numerics")) {
+            VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if (!strcmp(a, "--prefill-chunk")) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->prefill_chunk)) return -1;
         } else if (!strcmp(a, "--drain-timeout")) {

@@ -119,7 +119,7 @@ int cmd_info(int argc, char **argv) {
 
 /* ---- shared: load a runnable model and a context ---- */
 
-static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, tl_model **m,
+static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, int numerics, tl_model **m,
                     tl_ctx **ctx) {
     char buf[4096];
     tl_error err = {0};
@@ -128,7 +128,7 @@ static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, tl
         cli_error("%s: %s", path, err.msg);
         return -1;
     }
-    tl_ctx_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .n_threads = n_threads};
+    tl_ctx_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .n_threads = n_threads, .numerics = numerics};
     if (tl_ctx_new(*m, &cp, ctx, &err)) {
         cli_tl_error(&err);
         tl_model_free(*m);
@@ -140,7 +140,7 @@ static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, tl
 /* ---- perplexity: llama.cpp's protocol (tools/perplexity) ---- */
 
 static const char PPL_HELP[] =
-    "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [-b N] [-t N]\n"
+    "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [-b N] [-t N] [--numerics fast|exact]\n"
     "\n"
     "The text is tokenized whole and cut into non-overlapping chunks of -c tokens;\n"
     "the first token of each chunk becomes BOS where the model adds one; only the\n"
@@ -159,7 +159,7 @@ static double nll_of(const float *logits, int n_vocab, int32_t tok) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
-    int n_ctx = 512, n_batch = 0, n_threads = 0;
+    int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -175,6 +175,8 @@ int cmd_perplexity(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
+        } else if (!strcmp(a, "--numerics")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop perplexity --help')", a);
         }
@@ -185,7 +187,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!text) return 1;
     tl_model *m;
     tl_ctx *ctx;
-    if (open_ctx(model, n_ctx, n_batch ? n_batch : n_ctx, n_threads, &m, &ctx)) {
+    if (open_ctx(model, n_ctx, n_batch ? n_batch : n_ctx, n_threads, numerics, &m, &ctx)) {
         free(text);
         return 1;
     }
@@ -278,12 +280,12 @@ static int parse_ids(const char *s, int32_t **out, size_t *n) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_file = NULL, *ids_arg = NULL, *outp = NULL;
-    int n_threads = 0, n_batch = 0;
+    int n_threads = 0, n_batch = 0, numerics = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop logits -m FILE (--ids-file F.json | --ids 1,2,3) -o OUT.bin "
-                 "[-t N] [-b N]\n\nEvaluates the token ids from an empty cache (in one batched "
+                 "[-t N] [-b N] [--numerics fast|exact]\n\nEvaluates the token ids from an empty cache (in one batched "
                  "forward call unless -b\nsays otherwise) and writes n_tokens x n_vocab float32 "
                  "little-endian logits.");
             return 0;
@@ -299,6 +301,8 @@ int cmd_logits(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+        } else if (!strcmp(a, "--numerics")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop logits --help')", a);
         }
@@ -317,7 +321,7 @@ int cmd_logits(int argc, char **argv) {
     tl_model *m;
     tl_ctx *ctx;
     int need = (int)n;
-    if (open_ctx(model, need, n_batch ? n_batch : need, n_threads, &m, &ctx)) {
+    if (open_ctx(model, need, n_batch ? n_batch : need, n_threads, numerics, &m, &ctx)) {
         free(ids);
         return 1;
     }

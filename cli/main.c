@@ -71,6 +71,16 @@ int cli_float(const char *opt, const char *v, float *out) {
     return 0;
 }
 
+int cli_numerics(const char *opt, const char *v, int *out) {
+    const int m = tl_numerics_parse(v);
+    if (m < 0) {
+        cli_error("%s: '%s' is not a numerics mode (fast, exact)", opt, v);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
 int cli_u64(const char *opt, const char *v, uint64_t *out) {
     char *end;
     errno = 0;

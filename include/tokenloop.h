@@ -105,6 +105,17 @@ void tl_free(void *p);
 
 typedef struct tl_ctx tl_ctx;
 
+/* The float order of the matrix products (docs/NUMERICS.md). Both are batch
+ * invariant: a row's result depends on its own data alone. */
+typedef enum tl_numerics {
+    TL_NUMERICS_AUTO = 0,  /* $TL_NUMERICS ("fast" or "exact") if set, else fast */
+    TL_NUMERICS_FAST = 1,  /* exact integer block sums, one fma per block: the default */
+    TL_NUMERICS_EXACT = 2  /* bitwise llama.cpp's CPU kernels (docs/NUMERICS.md says which) */
+} tl_numerics;
+
+/* Parses "fast", "exact" (or "auto"); -1 for anything else. */
+int tl_numerics_parse(const char *name);
+
 typedef struct tl_ctx_params {
     int n_ctx;       /* positions per sequence; 0 = min(model's training context, 4096) */
     int n_threads;   /* 0 = all online CPUs */
@@ -113,6 +124,7 @@ typedef struct tl_ctx_params {
     size_t kv_bytes; /* KV cache memory, shared by all sequences and the prefix
                       * cache; 0 = room for max(1, n_seq_max) full sequences */
     int n_logits_max;/* logits rows one tl_ctx_decode may keep; 0 = 64 */
+    int numerics;    /* tl_numerics; 0 = TL_NUMERICS_AUTO */
 } tl_ctx_params;
 
 int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
@@ -130,6 +142,8 @@ int tl_ctx_eval(tl_ctx *ctx, const int32_t *tokens, size_t n, int all_logits, tl
 const float *tl_ctx_logits(const tl_ctx *ctx, int i);
 /* The CPU code path in use, e.g. "avx512-vnni". */
 const char *tl_ctx_backend(const tl_ctx *ctx);
+/* The numerics in use: "fast" or "exact". */
+const char *tl_ctx_numerics(const tl_ctx *ctx);
 
 /* ---- many sequences in one forward call (the server's path) -----------------
  *

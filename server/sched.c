@@ -555,7 +555,7 @@ static int kv_bytes_for(const tl_model *m, const srv_opts *o, size_t *out, tl_er
         return 0;
     }
     tl_ctx *probe = NULL;
-    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1};
+    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1, .numerics = o->numerics};
     int rc = tl_ctx_new(m, &pp, &probe, err);
     if (rc) return rc;
     tl_kv_stats kv;
@@ -596,7 +596,8 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .n_threads = o->n_threads,
                         .n_batch = nb,
                         .n_seq_max = s->np,
-                        .n_logits_max = s->max_rows};
+                        .n_logits_max = s->max_rows,
+                        .numerics = o->numerics};
     int rc = kv_bytes_for(m, o, &cp.kv_bytes, err);
     if (rc == 0) rc = tl_ctx_new(m, &cp, &s->ctx, err);
     if (rc) {

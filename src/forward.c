@@ -100,13 +100,18 @@ static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, in
     }
 }
 
-/* Each thread takes a share of the rows; a tile of MM_ROW_TILE of them stays
- * in cache while every token passes it. */
+/* Each thread takes a share of the rows (whole groups where the layout
+ * interleaves rows); a tile of MM_ROW_TILE of them stays in cache while every
+ * token passes it. */
 static void mm_worker(void *arg, int ith, int nth) {
     const mm_job *j = arg;
     for (int mi = 0; mi < j->n_mat; mi++) {
+        const int64_t rows = j->w[mi]->ne[1];
+        const int al = j->packed[mi] ? tl_kern_row_align(j->k, (tl_type)j->w[mi]->type) : 1;
         int64_t lo, hi;
-        tl_split(j->w[mi]->ne[1], ith, nth, &lo, &hi);
+        tl_split((rows + al - 1) / al, ith, nth, &lo, &hi);
+        lo *= al;
+        hi = hi * al < rows ? hi * al : rows;
         for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE)
             mm_tile(j, mi, ith, r0, r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi, 0, j->n_tok);
     }
@@ -154,20 +159,29 @@ static tl_w packed(const tl_ctx *c, tl_w w) {
 }
 
 typedef struct quant_job {
-    tl_quantize_fn qf;
-    tl_type vt;
+    tl_type wt, vt;
     const float *x;
     int64_t cols;
     size_t row;
-    int scales; /* append the float scales gemm kernels read */
+    int gemm; /* rows as the gemm kernels of wt take them, else plain vt rows */
 } quant_job;
 
 static void quant_tokens(tl_ctx *c, int t0, int t1, void *arg) {
     const quant_job *q = arg;
     for (int t = t0; t < t1; t++) {
-        q->qf(q->x + (size_t)t * q->cols, c->xa + (size_t)t * q->row, q->cols);
-        if (q->scales) tl_act_add_scales(q->vt, c->xa + (size_t)t * q->row, q->cols);
+        const float *x = q->x + (size_t)t * q->cols;
+        uint8_t *row = c->xa + (size_t)t * q->row;
+        if (q->gemm) tl_kern_act_make(&c->kern, q->wt, x, row, q->cols);
+        else c->kern.quantize[q->vt](x, row, q->cols);
     }
+}
+
+/* The activation rows w's matmul takes: its gemm's (packed or as stored) or
+ * vec_dot's. Matrices that share one input must agree on it. */
+static size_t act_row(const tl_ctx *c, tl_w w, int *gemm) {
+    *gemm = c->kern.gemm[w->type] != NULL;
+    return *gemm ? tl_kern_act_row_size(&c->kern, (tl_type)w->type, w->ne[0])
+                 : tl_row_size(tl_type_info(w->type)->vec_dot_type, w->ne[0]);
 }
 
 /* Quantizes n_tok rows of x (width cols, stride cols) into the activation
@@ -175,14 +189,19 @@ static void quant_tokens(tl_ctx *c, int t0, int t1, void *arg) {
 static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
     int64_t cols = w[0]->ne[0];
     tl_type vt = tl_type_info(w[0]->type)->vec_dot_type;
+    int gemm, g;
+    const size_t row = act_row(c, w[0], &gemm);
+    for (int i = 1; i < n_mat; i++)
+        if (act_row(c, w[i], &g) != row || g != gemm || tl_type_info(w[i]->type)->vec_dot_type != vt ||
+            (gemm && tl_kern_row_align(&c->kern, (tl_type)w[i]->type) !=
+                         tl_kern_row_align(&c->kern, (tl_type)w[0]->type))) {
+            for (int k = 0; k < n_mat; k++) matmul(c, 1, &w[k], &y[k], x, n_tok);
+            return;
+        }
     tl_w pw[3];
-    int gemm = 0;
-    for (int i = 0; i < n_mat; i++) {
-        pw[i] = !c->kern.gemm[w[i]->type] ? NULL : tl_pack_supported((tl_type)w[i]->type) ? packed(c, w[i]) : w[i];
-        gemm |= pw[i] != NULL;
-    }
-    size_t row = gemm ? tl_act_row_size(vt, cols) : tl_row_size(vt, cols);
-    quant_job qj = {c->kern.quantize[vt], vt, x, cols, row, gemm};
+    for (int i = 0; i < n_mat; i++)
+        pw[i] = !gemm ? NULL : tl_kern_packs(&c->kern, (tl_type)w[i]->type) ? packed(c, w[i]) : w[i];
+    quant_job qj = {(tl_type)w[0]->type, vt, x, cols, row, gemm};
     par_tokens(c, n_tok, quant_tokens, &qj);
     mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok,
                 .wide = c->wide, .wide_size = c->wide_size};
@@ -509,8 +528,9 @@ static int pack_weights(tl_ctx *c) {
     size_t bytes = 0;
     int np = 0;
     for (int i = 0; i < n; i++)
-        if (c->kern.gemm[all[i]->type] && tl_pack_supported((tl_type)all[i]->type)) {
-            bytes += (size_t)all[i]->ne[1] * tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
+        if (tl_kern_packs(&c->kern, (tl_type)all[i]->type)) {
+            bytes += (size_t)tl_kern_packed_rows(&c->kern, (tl_type)all[i]->type, all[i]->ne[1]) *
+                     tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
             np++;
         }
     int st = 0;
@@ -522,13 +542,14 @@ static int pack_weights(tl_ctx *c) {
     size_t off = 0;
     for (int i = 0; np && !st && i < n; i++) {
         tl_w w = all[i];
-        if (!c->kern.gemm[w->type] || !tl_pack_supported((tl_type)w->type)) continue;
-        const size_t sz = (size_t)w->ne[1] * tl_row_size((tl_type)w->type, w->ne[0]);
+        if (!tl_kern_packs(&c->kern, (tl_type)w->type)) continue;
+        const size_t sz = (size_t)tl_kern_packed_rows(&c->kern, (tl_type)w->type, w->ne[1]) *
+                          tl_row_size((tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &c->pk[c->n_pk++];
         tw->src = w->data;
         tw->t = *w;
         tw->t.data = c->pk_data + off;
-        st = tl_pack_rows32((tl_type)w->type, w->data, c->pk_data + off, w->ne[1], w->ne[0]);
+        st = tl_kern_pack(&c->kern, (tl_type)w->type, w->data, c->pk_data + off, w->ne[1], w->ne[0]);
         off += sz;
     }
     if (c->n_pk) qsort(c->pk, (size_t)c->n_pk, sizeof *c->pk, twin_cmp);
@@ -556,6 +577,15 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return tl_fail(err, TL_ERR_ARG, "bad sequence count %d or logits rows %d", p.n_seq_max,
                        p.n_logits_max);
     if (p.n_logits_max == 0) p.n_logits_max = 64;
+    if (p.numerics == TL_NUMERICS_AUTO) {
+        const char *env = getenv("TL_NUMERICS");
+        p.numerics = env ? tl_numerics_parse(env) : TL_NUMERICS_FAST;
+        if (p.numerics < 0)
+            return tl_fail(err, TL_ERR_ARG, "TL_NUMERICS=%s: expected fast or exact", env);
+        if (p.numerics == TL_NUMERICS_AUTO) p.numerics = TL_NUMERICS_FAST;
+    }
+    if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
+        return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t blk_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * TL_KV_BLOCK * kv_dim;
@@ -576,7 +606,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->n_logits_max = p.n_logits_max;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
-    tl_kernels_init(&c->kern, tl_cpu_choose());
+    tl_kernels_init(&c->kern, tl_cpu_choose(), p.numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
     int st = tl_pool_new(p.n_threads, &c->pool, err);
     if (st) {
         free(c);
@@ -659,6 +689,15 @@ void tl_ctx_free(tl_ctx *c) {
 int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
 int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
 const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
+const char *tl_ctx_numerics(const tl_ctx *c) { return c->kern.mode == TL_NUM_EXACT ? "exact" : "fast"; }
+
+int tl_numerics_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "fast")) return TL_NUMERICS_FAST;
+    if (!strcmp(name, "exact")) return TL_NUMERICS_EXACT;
+    if (!strcmp(name, "auto")) return TL_NUMERICS_AUTO;
+    return -1;
+}
 const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
 
 int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) {

@@ -50,16 +50,54 @@ tl_cpu_level tl_cpu_choose(void) {
     return detected; /* unknown name: ignore rather than fail start-up */
 }
 
-void tl_kernels_init(tl_kernels *k, tl_cpu_level level) {
+tl_num_mode tl_num_choose(void) {
+    const char *want = getenv("TL_NUMERICS");
+    return want && !strcmp(want, "exact") ? TL_NUM_EXACT : TL_NUM_FAST;
+}
+
+void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     const tl_cpu_level detected = tl_cpu_detect();
     if (level > detected) level = detected;
     if (level < TL_CPU_SCALAR) level = TL_CPU_SCALAR;
     memset(k, 0, sizeof *k);
     tl_kernels_fill_ref(k);
-    if (level >= TL_CPU_AVX2) tl_kernels_fill_avx2(k);
-    if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI);
+    if (mode == TL_NUM_FAST) tl_kernels_fill_r8_ref(k);
+    if (level >= TL_CPU_AVX2) tl_kernels_fill_avx2(k, mode);
+    if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI, mode);
     k->level = level;
+    k->mode = mode;
     k->name = names[level];
+}
+
+/* ---- what each mode's gemm reads (see kernels.h) ---- */
+
+static int r8(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8_supported(t); }
+
+int tl_kern_packs(const tl_kernels *k, tl_type t) { return k->gemm[t] && (r8(k, t) || tl_pack_supported(t)); }
+
+int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows) {
+    return r8(k, t) ? tl_r8_rows(nrows) : nrows;
+}
+
+int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n) {
+    return r8(k, t) ? tl_r8_pack(t, src, dst, nrows, n) : tl_pack_rows32(t, src, dst, nrows, n);
+}
+
+int tl_kern_row_align(const tl_kernels *k, tl_type t) { return r8(k, t) ? 8 : 1; }
+
+size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
+    const tl_type vt = tl_type_info(t)->vec_dot_type;
+    return r8(k, t) ? tl_r8_act_row_size(n) : tl_act_row_size(vt, n);
+}
+
+void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row, int64_t n) {
+    const tl_type vt = tl_type_info(t)->vec_dot_type;
+    if (r8(k, t)) {
+        tl_r8_act_make(k->quantize[TL_Q8_1], x, row, n);
+        return;
+    }
+    k->quantize[vt](x, row, n);
+    tl_act_add_scales(vt, row, n);
 }
 
 /* ---- packed weight rows and gemm activation rows (see kernels.h) ---- */

@@ -83,6 +83,8 @@ DOT_32(dot_q8_0, block_q8_0, block_q8_0, sums_q8_0, 0)
 
 #define TILE_DOT(u, s) dot_us8(u, s)
 #include "cpu/tile32.h"
+#define R8_VNNI 0
+#include "cpu/r8_tile.h"
 
 /* ---- K-quants against Q8_K: one 256-superblock per step ----------------------------- */
 
@@ -494,10 +496,11 @@ static void quantize_f16(const float *x, void *vy, int64_t n) {
     }
 }
 
-void tl_kernels_fill_avx2(tl_kernels *k) {
+void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_Q4_0] = dot_q4_0;
     k->vec_dot[TL_Q4_1] = dot_q4_1;
     tile32_fill(k);
+    if (mode == TL_NUM_FAST) r8_fill(k);
     k->gemm[TL_Q4_K] = gemm_q4_K;
     k->gemm[TL_Q6_K] = gemm_q6_K;
     k->vec_dot[TL_Q5_0] = dot_q5_0;

@@ -276,8 +276,15 @@ VARIANTS(dot_q6_K)
 #define TILE_PM 4 /* prompt rows x 4 tokens: 16 accumulators in 32 registers */
 #include "cpu/tile32.h"
 
-void tl_kernels_fill_avx512(tl_kernels *k, int vnni) {
+/* The fast gemm with vpdpbusd; 32 registers hold 2 groups x 4 tokens. */
+#define R8_VNNI 1
+#define R8_PM 2
+#define R8_PN 4
+#include "cpu/r8_tile.h"
+
+void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode) {
     if (vnni) tile32_fill(k);
+    if (vnni && mode == TL_NUM_FAST) r8_fill(k);
     k->vec_dot[TL_Q4_0] = vnni ? dot_q4_0_vnni : dot_q4_0_512;
     k->vec_dot[TL_Q4_1] = vnni ? dot_q4_1_vnni : dot_q4_1_512;
     k->vec_dot[TL_Q5_0] = vnni ? dot_q5_0_vnni : dot_q5_0_512;

@@ -1,6 +1,7 @@
 /* cpu/kernels: the table of CPU kernels chosen once at start-up from the
- * features this CPU has (scalar, AVX2, AVX-512, AVX-512 VNNI). Entries a level
- * lacks fall back to the level below, down to quant's scalar reference. */
+ * features this CPU has (scalar, AVX2, AVX-512, AVX-512 VNNI) and the numerics
+ * mode (fast, or exact: llama.cpp's float order). Entries a level lacks fall
+ * back to the level below, down to the scalar references. */
 #ifndef TL_CPU_KERNELS_H
 #define TL_CPU_KERNELS_H
 
@@ -35,8 +36,15 @@ typedef void (*tl_widen_fn)(const void *w, size_t w_stride, int nr, int64_t n, v
 /* f32 row -> activation format (Q8_0, Q8_1, Q8_K, F16, BF16), n elements. */
 typedef void (*tl_quantize_fn)(const float *x, void *y, int64_t n);
 
+/* Numerics modes (docs/NUMERICS.md). Exact: every dot in the float order of
+ * llama.cpp's CPU kernels, bitwise. Fast: the 32-block formats through the r8
+ * layout below (exact integer block sums, one fma per block), other types as
+ * in exact. Either way a row's result depends on its own data alone. */
+typedef enum tl_num_mode { TL_NUM_FAST = 0, TL_NUM_EXACT = 1 } tl_num_mode;
+
 typedef struct tl_kernels {
     tl_cpu_level level;
+    tl_num_mode mode;
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
@@ -63,18 +71,45 @@ size_t tl_act_row_size(tl_type vt, int64_t n);
 static inline size_t tl_act_scales_off(tl_type vt, int64_t n) { return (tl_row_size(vt, n) + 3) & ~(size_t)3; }
 void tl_act_add_scales(tl_type vt, void *row, int64_t n);
 
+/* ---- fast numerics: the r8 layout of the 32-block formats (cpu/r8.c) ----
+ * Rows in groups of 8 (the last padded with zero rows), each group block by
+ * block: 8 d (f16), 8 m (Q4_1/Q5_1), 8 qh words (Q5), then the quants with
+ * 4 bytes of each row in turn, so that 32-bit lane r of a vector is row r.
+ * Same bytes per row as the GGUF layout; a group is 8 row strides. gemm on it
+ * takes r8 activation rows: n int8 quants (Q8_1's), then per block d, s (as
+ * Q8_1 rounds it) and the int32 sum. Its float order is in cpu/r8.c. */
+int tl_r8_supported(tl_type type);
+int64_t tl_r8_rows(int64_t nrows); /* rows in the packed copy: nrows rounded up to 8 */
+int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+size_t tl_r8_act_row_size(int64_t n);
+void tl_r8_act_make(tl_quantize_fn q8_1, const float *x, void *row, int64_t n);
+void tl_kernels_fill_r8_ref(tl_kernels *k);
+
+/* What a table's gemm for weight type t reads, whatever the mode: whether it
+ * takes a packed copy, how many rows that copy has, how to make it, and the
+ * activation rows it takes (bytes, and how to make one from floats). */
+int tl_kern_packs(const tl_kernels *k, tl_type t);
+int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows);
+int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n);
+size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n);
+void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row, int64_t n);
+/* Rows a gemm call must start at a multiple of (8 for r8, else 1). */
+int tl_kern_row_align(const tl_kernels *k, tl_type t);
+
 /* The best level this CPU supports (cpuid + OS support for the registers). */
 tl_cpu_level tl_cpu_detect(void);
 /* The level requested by the environment variable TL_CPU (scalar, avx2,
  * avx512, avx512-vnni), capped at what the CPU supports; else the detected one. */
 tl_cpu_level tl_cpu_choose(void);
-/* Fills k for level (capped at the detected level). */
-void tl_kernels_init(tl_kernels *k, tl_cpu_level level);
+/* Fills k for level (capped at the detected level) and mode. */
+void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode);
+/* TL_NUMERICS (fast, exact) if set and valid, else fast. */
+tl_num_mode tl_num_choose(void);
 
 /* Per-ISA fillers, each defined in its own file compiled with its own flags.
  * They overwrite the entries they implement and leave the rest. */
 void tl_kernels_fill_ref(tl_kernels *k);
-void tl_kernels_fill_avx2(tl_kernels *k);
-void tl_kernels_fill_avx512(tl_kernels *k, int vnni);
+void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode);
+void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode);
 
 #endif

@@ -2,6 +2,10 @@
 """Checks tokenloop's CLI ($TL_BIN) against the llama.cpp fixtures in
 tests/oracle/fixtures/ (written by tests/oracle/make_fixtures.py): token ids,
 logits (top-20 per position), greedy generations and perplexity.
+Logits, greedy and perplexity run twice: with --numerics exact, whose logits
+must be bitwise llama.cpp's, and in the default fast mode, held to the
+fidelity rules of docs/NUMERICS.md (greedy identical up to the first near tie,
+perplexity within 0.5%, decisive top-1 agreement >= 99%).
 Needs only numpy; a missing model, vocab or binary is a failure, not a skip.
 Usage: TL_BIN=build/tokenloop python3 tests/py/test_oracle.py [tokenizer logits greedy chat perplexity]
 """
@@ -28,6 +32,13 @@ LOGIT_MAX_ABS = 2e-5
 LOGIT_MEAN_ABS = 1e-5
 MARGIN = 0.3          # a reference top-2 margin above this must give the same top-1
 PPL_REL = 0.005
+# The fast mode: top-1 agreement where the reference's margin exceeds MARGIN,
+# and a bound on the mean error that an order change cannot explain (measured
+# on these fixtures: mean abs 0.12-0.22 per prompt, max abs 1.5: the size of
+# llama.cpp's own batched-vs-single paths on Gemma, test_oracle_gemma.py).
+FAST_TOP1_AGREE = 0.99
+FAST_MEAN_ABS = 0.3
+NUMERICS = "exact"    # the mode tl() runs the CLI in (TL_NUMERICS)
 TIMEOUT = float(os.environ.get("TL_ORACLE_TIMEOUT", "600"))
 
 passed = 0
@@ -51,8 +62,9 @@ def load(name):
 
 def tl(args, stdin=None):
     """Runs the CLI; returns (rc, stdout bytes, stderr text)."""
+    env = dict(os.environ, TL_NUMERICS=NUMERICS)
     try:
-        p = subprocess.run([TL_BIN] + args, input=stdin, capture_output=True, timeout=TIMEOUT)
+        p = subprocess.run([TL_BIN] + args, input=stdin, capture_output=True, timeout=TIMEOUT, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return -1, b"", str(e)
     return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
@@ -120,6 +132,7 @@ def run_logits(ids, tmp):
 def test_logits():
     fx = load("logits.json")
     all_abs = []
+    n_dec = n_dec_ok = 0
     with tempfile.TemporaryDirectory() as tmp:
         for it in fx["items"]:
             name, ids = it["name"], it["tokens"]
@@ -137,15 +150,24 @@ def test_logits():
             decisive = margin > MARGIN
             top1_ok = got.argmax(axis=1) == ref_ids[:, 0]
             n_bad_top1 = int((decisive & ~top1_ok).sum())
-            print(f"logits {name}: n={len(ids)} max_abs={diff.max():.4f} mean_abs={diff.mean():.5f} "
+            n_dec += int(decisive.sum())
+            n_dec_ok += int((decisive & top1_ok).sum())
+            print(f"logits [{NUMERICS}] {name}: n={len(ids)} max_abs={diff.max():.4f} mean_abs={diff.mean():.5f} "
                   f"p99={np.percentile(diff, 99):.4f} max_rel={rel.max():.4f} "
                   f"top1 {int(top1_ok.sum())}/{len(ids)} (decisive mismatches {n_bad_top1})")
-            check(diff.max() <= LOGIT_MAX_ABS, f"logits {name}: max abs error {diff.max():.6f} > {LOGIT_MAX_ABS}")
-            check(diff.mean() <= LOGIT_MEAN_ABS, f"logits {name}: mean abs error {diff.mean():.5f} > {LOGIT_MEAN_ABS}")
-            check(n_bad_top1 == 0, f"logits {name}: top-1 differs at {n_bad_top1} positions with margin > {MARGIN}")
+            if NUMERICS == "exact":
+                check(diff.max() <= LOGIT_MAX_ABS, f"logits {name}: max abs error {diff.max():.6f} > {LOGIT_MAX_ABS}")
+                check(diff.mean() <= LOGIT_MEAN_ABS, f"logits {name}: mean abs error {diff.mean():.5f} > {LOGIT_MEAN_ABS}")
+                check(n_bad_top1 == 0, f"logits {name}: top-1 differs at {n_bad_top1} positions with margin > {MARGIN}")
+            else:
+                check(diff.mean() <= FAST_MEAN_ABS, f"logits fast {name}: mean abs error {diff.mean():.5f} > {FAST_MEAN_ABS}")
+    if NUMERICS == "fast":
+        agree = n_dec_ok / max(1, n_dec)
+        print(f"logits [fast]: decisive top-1 agreement {n_dec_ok}/{n_dec} = {agree:.4f}")
+        check(n_dec > 0 and agree >= FAST_TOP1_AGREE, f"logits fast: decisive top-1 agreement {agree:.4f} < {FAST_TOP1_AGREE}")
     if all_abs:
         d = np.concatenate(all_abs)
-        print(f"logits overall: max_abs={d.max():.4f} mean_abs={d.mean():.5f} p99={np.percentile(d, 99):.4f}")
+        print(f"logits [{NUMERICS}] overall: max_abs={d.max():.4f} mean_abs={d.mean():.5f} p99={np.percentile(d, 99):.4f}")
 
 
 # ---------------------------------------------------------------- greedy
@@ -168,7 +190,7 @@ def compare_greedy(label, ref, got, margins, eog):
     where = "identical" if part is None else f"part at step {part}"
     if part is not None and part < len(margins):
         where += f" (reference margin there {margins[part]:.4f})"
-    print(f"greedy {label}: {where}; ref {len(ref)} tokens, ours {len(got)}; first near tie at step {low}")
+    print(f"greedy [{NUMERICS}] {label}: {where}; ref {len(ref)} tokens, ours {len(got)}; first near tie at step {low}")
     ok = part is None or part >= low
     if not ok:
         print(f"  ref {ref[max(0, part - 3):part + 5]} ours {got[max(0, part - 3):part + 5]}")
@@ -214,11 +236,12 @@ def test_perplexity():
     ppl, se = float(m.group(1)), float(m.group(2))
     ref = fx["ppl"]
     rel = abs(ppl - ref) / ref
-    print(f"perplexity: ours {ppl:.4f} +/- {se:.5f}, reference {ref:.4f} +/- {fx['stderr']:.5f}, rel diff {rel:.5f}")
+    print(f"perplexity [{NUMERICS}]: ours {ppl:.4f} +/- {se:.5f}, reference {ref:.4f} +/- {fx['stderr']:.5f}, rel diff {rel:.5f}")
     check(rel <= PPL_REL, f"perplexity {ppl:.4f} vs reference {ref:.4f} (rel {rel:.5f} > {PPL_REL})")
 
 
 def main():
+    global NUMERICS
     parts = sys.argv[1:] or ["tokenizer", "logits", "greedy", "perplexity"]
     ok = check(os.path.exists(MODEL), f"model {MODEL} missing (run scripts/fetch-models.sh)")
     ok = check(os.access(TL_BIN, os.X_OK), f"TL_BIN {TL_BIN} is not an executable") and ok
@@ -226,12 +249,13 @@ def main():
         if "tokenizer" in parts:
             test_tokenizer_file("tokenizer.json", MODEL)
             test_tokenizer_file("tokenizer_gpt2.json", os.path.join(VOCAB_DIR, "ggml-vocab-gpt-2.gguf"))
-        if "logits" in parts:
-            test_logits()
-        if "greedy" in parts or "chat" in parts:
-            test_greedy(chat_only="greedy" not in parts)
-        if "perplexity" in parts:
-            test_perplexity()
+        for NUMERICS in ("exact", "fast"):
+            if "logits" in parts:
+                test_logits()
+            if "greedy" in parts or "chat" in parts:
+                test_greedy(chat_only="greedy" not in parts)
+            if "perplexity" in parts:
+                test_perplexity()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -28,8 +28,13 @@ TIMEOUT = 300
 
 # Max abs logit error allowed per fixture (docs/NUMERICS.md). The fixtures hold
 # llama.cpp's float32 logits exactly, and every op mirrors ggml's order, so the
-# bound is zero: bitwise equal.
+# bound is zero: bitwise equal. That is the exact numerics mode; the default
+# fast mode (docs/NUMERICS.md) is held to FAST_TOL (measured: max abs 0.033,
+# mean abs 0.0035 at worst, phi3) and to the same top-1 where the reference's
+# margin exceeds FAST_MARGIN.
 TOL = 0.0
+FAST_TOL = 0.1
+FAST_MARGIN = 0.3
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_oracle import check  # noqa: E402  (shared pass/fail counting)
@@ -53,7 +58,7 @@ def tl_logits(model, ids, tmp, extra=()):
     with open(ids_path, "w") as f:
         json.dump(ids, f)
     p = subprocess.run([TL_BIN, "logits", "-m", model, "--ids-file", ids_path, "-o", out] + list(extra),
-                       capture_output=True, text=True, timeout=TIMEOUT)
+                       capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, TL_NUMERICS=to.NUMERICS))
     if p.returncode != 0:
         return None, p.stderr.strip()[-300:]
     return np.fromfile(out, dtype=np.float32), ""
@@ -71,7 +76,8 @@ def check_fixture(path, tmp):
     if not check(sha256(model) == meta["model_sha256"], f"{name}: regenerated model differs"):
         return
     nv = meta["n_vocab"]
-    tol = TOL
+    fast = to.NUMERICS == "fast"
+    tol = FAST_TOL if fast else TOL
     worst, total, n_pos, n_exact, top1_bad = 0.0, 0.0, 0, 0, 0
     for ci, case in enumerate(fx["cases"]):
         flat, err = tl_logits(model, case["ids"], tmp)
@@ -95,10 +101,10 @@ def check_fixture(path, tmp):
             n_pos += 1
             n_exact += int(d.max() == 0)
             top1_bad += int(int(np.argmax(rows[pos])) != top[0][0] and
-                            top[0][1] - top[1][1] > 1e-3)
+                            top[0][1] - top[1][1] > (FAST_MARGIN if fast else 1e-3))
     if n_pos == 0:
         return
-    print(f"{name}: {n_pos} positions, bitwise at {n_exact}, max abs {worst:.3g}, "
+    print(f"{name} [{to.NUMERICS}]: {n_pos} positions, bitwise at {n_exact}, max abs {worst:.3g}, "
           f"mean abs {total / n_pos:.3g}")
     check(worst <= tol, f"{name}: max abs logit error {worst:.3g} > {tol:.3g}")
     check(top1_bad == 0, f"{name}: top-1 differs at {top1_bad} positions")
@@ -133,8 +139,9 @@ def main():
     fixtures = sorted(glob.glob(os.path.join(FIX, "archs_*.json")))
     check(len(fixtures) >= 5, f"expected the archs_*.json fixtures, found {len(fixtures)}")
     with tempfile.TemporaryDirectory() as tmp:
-        for path in fixtures:
-            check_fixture(path, tmp)
+        for to.NUMERICS in ("exact", "fast"):
+            for path in fixtures:
+                check_fixture(path, tmp)
         check_errors(tmp)
     print(f"{to.passed} passed, {to.failed} failed")
     return 1 if to.failed else 0

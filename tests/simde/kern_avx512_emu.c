@@ -25,4 +25,15 @@ static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
 }
 #define _mm256_test_epi8_mask(a, b) emu_test_epi8_mask(a, b)
 
+/* b added to a in the bytes whose bit is set in m (bit j -> byte j). */
+static inline __m256i emu_mask_add_epi8(__m256i src, uint32_t m, __m256i a, __m256i b) {
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                         2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), sel);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_blendv_epi8(src, _mm256_add_epi8(a, b), on);
+}
+#define _mm256_mask_add_epi8(src, m, a, b) emu_mask_add_epi8(src, m, a, b)
+
 #include "cpu/kern_avx512.c"

@@ -222,6 +222,100 @@ static void check_gemm(const tl_kernels *k, rng *r) {
     }
 }
 
+/* ---- the fast numerics' r8 gemm ----
+ * Each level's tiles must give bitwise the scalar reference's result (cpu/r8.c)
+ * for every tile shape and padded last group. The reference itself is checked
+ * against the math: a double-precision sum of the same integer block dots and
+ * scales, within the error bound of its order (a chain of nb fmas, each block
+ * scale d_w*d_a rounded once: (nb + 2) units of 2^-24 times sum|terms|); and
+ * against the exact mode's vec_dot (llama.cpp's order). */
+static const tl_type r8types[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0};
+
+static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, rng *r) {
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(at, n), gb = tl_r8_act_row_size(n);
+    const int64_t nb = n / 32, prow = tl_r8_rows(nr);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(wb * (size_t)prow);
+    uint8_t *a = malloc(ab * (size_t)nt), *ga = malloc(gb * (size_t)nt);
+    float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
+    const size_t ys = (size_t)nr + 3;
+    float *y = malloc(sizeof(float) * ys * (size_t)nt), *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && a && ga && x && wf && y && yr, "alloc");
+    if (w && wp && a && ga && x && wf && y && yr) {
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_r8_pack(t, w, wp, nr, n) == 0, "r8 pack %s", tl_type_info(t)->name);
+        for (int i = 0; i < nt; i++) {
+            make_acts(x, n, r);
+            tl_quantize_row_act(at, x, a + (size_t)i * ab, n);
+            tl_r8_act_make(ref->quantize[TL_Q8_1], x, ga + (size_t)i * gb, n);
+        }
+        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f; /* rows past nr stay untouched */
+        k->gemm[t](n, wp, wb, nr, ga, gb, nt, y, ys);
+        ref->gemm[t](n, wp, wb, nr, ga, gb, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 %s n=%lld %dx%d: not the reference's bits",
+              k->name, tl_type_info(t)->name, (long long)n, nr, nt);
+        int bad_math = 0, bad_exact = 0;
+        const int biased = t == TL_Q4_1 || t == TL_Q5_1;
+        for (int ti = 0; ti < nt; ti++) {
+            const uint8_t *gr = ga + (size_t)ti * gb;
+            const int8_t *q = (const int8_t *)gr;
+            const float *ad = (const float *)(const void *)(gr + n), *as = ad + nb;
+            for (int ri = 0; ri < nr; ri++) {
+                /* dequantize = d*q (+ m): recover the integer quants and scales per block */
+                const uint8_t *row = w + (size_t)ri * wb;
+                tl_dequantize_row(t, row, wf, n);
+                double exact = 0, mag = 0, mmag = 0, amag = 0; /* amag: sum |w_i a_i|, llama.cpp's lanes' scale */
+                for (int64_t b = 0; b < nb; b++) {
+                    uint16_t hd, hm = 0;
+                    memcpy(&hd, row + (size_t)b * tl_type_info((uint32_t)t)->type_size, 2);
+                    if (biased) memcpy(&hm, row + (size_t)b * tl_type_info((uint32_t)t)->type_size + 2, 2);
+                    const float dw = tl_fp16_to_fp32(hd), mw = tl_fp16_to_fp32(hm);
+                    double isum = 0, iabs = 0;
+                    for (int j = 0; j < 32; j++) {
+                        /* the quant: (x - m) / d, exact for these small integers */
+                        const double qw = dw != 0.0f ? ((double)wf[32 * b + j] - mw) / dw : 0.0;
+                        isum += (double)llround(qw) * q[32 * b + j];
+                        iabs += fabs((double)llround(qw) * q[32 * b + j]);
+                    }
+                    amag += iabs * fabs((double)(dw * ad[b])) + (biased ? fabs((double)mw * as[b]) : 0.0);
+                    const double term = isum * (double)(dw * ad[b]);
+                    exact += term + (biased ? (double)mw * as[b] : 0.0);
+                    mag += fabs(term) + (biased ? fabs((double)mw * as[b]) : 0.0);
+                    mmag += biased ? fabs((double)mw * as[b]) : 0.0;
+                }
+                const double got = y[(size_t)ti * ys + ri];
+                if (fabs(got - exact) > (double)(nb + 2) * 0x1p-24 * mag + 1e-30) bad_math++;
+                const double ex = k->vec_dot[t](n, row, a + (size_t)ti * ab);
+                if (fabs(got - ex) > (double)(nb + 2) * 0x1p-24 * mag + (double)(nb + 8) * 0x1p-24 * amag +
+                                         1e-30)
+                    bad_exact++;
+            }
+        }
+        CHECK(!bad_math, "%s r8 %s n=%lld %dx%d: %d outputs outside the order's bound", k->name,
+              tl_type_info(t)->name, (long long)n, nr, nt, bad_math);
+        CHECK(!bad_exact, "%s r8 %s n=%lld %dx%d: %d outputs too far from the exact mode's dot", k->name,
+              tl_type_info(t)->name, (long long)n, nr, nt, bad_exact);
+    }
+    free(w);
+    free(wp);
+    free(a);
+    free(ga);
+    free(x);
+    free(wf);
+    free(y);
+    free(yr);
+}
+
+static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
+    static const int shapes[][2] = {{8, 1}, {16, 1}, {13, 1}, {40, 1}, {8, 2}, {16, 4}, {24, 3},
+                                    {3, 5}, {17, 7}, {32, 9}, {16, 12}};
+    static const int64_t ns[] = {32, 96, 576, 640, 2048};
+    for (size_t ti = 0; ti < sizeof r8types / sizeof *r8types; ti++)
+        for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+                check_r8_case(k, ref, r8types[ti], ns[si], shapes[sh][0], shapes[sh][1], r);
+}
+
 /* dot_f16_x4 (four keys against one query) must equal dot_f16 key by key, bitwise. */
 static void check_dot_f16_x4(const tl_kernels *k, rng *r) {
     if (!k->dot_f16_x4) return;
@@ -312,21 +406,29 @@ static void bench_type(const tl_kernels *k, const tl_kernels *ref, tl_type t, rn
 int main(void) {
     const tl_cpu_level top = tl_cpu_detect();
     printf("detected CPU level %d\n", (int)top);
-    tl_kernels ref;
-    tl_kernels_init(&ref, TL_CPU_SCALAR);
+    tl_kernels ref, rfast;
+    tl_kernels_init(&ref, TL_CPU_SCALAR, TL_NUM_EXACT);
+    tl_kernels_init(&rfast, TL_CPU_SCALAR, TL_NUM_FAST);
+    /* the scalar reference against the math and the exact mode */
+    rng r0 = {0x243F6A8885A308D3ULL};
+    check_r8(&rfast, &rfast, &r0);
     rng r = {0x9E3779B97F4A7C15ULL};
     for (int level = TL_CPU_AVX2; level <= (int)top; level++) {
         /* this level's own kernels only, without the table's fallbacks */
         tl_kernels k;
         memset(&k, 0, sizeof k);
-        tl_kernels_fill_avx2(&k);
-        if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(&k, level >= TL_CPU_AVX512VNNI);
+        tl_kernels_fill_avx2(&k, TL_NUM_EXACT);
+        if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(&k, level >= TL_CPU_AVX512VNNI, TL_NUM_EXACT);
         k.name = level == TL_CPU_AVX2 ? "avx2" : level == TL_CPU_AVX512 ? "avx512" : "avx512-vnni";
         check_quantizers(&k, &r);
         check_dots(&k, &r);
         check_gemm(&k, &r);
         check_dot_f16(&k, &r);
         check_dot_f16_x4(&k, &r);
+        tl_kernels kf = k;
+        if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kf, TL_NUM_FAST);
+        else tl_kernels_fill_avx512(&kf, level >= TL_CPU_AVX512VNNI, TL_NUM_FAST);
+        if (level != TL_CPU_AVX512) check_r8(&kf, &rfast, &r); /* AVX-512 without VNNI keeps AVX2's */
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
     }

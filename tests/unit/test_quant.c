@@ -515,7 +515,7 @@ static void test_levels(void) {
     printf("detected CPU level: %s\n", level_name(det));
     for (int l = TL_CPU_SCALAR; l <= (int)det; l++) {
         tl_kernels k;
-        tl_kernels_init(&k, (tl_cpu_level)l);
+        tl_kernels_init(&k, (tl_cpu_level)l, TL_NUM_EXACT);
         CHECK(k.level == (tl_cpu_level)l && k.name && !strcmp(k.name, level_name(l)), "init level %s gives %s",
               level_name(l), k.name ? k.name : "(null)");
         rng r = {0xabcdef + (uint64_t)l};
@@ -526,7 +526,7 @@ static void test_levels(void) {
     }
     /* asking for more than the CPU has gives what it has */
     tl_kernels k;
-    tl_kernels_init(&k, TL_CPU_AVX512VNNI);
+    tl_kernels_init(&k, TL_CPU_AVX512VNNI, TL_NUM_EXACT);
     CHECK(k.level == det, "init capped at detected level");
 }
 

@@ -1,0 +1,179 @@
+/* cpu/r8: the fast numerics' layout of the 32-block formats (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0) and its scalar reference. Weight rows are interleaved eight at a
+ * time so that one 32-bit vector lane holds one row: an integer dot instruction
+ * then gives eight rows' exact block sums at once, and each (row, token, block)
+ * costs one float multiply-add. The float order is fixed by the row alone:
+ *
+ *     acc = 0
+ *     for each block b:  acc = fma((float)isum_b, d_w * d_a, acc)
+ *                        [Q4_1, Q5_1: acc = fma(m_w, s_a, acc)]
+ *
+ * where isum_b is the exact integer dot of the block's quants (Q4_0 and Q5_0
+ * with their -8/-16 offsets) and s_a is Q8_1's s: d_a * sum(q_a) from the
+ * unrounded d_a, rounded to f16 (the activation llama.cpp gives these two
+ * formats, so that their min terms match the exact mode's). The SIMD levels
+ * compute exactly this, so every level gives the bits of the reference here. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+#include "util.h"
+
+/* Per block of one row: the fields' bytes in the GGUF layout. */
+typedef struct r8_fields {
+    size_t block, m, qh, qs;
+} r8_fields;
+
+static int fields(tl_type t, r8_fields *f) {
+    switch (t) {
+    case TL_Q4_0: *f = (r8_fields){sizeof(block_q4_0), 0, 0, 16}; return 0;
+    case TL_Q4_1: *f = (r8_fields){sizeof(block_q4_1), 2, 0, 16}; return 0;
+    case TL_Q5_0: *f = (r8_fields){sizeof(block_q5_0), 0, 4, 16}; return 0;
+    case TL_Q5_1: *f = (r8_fields){sizeof(block_q5_1), 2, 4, 16}; return 0;
+    case TL_Q8_0: *f = (r8_fields){sizeof(block_q8_0), 0, 0, 32}; return 0;
+    default: return -1;
+    }
+}
+
+int tl_r8_supported(tl_type type) {
+    r8_fields f;
+    return fields(type, &f) == 0;
+}
+
+int64_t tl_r8_rows(int64_t nrows) { return (nrows + 7) & ~(int64_t)7; }
+
+/* One group of 8 rows, block b, laid out as (see kernels.h):
+ *   d[8] f16 | m[8] f16 (Q4_1, Q5_1) | qh: 8 x u32 (Q5) | qs: 4 (8 for Q8_0) x 32 bytes
+ * qs vector k: bytes 4r..4r+3 = row r's qs[4k..4k+3]. For the nibble formats the
+ * low nibbles are elements 4k.., the high ones 16+4k..; qh word k (k < 4) has
+ * bit 4r+i = fifth bit of element 4k+i of row r, word 4+k that of 16+4k+i. */
+int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    r8_fields f;
+    if (fields(type, &f) || n % 32 || nrows < 0) return -1;
+    const int64_t nb = n / 32, ng = tl_r8_rows(nrows) / 8;
+    const size_t gblk = 8 * f.block; /* one block of a group */
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    memset(d, 0, (size_t)(ng * 8 * nb) * f.block);
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = d + (size_t)(g * nb + b) * gblk;
+            uint8_t *od = o, *om = o + 16, *oh = o + 16 + 8 * f.m, *oq = oh + 8 * f.qh;
+            uint32_t qh[8] = {0};
+            for (int r = 0; r < 8; r++) {
+                const int64_t row = g * 8 + r;
+                if (row >= nrows) break;
+                const uint8_t *blk = s + (size_t)(row * nb + b) * f.block;
+                memcpy(od + 2 * r, blk, 2);
+                if (f.m) memcpy(om + 2 * r, blk + 2, 2);
+                if (f.qh) {
+                    uint32_t h;
+                    memcpy(&h, blk + 2 + f.m, 4);
+                    for (int k = 0; k < 4; k++)
+                        for (int i = 0; i < 4; i++) {
+                            qh[k] |= ((h >> (4 * k + i)) & 1u) << (4 * r + i);
+                            qh[4 + k] |= ((h >> (16 + 4 * k + i)) & 1u) << (4 * r + i);
+                        }
+                }
+                const uint8_t *qs = blk + 2 + f.m + f.qh;
+                for (size_t k = 0; k < f.qs / 4; k++) memcpy(oq + 32 * k + 4 * (size_t)r, qs + 4 * k, 4);
+            }
+            if (f.qh) memcpy(oh, qh, sizeof qh);
+        }
+    return 0;
+}
+
+/* ---- activations: Q8_1's quants in a row, then per block d, s and sum(q) ---- */
+
+size_t tl_r8_act_row_size(int64_t n) { return (size_t)n + 12 * (size_t)(n / 32); }
+
+void tl_r8_act_make(tl_quantize_fn q8_1, const float *x, void *row, int64_t n) {
+    const int64_t nb = n / 32;
+    uint8_t *q = row;
+    float *d = (float *)(void *)(q + n), *s = d + nb;
+    int32_t *sum = (int32_t *)(s + nb);
+    for (int64_t b = 0; b < nb; b++) {
+        block_q8_1 blk;
+        q8_1(x + 32 * b, &blk, 32);
+        memcpy(q + 32 * b, blk.qs, 32);
+        int32_t t = 0;
+        for (int i = 0; i < 32; i++) t += blk.qs[i];
+        d[b] = tl_fp16_to_fp32(blk.d);
+        s[b] = tl_fp16_to_fp32(blk.s);
+        sum[b] = t;
+    }
+}
+
+/* ---- the scalar reference gemm ---- */
+
+static float h2f_at(const uint8_t *p, int i) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return tl_fp16_to_fp32(h);
+}
+
+/* Row r (0..7) of a packed group, block at blk: element j's stored quant as
+ * the integer the block sum uses (before the Q4_0/Q5_0 offset). */
+static int quant_at(tl_type type, const uint8_t *blk, int r, int j) {
+    r8_fields f = {0, 0, 0, 0};
+    fields(type, &f);
+    const uint8_t *qh = blk + 16 + 8 * f.m, *qs = qh + 8 * f.qh;
+    if (type == TL_Q8_0) return (int8_t)qs[32 * (j / 4) + 4 * r + j % 4];
+    const int hi = j >= 16, jj = j % 16;
+    const uint8_t byte = qs[32 * (jj / 4) + 4 * r + jj % 4];
+    int u = hi ? byte >> 4 : byte & 15;
+    if (f.qh) {
+        uint32_t w;
+        memcpy(&w, qh + 4 * (4 * hi + jj / 4), 4);
+        u |= (int)((w >> (4 * r + jj % 4)) & 1u) << 4;
+    }
+    return u;
+}
+
+static void gemm_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as,
+                     int nt, float *y, size_t ys) {
+    r8_fields f = {0, 0, 0, 0};
+    fields(type, &f);
+    const int64_t nb = n / 32;
+    const int off = type == TL_Q4_0 ? 8 : type == TL_Q5_0 ? 16 : 0;
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint8_t *grp = (const uint8_t *)vw + (size_t)r0 * ws;
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *a = (const uint8_t *)va + (size_t)t * as;
+            const float *ad = (const float *)(const void *)(a + n), *asf = ad + nb;
+            const int32_t *asum = (const int32_t *)(asf + nb);
+            for (int r = 0; r < 8 && r0 + r < nr; r++) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *blk = grp + (size_t)b * 8 * f.block;
+                    int32_t isum = 0;
+                    for (int j = 0; j < 32; j++) isum += quant_at(type, blk, r, j) * (int8_t)a[32 * b + j];
+                    isum -= off * asum[b];
+                    acc = fmaf((float)isum, h2f_at(blk, r) * ad[b], acc);
+                    if (f.m) acc = fmaf(h2f_at(blk + 16, r), asf[b], acc);
+                }
+                y[(size_t)t * ys + r0 + r] = acc;
+            }
+        }
+    }
+}
+
+#define REF_GEMM(T)                                                                                 \
+    static void r8_ref_##T(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, \
+                           int nt, float *y, size_t ys) {                                           \
+        gemm_ref(TL_##T, n, w, ws, nr, a, as, nt, y, ys);                                           \
+    }
+REF_GEMM(Q4_0)
+REF_GEMM(Q4_1)
+REF_GEMM(Q5_0)
+REF_GEMM(Q5_1)
+REF_GEMM(Q8_0)
+
+void tl_kernels_fill_r8_ref(tl_kernels *k) {
+    k->gemm[TL_Q4_0] = r8_ref_Q4_0;
+    k->gemm[TL_Q4_1] = r8_ref_Q4_1;
+    k->gemm[TL_Q5_0] = r8_ref_Q5_0;
+    k->gemm[TL_Q5_1] = r8_ref_Q5_1;
+    k->gemm[TL_Q8_0] = r8_ref_Q8_0;
+    k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
+}

@@ -1,0 +1,239 @@
+/* cpu/r8_tile: the fast gemm of the 32-block formats on r8 rows (cpu/r8.c),
+ * in tiles of 8-row groups x tokens. Included by a kernel file after it defines
+ * R8_VNNI: 1 for vpdpbusd on 256-bit vectors (AVX-512 VL + VNNI), 0 for AVX2's
+ * maddubs. Lane r of every vector is row r of a group, so one integer dot
+ * instruction gives 8 rows x 4 products, and the block's float work is one
+ * convert, one multiply and one fma for 8 rows. The result is bitwise that of
+ * the scalar reference in cpu/r8.c, whatever the tile. Defines r8_fill(). */
+#ifndef TL_CPU_R8_TILE_H
+#define TL_CPU_R8_TILE_H
+
+#include "cpu/kernels.h"
+#include "cpu/simd256.h"
+
+/* Tiles: R8_DM groups for one token (decode), R8_PM groups x R8_PN tokens for
+ * prompts, within the registers (16 ymm on AVX2, 32 with AVX-512 VL). */
+#ifndef R8_DM
+#define R8_DM 2
+#endif
+#ifndef R8_PM
+#define R8_PM 1
+#endif
+#ifndef R8_PN
+#define R8_PN 4
+#endif
+_Static_assert(R8_PN >= 2 && R8_PN <= 8, "the token switch below covers 1..8");
+
+/* Bytes ahead each group stream asks for (decode reads weights from memory). */
+#define R8_PREFETCH 2048
+
+enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0 };
+
+AI int r_biased(int f) { return f == R_Q4_1 || f == R_Q5_1; }
+AI int r_q5(int f) { return f == R_Q5_0 || f == R_Q5_1; }
+/* one block of a group: 8 rows' d, m, qh and quants */
+AI size_t r_blk(int f) { return 16 + (r_biased(f) ? 16 : 0) + (r_q5(f) ? 32 : 0) + (f == R_Q8_0 ? 256 : 128); }
+AI size_t r_qh_off(int f) { return 16 + (r_biased(f) ? 16 : 0); }
+AI size_t r_qs_off(int f) { return r_qh_off(f) + (r_q5(f) ? 32 : 0); }
+
+/* Full unrolling: the k loops run 8 times and their vectors must stay in registers. */
+#define UNROLL8 _Pragma("GCC unroll 8")
+
+/* Weight vector k of a block: 8 rows x 4 quants, pairing with activation bytes
+ * 4k..4k+3. Q4/Q5 give the unsigned quants (their offset goes through the
+ * activation sums); Q8_0 the signed bytes, with VNNI plus 128 as unsigned
+ * (its sum again). */
+AI __m256i r_wvec(int f, const uint8_t *blk, int k) {
+    const uint8_t *qs = blk + r_qs_off(f);
+    if (f == R_Q8_0) {
+        const __m256i v = load32(qs + 32 * k);
+        return R8_VNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
+    }
+    const __m256i v = load32(qs + 32 * (k & 3)), m4 = _mm256_set1_epi8(0x0F);
+    __m256i u = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), m4);
+    if (r_q5(f)) {
+        const uint8_t *qh = blk + r_qh_off(f) + 4 * k;
+#if R8_VNNI
+        uint32_t m;
+        memcpy(&m, qh, 4);
+        u = _mm256_mask_add_epi8(u, (__mmask32)m, u, _mm256_set1_epi8(16));
+#else
+        u = _mm256_or_si256(u, _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
+#endif
+    }
+    return u;
+}
+
+/* How much each activation sum is taken away: the quants' offset. */
+AI int r_off(int f) { return f == R_Q4_0 ? 8 : f == R_Q5_0 ? 16 : (f == R_Q8_0 && R8_VNNI) ? 128 : 0; }
+
+AI __m256i bcast4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* One weight vector into a running integer dot. With VNNI the int32 lanes
+ * accumulate directly. AVX2's maddubs gives int16 pair sums: 8 x 2*15*127 (Q4)
+ * stay below 32768 and go to int32 once per block; Q5 (2*31*127) is widened
+ * every 4 vectors, Q8_0 (|w| x a with w's sign, 2*128*127) every vector. */
+AI __m256i r_dot(int f, __m256i acc, __m256i wv, __m256i a) {
+#if R8_VNNI
+    (void)f;
+    return _mm256_dpbusd_epi32(acc, wv, a);
+#else
+    if (f == R_Q8_0)
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv),
+                                                                            _mm256_sign_epi8(a, wv)),
+                                                       _mm256_set1_epi16(1)));
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(wv, a));
+#endif
+}
+
+/* AVX2 int16 pair sums -> int32 added to acc32 (a no-op where acc is int32 already). */
+AI int r_widen_at(int f, int k) {
+#if R8_VNNI
+    (void)f, (void)k;
+    return 0;
+#else
+    return f != R_Q8_0 && (k == 7 || (r_q5(f) && k == 3));
+#endif
+}
+
+/* M groups x N tokens; rows past nr (a padded last group) are not stored. The
+ * block's vectors are made one at a time and used by every token, so the
+ * registers hold the M x N integer and float sums and little else. */
+AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
+                size_t as, float *y, size_t ys) {
+    const int64_t nb = n / 32;
+    const int avx2_16 = !R8_VNNI && f != R_Q8_0; /* int16 partial sums (see r_dot) */
+    __m256 acc[4][8];
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL8
+        for (int t = 0; t < N; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i is[4][8], h[4][8];
+        UNROLL
+        for (int g = 0; g < M; g++) {
+            const uint8_t *blk = w + (size_t)g * gs + (size_t)b * r_blk(f);
+            _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + R8_PREFETCH + 128, _MM_HINT_T0);
+            if (r_blk(f) > 192) _mm_prefetch((const char *)blk + R8_PREFETCH + 192, _MM_HINT_T0);
+            if (r_blk(f) > 256) _mm_prefetch((const char *)blk + R8_PREFETCH + 256, _MM_HINT_T0);
+            UNROLL8
+            for (int t = 0; t < N; t++) {
+                const int32_t *sum = (const int32_t *)(const void *)(a + (size_t)t * as + n + 8 * (size_t)nb);
+                is[g][t] = _mm256_set1_epi32(-r_off(f) * sum[b]);
+                h[g][t] = _mm256_setzero_si256();
+            }
+        }
+        UNROLL8
+        for (int k = 0; k < 8; k++)
+            UNROLL
+            for (int g = 0; g < M; g++) {
+                const __m256i wv = r_wvec(f, w + (size_t)g * gs + (size_t)b * r_blk(f), k);
+                UNROLL8
+                for (int t = 0; t < N; t++) {
+                    const __m256i av = bcast4(a + (size_t)t * as + 32 * (size_t)b + 4 * (size_t)k);
+                    if (avx2_16) {
+                        h[g][t] = r_dot(f, h[g][t], wv, av);
+                        if (r_widen_at(f, k)) {
+                            is[g][t] = _mm256_add_epi32(is[g][t], _mm256_madd_epi16(h[g][t], _mm256_set1_epi16(1)));
+                            h[g][t] = _mm256_setzero_si256();
+                        }
+                    } else if (N == 1 && R8_VNNI && (k & 1)) { /* decode: two chains, not one of 8 */
+                        h[g][t] = r_dot(f, h[g][t], wv, av);
+                    } else {
+                        is[g][t] = r_dot(f, is[g][t], wv, av);
+                    }
+                }
+            }
+        if (N == 1 && R8_VNNI)
+            UNROLL
+            for (int g = 0; g < M; g++) is[g][0] = _mm256_add_epi32(is[g][0], h[g][0]);
+        UNROLL
+        for (int g = 0; g < M; g++) {
+            const uint8_t *blk = w + (size_t)g * gs + (size_t)b * r_blk(f);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            UNROLL8
+            for (int t = 0; t < N; t++) {
+                const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
+                const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(ad + b));
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[g][t]), d, acc[g][t]);
+                if (r_biased(f)) {
+                    const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+                    acc[g][t] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(ad + nb + b), acc[g][t]);
+                }
+            }
+        }
+    }
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL8
+        for (int t = 0; t < N; t++) {
+            float *yo = y + (size_t)t * ys + 8 * (size_t)g;
+            if (8 * g + 8 <= nr) {
+                _mm256_storeu_ps(yo, acc[g][t]);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[g][t]);
+                for (int r = 0; r < nr - 8 * g; r++) yo[r] = tmp[r];
+            }
+        }
+}
+
+#define R8_TOKENS(M, TN, ...)                                        \
+    switch (TN) {                                                    \
+    case 1: r8_tile(f, M, 1, __VA_ARGS__); break;                    \
+    case 2: r8_tile(f, M, 2, __VA_ARGS__); break;                    \
+    case 3: if (R8_PN >= 3) r8_tile(f, M, 3, __VA_ARGS__); break;    \
+    case 4: if (R8_PN >= 4) r8_tile(f, M, 4, __VA_ARGS__); break;    \
+    case 5: if (R8_PN >= 5) r8_tile(f, M, 5, __VA_ARGS__); break;    \
+    case 6: if (R8_PN >= 6) r8_tile(f, M, 6, __VA_ARGS__); break;    \
+    case 7: if (R8_PN >= 7) r8_tile(f, M, 7, __VA_ARGS__); break;    \
+    default: if (R8_PN >= 8) r8_tile(f, M, 8, __VA_ARGS__); break;   \
+    }
+
+/* nr rows (from a group boundary) x nt tokens. */
+AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
+                float *y, size_t ys) {
+    const uint8_t *w = vw, *a = va;
+    const size_t gs = 8 * ws;
+    const int ng = (nr + 7) / 8;
+    for (int t0 = 0; t0 < nt; t0 += R8_PN) {
+        const int tn = nt - t0 < R8_PN ? nt - t0 : R8_PN;
+        const uint8_t *at = a + (size_t)t0 * as;
+        float *yt = y + (size_t)t0 * ys;
+        int g = 0;
+        if (tn == 1)
+            for (; g + R8_DM <= ng; g += R8_DM)
+                r8_tile(f, R8_DM, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        else
+            for (; g + R8_PM <= ng; g += R8_PM) R8_TOKENS(R8_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g < ng; g++) R8_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+    }
+}
+
+#define R8_GEMM(NAME, F)                                                                              \
+    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
+                     float *y, size_t ys) {                                                           \
+        r8_gemm(F, n, w, ws, nr, a, as, nt, y, ys);                                                   \
+    }
+R8_GEMM(r8_gemm_q4_0, R_Q4_0)
+R8_GEMM(r8_gemm_q4_1, R_Q4_1)
+R8_GEMM(r8_gemm_q5_0, R_Q5_0)
+R8_GEMM(r8_gemm_q5_1, R_Q5_1)
+R8_GEMM(r8_gemm_q8_0, R_Q8_0)
+
+static void r8_fill(tl_kernels *k) {
+    k->gemm[TL_Q4_0] = r8_gemm_q4_0;
+    k->gemm[TL_Q4_1] = r8_gemm_q4_1;
+    k->gemm[TL_Q5_0] = r8_gemm_q5_0;
+    k->gemm[TL_Q5_1] = r8_gemm_q5_1;
+    k->gemm[TL_Q8_0] = r8_gemm_q8_0;
+    k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
+}
+
+#endif
