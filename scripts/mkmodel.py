@@ -84,14 +84,24 @@ def llama3_rope_factors(base, dim):
     return np.array(out, dtype=np.float32)
 
 
-def copy_vocab(w, path, keys=None):
-    """Copies the tokenizer.* keys; their names go into the set keys if given."""
+def copy_vocab(w, path, keys=None, none=False):
+    """Copies the tokenizer.* keys; their names go into the set keys if given.
+    none: write only tokenizer.ggml.model = "none" (a file without a vocabulary,
+    as benchmark files often are), keeping the vocabulary's size."""
     if not os.path.isfile(path):
         sys.exit(f"mkmodel: vocabulary {path} not found (set TL_VOCAB_DIR, see scripts/fetch-vocab.sh)")
     r = gguf.GGUFReader(path)
     n_vocab = None
+    if none:
+        w.add_tokenizer_model("none")
+        if keys is not None:
+            keys.update({"tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.add_bos_token"})
     for name, f in r.fields.items():
         if not name.startswith("tokenizer."):
+            continue
+        if none:
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(f.data)
             continue
         vt = f.types[0]
         sub = f.types[1] if vt == VT.ARRAY else None
@@ -138,7 +148,8 @@ def build(args):
     arch = args.arch_name or spec["arch"]
     tied = spec["tied"] if args.tied is None else args.tied
     w = gguf.GGUFWriter(args.out, arch)
-    n_vocab = copy_vocab(w, os.path.join(VOCAB_DIR, VOCAB_PHI3 if args.arch == "phi3" else VOCAB))
+    n_vocab = copy_vocab(w, os.path.join(VOCAB_DIR, VOCAB_PHI3 if args.arch == "phi3" else VOCAB),
+                         none=args.no_vocab)
     L = spec["layers"]
     w.add_name(f"tokenloop-random-{args.arch}")
     w.add_file_type(FILE_TYPE[args.type])
@@ -221,7 +232,7 @@ def build_llama1b(args):
     w = gguf.GGUFWriter(args.out, "llama")
     vocab = args.vocab or os.path.join(VOCAB_DIR, VOCAB_L1B)
     vocab_keys = set()
-    n_vocab = copy_vocab(w, vocab, vocab_keys)
+    n_vocab = copy_vocab(w, vocab, vocab_keys, none=args.no_vocab)
     w.add_name("tokenloop-random-llama1b")
     w.add_file_type(FILE_TYPE[args.type])
     w.add_context_length(p["ctx"])
@@ -291,6 +302,8 @@ def main():
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
     ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")
+    ap.add_argument("--no-vocab", action="store_true",
+                    help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.type is None:

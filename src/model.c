@@ -313,7 +313,7 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
     }
     if (!st) st = read_hparams(m, err);
     if (!st) st = bind_weights(m, err);
-    if (!st && m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok))
+    if (!st && tl_tokenizer_has_vocab(m->tok) && m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok))
         st = tl_fail(err, TL_ERR_FORMAT, "output has %d rows but the vocabulary has %d tokens",
                      m->hp.n_vocab, tl_tokenizer_n_vocab(m->tok));
     if (st) {
@@ -333,7 +333,9 @@ void tl_model_free(tl_model *m) {
     free(m);
 }
 
-int tl_model_n_vocab(const tl_model *m) { return tl_tokenizer_n_vocab(m->tok); }
+int tl_model_n_vocab(const tl_model *m) {
+    return m->arch && !tl_tokenizer_has_vocab(m->tok) ? m->hp.n_vocab : tl_tokenizer_n_vocab(m->tok);
+}
 int tl_model_n_ctx_train(const tl_model *m) { return m->arch ? m->hp.n_ctx_train : 0; }
 int tl_model_can_run(const tl_model *m) { return m->arch != NULL; }
 const char *tl_model_chat_template(const tl_model *m) { return m->chat_template; }

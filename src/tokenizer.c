@@ -11,7 +11,9 @@
 #include "unicode.h"
 #include "util.h"
 
-enum { TOK_BPE = 1, TOK_SPM = 2 };
+/* TOK_NONE: a file without a vocabulary (tokenizer.ggml.model = "none", as
+ * random-weight benchmark files are): it runs on token ids only. */
+enum { TOK_BPE = 1, TOK_SPM = 2, TOK_NONE = 3 };
 
 /* Token attributes, numbered as llama.cpp's llama_token_attr, plus ours. */
 enum {
@@ -606,6 +608,12 @@ int tl_tokenizer_load(const tl_gguf *g, tl_tokenizer **out, tl_error *err) {
         t->type = TOK_BPE;
         t->bos = t->eos = 11; /* llama.cpp's defaults when the file gives none */
         t->unk = -1;
+    } else if (tl_str_eq(model, "none")) {
+        t->type = TOK_NONE;
+        t->bos = t->eos = t->eot = t->unk = -1;
+        snprintf(t->model_name, sizeof t->model_name, "none");
+        *out = t;
+        return TL_OK;
     } else if (tl_str_eq(model, "llama")) {
         t->type = TOK_SPM;
         t->bos = 1;
@@ -1049,6 +1057,9 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
     *ids = NULL;
     *n_ids = 0;
     if (!t || (!text && len > 0)) return tl_fail(err, TL_ERR_ARG, "tokenize: NULL argument");
+    if (t->type == TOK_NONE)
+        return tl_fail(err, TL_ERR_UNSUPPORTED,
+                       "the file has no vocabulary (tokenizer.ggml.model = none): it runs on token ids only");
     idvec out = {0};
     work w = {0};
     fragvec fr = {0};
@@ -1174,6 +1185,7 @@ size_t tl_tokenizer_piece(const tl_tokenizer *t, int32_t id, int special, char *
 /* ---- accessors -------------------------------------------------------------------------------- */
 
 int tl_tokenizer_n_vocab(const tl_tokenizer *t) { return t ? t->n_vocab : 0; }
+int tl_tokenizer_has_vocab(const tl_tokenizer *t) { return t && t->type != TOK_NONE; }
 int32_t tl_tokenizer_bos(const tl_tokenizer *t) { return t ? t->bos : -1; }
 int32_t tl_tokenizer_eos(const tl_tokenizer *t) { return t ? t->eos : -1; }
 int32_t tl_tokenizer_eot(const tl_tokenizer *t) { return t ? t->eot : -1; }
@@ -1193,7 +1205,7 @@ const char *tl_tokenizer_text(const tl_tokenizer *t, int32_t id) {
 }
 
 const char *tl_tokenizer_model_name(const tl_tokenizer *t) { return t ? t->model_name : ""; }
-const char *tl_tokenizer_pre_name(const tl_tokenizer *t) { return t ? t->pre_name : ""; }
+const char *tl_tokenizer_pre_name(const tl_tokenizer *t) { return t && t->pre_name ? t->pre_name : ""; }
 
 const char *tl_supported_tokenizers(void) {
     return "gpt2 (byte-level BPE, llama.cpp's pre-tokenizers), llama (SentencePiece-style)";

@@ -21,6 +21,9 @@ void tl_tokenizer_free(tl_tokenizer *t);
 int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int flags,
                         int32_t **ids, size_t *n_ids, tl_error *err);
 int tl_tokenizer_n_vocab(const tl_tokenizer *t);
+/* 0 for a file without a vocabulary (tokenizer.ggml.model = "none"): its
+ * model's n_vocab then comes from the weights, and text cannot be tokenized. */
+int tl_tokenizer_has_vocab(const tl_tokenizer *t);
 int32_t tl_tokenizer_bos(const tl_tokenizer *t);
 int32_t tl_tokenizer_eos(const tl_tokenizer *t);
 int32_t tl_tokenizer_eot(const tl_tokenizer *t);

@@ -205,6 +205,26 @@ def check_decode_bytes_models():
             check(res[0]["model_size"] == total, f"{name}: model_size")
 
 
+def check_no_vocab():
+    """A file without a vocabulary (tokenizer.ggml.model = none, as random-weight
+    benchmark files are) benchmarks like any other; text commands refuse it
+    with an error that says why."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "novocab.gguf")
+        mk = subprocess.run([sys.executable, MKMODEL, "llama3", path, "--type", "q8_0", "--no-vocab"],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+        if not check(mk.returncode == 0, f"mkmodel --no-vocab failed: {mk.stderr[-300:]}"):
+            return
+        p = bench("-m", path, "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-o", "json")
+        if check(p.returncode == 0, f"bench on a vocabulary-less file failed: {p.stderr[-300:]}"):
+            res = json.loads(p.stdout)
+            check([(o["n_prompt"], o["n_gen"]) for o in res] == [(16, 0), (0, 4)] and
+                  all(o["avg_ts"] > 0 for o in res), f"no-vocab results {res}")
+        r = subprocess.run([TL_BIN, "run", "-m", path, "-p", "hello", "-n", "2"], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        check(r.returncode == 1 and "no vocabulary" in r.stderr, f"run on a no-vocab file: {r.returncode} {r.stderr!r}")
+
+
 def check_memory():
     p = bench("--memory", "-t", "1", "-o", "json", "--mem-dram", "256")
     if not check(p.returncode == 0, f"--memory failed: {p.stderr[-400:]}"):
@@ -240,6 +260,7 @@ def main():
         check_json_run()
         check_markdown()
         check_decode_bytes_models()
+        check_no_vocab()
         check_memory()
         check_errors()
     return summary()
