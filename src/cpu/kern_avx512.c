@@ -276,10 +276,16 @@ VARIANTS(dot_q6_K)
 #define TILE_PM 4 /* prompt rows x 4 tokens: 16 accumulators in 32 registers */
 #include "cpu/tile32.h"
 
-/* The fast gemm with vpdpbusd; 32 registers hold 2 groups x 4 tokens. */
+/* The fast gemm with vpdpbusd; 32 registers hold 2 groups x 4 tokens. (The
+ * SIMDe-emulated test build takes smaller tiles of the same code: emulated,
+ * every instance costs a minute of compile time.) */
 #define R8_VNNI 1
+#ifndef R8_PM
 #define R8_PM 2
+#endif
+#ifndef R8_PN
 #define R8_PN 4
+#endif
 #include "cpu/r8_tile.h"
 
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode) {

@@ -22,7 +22,7 @@
 #ifndef R8_PN
 #define R8_PN 4
 #endif
-_Static_assert(R8_PN >= 2 && R8_PN <= 8, "the token switch below covers 1..8");
+_Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below makes 1..R8_PN");
 
 /* Bytes ahead each group stream asks for (decode reads weights from memory). */
 #define R8_PREFETCH 2048
@@ -37,7 +37,9 @@ AI size_t r_qh_off(int f) { return 16 + (r_biased(f) ? 16 : 0); }
 AI size_t r_qs_off(int f) { return r_qh_off(f) + (r_q5(f) ? 32 : 0); }
 
 /* Full unrolling: the k loops run 8 times and their vectors must stay in registers. */
+#ifndef UNROLL8
 #define UNROLL8 _Pragma("GCC unroll 8")
+#endif
 
 /* Weight vector k of a block: 8 rows x 4 quants, pairing with activation bytes
  * 4k..4k+3. Q4/Q5 give the unsigned quants (their offset goes through the
@@ -184,16 +186,26 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         }
 }
 
-#define R8_TOKENS(M, TN, ...)                                        \
-    switch (TN) {                                                    \
-    case 1: r8_tile(f, M, 1, __VA_ARGS__); break;                    \
-    case 2: r8_tile(f, M, 2, __VA_ARGS__); break;                    \
-    case 3: if (R8_PN >= 3) r8_tile(f, M, 3, __VA_ARGS__); break;    \
-    case 4: if (R8_PN >= 4) r8_tile(f, M, 4, __VA_ARGS__); break;    \
-    case 5: if (R8_PN >= 5) r8_tile(f, M, 5, __VA_ARGS__); break;    \
-    case 6: if (R8_PN >= 6) r8_tile(f, M, 6, __VA_ARGS__); break;    \
-    case 7: if (R8_PN >= 7) r8_tile(f, M, 7, __VA_ARGS__); break;    \
-    default: if (R8_PN >= 8) r8_tile(f, M, 8, __VA_ARGS__); break;   \
+/* Token counts 1..R8_PN, each its own unrolled tile; only those instances are made. */
+#if R8_PN >= 8
+#define R8_T78(M, ...) case 7: r8_tile(f, M, 7, __VA_ARGS__); break; case 8: r8_tile(f, M, 8, __VA_ARGS__); break;
+#else
+#define R8_T78(M, ...)
+#endif
+#if R8_PN >= 6
+#define R8_T56(M, ...) case 5: r8_tile(f, M, 5, __VA_ARGS__); break; case 6: r8_tile(f, M, 6, __VA_ARGS__); break;
+#else
+#define R8_T56(M, ...)
+#endif
+#define R8_TOKENS(M, TN, ...)                       \
+    switch (TN) {                                   \
+    case 1: r8_tile(f, M, 1, __VA_ARGS__); break;   \
+    case 2: r8_tile(f, M, 2, __VA_ARGS__); break;   \
+    case 3: r8_tile(f, M, 3, __VA_ARGS__); break;   \
+    case 4: r8_tile(f, M, 4, __VA_ARGS__); break;   \
+    R8_T56(M, __VA_ARGS__)                          \
+    R8_T78(M, __VA_ARGS__)                          \
+    default: break;                                 \
     }
 
 /* nr rows (from a group boundary) x nt tokens. */

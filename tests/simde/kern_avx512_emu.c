@@ -36,4 +36,9 @@ static inline __m256i emu_mask_add_epi8(__m256i src, uint32_t m, __m256i a, __m2
 }
 #define _mm256_mask_add_epi8(src, m, a, b) emu_mask_add_epi8(src, m, a, b)
 
+/* The fast gemm's tiles at their smallest and not unrolled: the same template
+ * and arithmetic, at a fraction of the compile time of emulated intrinsics. */
+#define R8_PM 1
+#define R8_DM 1
+#define UNROLL8 _Pragma("GCC unroll 1")
 #include "cpu/kern_avx512.c"
