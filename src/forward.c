@@ -12,13 +12,8 @@
 
 #include "cpu/mathfn.h"
 #include "kv.h"
+#include "packed.h"
 #include "util.h"
-
-/* A weight in the packed layout its gemm kernel reads (tl_pack_rows32). */
-struct pk_twin {
-    const void *src;
-    tl_gguf_tensor t;
-};
 
 struct tl_ctx {
     const tl_model *m;
@@ -50,9 +45,7 @@ struct tl_ctx {
     size_t logits_cap;  /* floats */
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
     int blogits_n;      /* rows held by the last tl_ctx_decode */
-    struct pk_twin *pk; /* packed twins of the weights a gemm kernel takes, by source address */
-    int n_pk;
-    uint8_t *pk_data;
+    const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
 };
 
 /* ---------------------------------------------------------------- matmul */
@@ -147,16 +140,8 @@ static void par_tokens(tl_ctx *c, int n, tok_fn fn, void *arg) {
     tl_pool_run(c->pool, tok_worker, &j);
 }
 
-static int pk_cmp(const void *key, const void *el) {
-    const uint8_t *a = key, *b = ((const struct pk_twin *)el)->src;
-    return a < b ? -1 : a > b;
-}
-
 /* The packed twin of w, or NULL (then the matmul takes the plain dot path). */
-static tl_w packed(const tl_ctx *c, tl_w w) {
-    const struct pk_twin *p = bsearch(w->data, c->pk, (size_t)c->n_pk, sizeof *c->pk, pk_cmp);
-    return p && p->t.type == w->type && p->t.ne[0] == w->ne[0] && p->t.ne[1] == w->ne[1] ? &p->t : NULL;
-}
+static tl_w packed(const tl_ctx *c, tl_w w) { return tl_packed_find(c->pk, w); }
 
 typedef struct quant_job {
     tl_type wt, vt;
@@ -504,59 +489,6 @@ static void *xcalloc(size_t n, size_t size, int *fail) {
     return p;
 }
 
-static int twin_cmp(const void *a, const void *b) {
-    const uint8_t *x = ((const struct pk_twin *)a)->src, *y = ((const struct pk_twin *)b)->src;
-    return x < y ? -1 : x > y;
-}
-
-/* Packed copies of every matmul weight whose type has a gemm kernel: a second
- * copy of those weights in memory (the mapping's pages are then read only for
- * embedding rows), laid out so the kernel converts eight blocks' scales at once. */
-static int pack_weights(tl_ctx *c) {
-    const tl_model *m = c->m;
-    const int per = 7;
-    tl_w *all = malloc(((size_t)m->hp.n_layer * per + 1) * sizeof *all);
-    if (!all) return -1;
-    int n = 0;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const tl_layer *L = &m->layers[il];
-        const tl_w ws[7] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-        for (int i = 0; i < per; i++)
-            if (ws[i]) all[n++] = ws[i];
-    }
-    all[n++] = m->output;
-    size_t bytes = 0;
-    int np = 0;
-    for (int i = 0; i < n; i++)
-        if (tl_kern_packs(&c->kern, (tl_type)all[i]->type)) {
-            bytes += (size_t)tl_kern_packed_rows(&c->kern, (tl_type)all[i]->type, all[i]->ne[1]) *
-                     tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
-            np++;
-        }
-    int st = 0;
-    if (np) {
-        c->pk = calloc((size_t)np, sizeof *c->pk);
-        c->pk_data = malloc(bytes);
-        st = c->pk && c->pk_data ? 0 : -1;
-    }
-    size_t off = 0;
-    for (int i = 0; np && !st && i < n; i++) {
-        tl_w w = all[i];
-        if (!tl_kern_packs(&c->kern, (tl_type)w->type)) continue;
-        const size_t sz = (size_t)tl_kern_packed_rows(&c->kern, (tl_type)w->type, w->ne[1]) *
-                          tl_row_size((tl_type)w->type, w->ne[0]);
-        struct pk_twin *tw = &c->pk[c->n_pk++];
-        tw->src = w->data;
-        tw->t = *w;
-        tw->t.data = c->pk_data + off;
-        st = tl_kern_pack(&c->kern, (tl_type)w->type, w->data, c->pk_data + off, w->ne[1], w->ne[0]);
-        off += sz;
-    }
-    if (c->n_pk) qsort(c->pk, (size_t)c->n_pk, sizeof *c->pk, twin_cmp);
-    free(all);
-    return st;
-}
-
 int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
     *out = NULL;
     if (!m || !m->arch)
@@ -646,9 +578,13 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         c->gelu = xcalloc(65536, sizeof(uint16_t), &fail);
         if (c->gelu) tl_gelu_table(c->gelu);
     }
-    if (fail || pack_weights(c)) {
+    if (fail) {
         tl_ctx_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
+    }
+    if ((st = tl_model_packed(m, &c->kern, &c->pk, err))) {
+        tl_ctx_free(c);
+        return st;
     }
     *out = c;
     return TL_OK;
@@ -656,8 +592,6 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
-    free(c->pk);
-    free(c->pk_data);
     free(c->wide);
     tl_pool_free(c->pool);
     free(c->kc);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "packed.h"
 #include "util.h"
 
 static const tl_arch_info ARCHS[] = {
@@ -272,6 +273,7 @@ static int load_common(const char *path, tl_model **out, tl_error *err) {
     *out = NULL;
     tl_model *m = calloc(1, sizeof *m);
     if (!m) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&m->pack_mu, NULL);
     int st = tl_gguf_open(path, &m->gguf, err);
     if (st == TL_OK) st = tl_tokenizer_load(m->gguf, &m->tok, err);
     if (st == TL_OK) {
@@ -326,6 +328,8 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
 
 void tl_model_free(tl_model *m) {
     if (!m) return;
+    tl_model_packed_free(m);
+    pthread_mutex_destroy(&m->pack_mu);
     free(m->chat_template);
     free(m->layers);
     tl_tokenizer_free(m->tok);

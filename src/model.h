@@ -5,6 +5,8 @@
 #ifndef TL_MODEL_H
 #define TL_MODEL_H
 
+#include <pthread.h>
+
 #include "gguf.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -87,6 +89,12 @@ struct tl_model {
     tl_w output;              /* [n_vocab, d]; == tok_embd when tied */
     tl_w rope_freqs;          /* [n_rot/2] f32: RoPE theta divisors (Llama 3), or NULL */
     char *chat_template;      /* NUL-terminated copy, or NULL */
+    /* Packed weight copies by (numerics mode, CPU level), made on first use
+     * (packed.h): the one thing a context may add to a loaded model. */
+#define TL_PACK_LEVELS 4
+#define TL_PACK_SLOTS (2 * TL_PACK_LEVELS)
+    pthread_mutex_t pack_mu;
+    struct tl_packed *packs[TL_PACK_SLOTS];
 };
 
 #endif
