@@ -38,6 +38,10 @@ struct tl_ctx {
     uint8_t *wide;      /* [n_threads][wide_size]: weight rows widened for prompts */
     size_t wide_size;
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
+    float *ascr;        /* [n_threads][ascr_n]: the fast attention's scratch */
+    int *att_run;       /* [n_batch + 1]: starts of the fast attention's runs */
+    size_t ascr_n;
+    int fast_attn;      /* the fast numerics' attention (tl_attn_online) */
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
     float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
     uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
@@ -264,6 +268,7 @@ static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_hea
 typedef struct att_job {
     tl_ctx *c;
     int layer, n_tok;
+    int n_runs; /* fast attention: runs in c->att_run */
 } att_job;
 
 /* Row of position j of a sequence, relative to a layer's K or V base. */
@@ -317,9 +322,54 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
+/* The fast numerics: runs of up to ATT_TILE consecutive tokens of one
+ * sequence against one KV head, the query heads that share it together
+ * (tl_attn_online); a token's result does not depend on its run. */
+#define ATT_TILE 16
+
+static void attend_fast(tl_ctx *c, int layer, int t, int nt, int g, float *scratch) {
+    const tl_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, G = hp->n_head / hp->n_head_kv;
+    const size_t base = (size_t)layer * c->layer_stride + (size_t)g * hd;
+    tl_attn_rows a = {
+        .hd = hd, .G = G, .bs = TL_KV_BLOCK, .T = nt,
+        .q = c->q + (size_t)t * c->q_dim + (size_t)g * G * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
+        .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
+        .k = c->kc + base, .v = c->vc + base, .kv_stride = (size_t)c->kv_dim,
+        .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
+        .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
+        .out = c->att + (size_t)t * c->q_dim + (size_t)g * G * hd, .out_stride = (size_t)hd,
+        .out_tok = (size_t)c->q_dim, .scratch = scratch};
+    tl_attn_online(&a, c->kern.level >= TL_CPU_AVX2);
+}
+
+/* Splits the batch into runs for attend_fast: consecutive tokens of one
+ * sequence at consecutive positions, at most ATT_TILE long. */
+static int att_runs(tl_ctx *c, int n) {
+    int nr = 0;
+    for (int t = 0; t < n;) {
+        int e = t + 1;
+        while (e < n && e - t < ATT_TILE && c->tseq[e] == c->tseq[t] && c->tpos[e] == c->tpos[e - 1] + 1) e++;
+        c->att_run[nr++] = t;
+        t = e;
+    }
+    c->att_run[nr] = n;
+    return nr;
+}
+
 static void att_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     tl_ctx *c = j->c;
+    if (c->fast_attn) {
+        /* later runs see more keys: dealt out round-robin */
+        const int nkv = c->m->hp.n_head_kv;
+        float *scr = c->ascr + (size_t)ith * c->ascr_n;
+        for (int64_t i = ith; i < (int64_t)j->n_runs * nkv; i += nth) {
+            const int r = (int)(i / nkv);
+            attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nkv), scr);
+        }
+        return;
+    }
     int nh = c->m->hp.n_head;
     float *s = c->scores + (size_t)ith * c->n_ctx;
     float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim;
@@ -405,7 +455,7 @@ static void attention_block(tl_ctx *c, int il, int n) {
     add_bias(c->k, L->bk, n, c->kv_dim);
     add_bias(c->v, L->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n};
+    att_job aj = {c, il, n, c->fast_attn ? att_runs(c, n) : 0};
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */
@@ -572,6 +622,12 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
     c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
+    c->fast_attn = c->kern.mode == TL_NUM_FAST && hp->head_dim % 8 == 0;
+    c->ascr_n = tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE);
+    if (c->fast_attn) {
+        c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
+        c->att_run = xcalloc((size_t)nb + 1, sizeof(int), &fail);
+    }
     c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (hp->n_swa > 0) c->rope_cs_swa = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (m->arch->act == TL_ACT_GELU) {
@@ -613,6 +669,8 @@ void tl_ctx_free(tl_ctx *c) {
     free(c->xa);
     free(c->scores);
     free(c->vacc);
+    free(c->ascr);
+    free(c->att_run);
     free(c->rope_cs);
     free(c->rope_cs_swa);
     free(c->gelu);

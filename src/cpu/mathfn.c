@@ -256,3 +256,184 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
         else y[i] = tl_fp16_to_fp32(table[tl_fp32_to_fp16(x)]) * u[i];
     }
 }
+
+/* ---- the fast numerics' attention (see mathfn.h) ---- */
+
+/* A score: one 8-lane fma chain over the row, then ((l0+l1)+(l2+l3)) +
+ * ((l4+l5)+(l6+l7)), the tree three horizontal adds give four keys at once. */
+static float score_ref(int hd, const float *q, const float *k) {
+    float l[8] = {0};
+    for (int c = 0; c < hd; c += 8)
+        for (int i = 0; i < 8; i++) l[i] = fmaf(q[c + i], k[c + i], l[i]);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* Positions start..start+n-1 (in one block) widened to f32 rows of kf and vf. */
+static void widen_block_ref(const tl_attn_rows *a, int start, int n, float *kf, float *vf) {
+    for (int j = 0; j < n; j++) {
+        const int p = start + j;
+        const size_t row = ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
+        for (int d = 0; d < a->hd; d++) {
+            kf[(size_t)j * a->hd + d] = tl_fp16_to_fp32(a->k[row + d]);
+            vf[(size_t)j * a->hd + d] = tl_fp16_to_fp32(a->v[row + d]);
+        }
+    }
+}
+
+/* One query row's step over n widened keys: q its row, o its output (the
+ * running sum), *m and *l its running max and sum; s scratch of n floats. */
+static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float *m, float *l, int n,
+                          const float *kf, const float *vf, float *s) {
+    const int hd = a->hd;
+    float mb = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] = score_ref(hd, q, kf + (size_t)j * hd) * a->scale;
+        if (s[j] > mb) mb = s[j];
+    }
+    const float mn = mb > *m ? mb : *m;
+    const float alpha = *m == -INFINITY ? 0.0f : tl_expf_fast(*m - mn);
+    *m = mn;
+    float sum = *l * alpha;
+    for (int j = 0; j < n; j++) {
+        s[j] = tl_expf_fast(s[j] - mn);
+        sum += s[j];
+    }
+    *l = sum;
+    for (int d = 0; d < hd; d++) {
+        float acc = o[d] * alpha;
+        for (int j = 0; j < n; j++) acc = fmaf(s[j], vf[(size_t)j * hd + d], acc);
+        o[d] = acc;
+    }
+}
+
+#ifdef TL_X86
+#define AVX2_AI __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+__attribute__((target("avx2,fma,f16c"))) static void widen_block_avx2(const tl_attn_rows *a, int start, int n,
+                                                                        float *kf, float *vf) {
+    for (int j = 0; j < n; j++) {
+        const int p = start + j;
+        const size_t row = ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
+        const uint16_t *kr = a->k + row, *vr = a->v + row;
+        float *ko = kf + (size_t)j * a->hd, *vo = vf + (size_t)j * a->hd;
+        for (int c = 0; c < a->hd; c += 8) {
+            _mm256_storeu_ps(ko + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + c))));
+            _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + c))));
+        }
+    }
+}
+
+/* Four keys' scores against q: four fma chains, then the tree of score_ref. */
+AVX2_AI __m128 score4_avx2(int hd, const float *q, const float *k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int c = 0; c < hd; c += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + c);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + c), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + c), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + c), a3);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void row_block_avx2(const tl_attn_rows *a, const float *q, float *o,
+                                                                      float *m, float *l, int n, const float *kf,
+                                                                      const float *vf) {
+    const int hd = a->hd;
+    float t[16]; /* n <= 16 scores, then weights */
+    int j = 0;
+    for (; j + 4 <= n; j += 4) _mm_storeu_ps(t + j, score4_avx2(hd, q, kf + (size_t)j * hd));
+    for (; j < n; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int c = 0; c < hd; c += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kf + (size_t)j * hd + c), acc);
+        /* the same tree for a lone key: hadd(acc, acc) twice, then the halves */
+        const __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(acc, acc), _mm256_hadd_ps(acc, acc));
+        t[j] = _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1)));
+    }
+    float mb = -INFINITY;
+    for (j = 0; j < n; j++) {
+        t[j] *= a->scale;
+        if (t[j] > mb) mb = t[j];
+    }
+    const float mn = mb > *m ? mb : *m;
+    /* exp(m - m') as lane 0 of the 8-lane exp: the bits of tl_expf_fast */
+    const float alpha = *m == -INFINITY ? 0.0f : _mm256_cvtss_f32(expf8(_mm256_set1_ps(*m - mn)));
+    *m = mn;
+    for (j = n; j < 16; j++) t[j] = mn;
+    for (j = 0; j < n; j += 8)
+        _mm256_storeu_ps(t + j, expf8(_mm256_sub_ps(_mm256_loadu_ps(t + j), _mm256_set1_ps(mn))));
+    float sum = *l * alpha;
+    for (j = 0; j < n; j++) sum += t[j];
+    *l = sum;
+    const __m256 al = _mm256_set1_ps(alpha);
+    for (int c0 = 0; c0 < hd; c0 += 64) { /* 64 dims per pass: the sums stay in registers */
+        const int nv = hd - c0 < 64 ? (hd - c0) / 8 : 8;
+        __m256 acc[8];
+        for (int i = 0; i < nv; i++) acc[i] = _mm256_mul_ps(_mm256_loadu_ps(o + c0 + 8 * i), al);
+        for (j = 0; j < n; j++) {
+            const __m256 pj = _mm256_set1_ps(t[j]);
+            const float *vj = vf + (size_t)j * hd + c0;
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + c0 + 8 * i, acc[i]);
+    }
+}
+#endif
+
+/* Token i's first key. */
+static int attn_lo(const tl_attn_rows *a, int i) {
+    const int lo = a->n_swa > 0 ? a->pos0 + i - a->n_swa + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+void tl_attn_online(const tl_attn_rows *a, int avx2) {
+    const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
+    float *kf = a->scratch, *vf = kf + (size_t)bs * hd, *s = vf + (size_t)bs * hd;
+    float *m = s + bs, *l = m + (size_t)G * T; /* [T][G] each */
+    for (int i = 0; i < T; i++)
+        for (int h = 0; h < G; h++) {
+            m[i * G + h] = -INFINITY;
+            l[i * G + h] = 0.0f;
+            memset(a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
+        }
+#ifndef TL_X86
+    avx2 = 0;
+#endif
+    const int last = a->pos0 + T - 1;
+    /* Blocks by absolute position; each widened once for all T tokens, each
+     * token taking the part of it within its own keys lo_i..pos_i. */
+    for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last; b0 += bs) {
+        const int ws = b0 > attn_lo(a, 0) ? b0 : attn_lo(a, 0);
+        const int we = b0 + bs - 1 < last ? b0 + bs - 1 : last;
+#ifdef TL_X86
+        if (avx2) widen_block_avx2(a, ws, we - ws + 1, kf, vf);
+        else
+#endif
+            widen_block_ref(a, ws, we - ws + 1, kf, vf);
+        for (int i = 0; i < T; i++) {
+            const int lo = attn_lo(a, i), pos = a->pos0 + i;
+            const int st = ws > lo ? ws : lo, en = we < pos ? we : pos;
+            if (st > en) continue;
+            const float *kb = kf + (size_t)(st - ws) * hd, *vb = vf + (size_t)(st - ws) * hd;
+            for (int h = 0; h < G; h++) {
+                const float *q = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                float *o = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+#ifdef TL_X86
+                if (avx2) {
+                    row_block_avx2(a, q, o, &m[i * G + h], &l[i * G + h], en - st + 1, kb, vb);
+                    continue;
+                }
+#endif
+                row_block_ref(a, q, o, &m[i * G + h], &l[i * G + h], en - st + 1, kb, vb, s);
+            }
+        }
+    }
+    for (int i = 0; i < T; i++)
+        for (int h = 0; h < G; h++) {
+            float *o = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+            const float inv = 1.0f / l[i * G + h];
+            for (int d = 0; d < hd; d++) o[d] *= inv;
+        }
+}

@@ -6,6 +6,7 @@
 #ifndef TL_CPU_MATHFN_H
 #define TL_CPU_MATHFN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* exp(x) by the polynomial ggml uses on x86 (ARM optimized-routines' expf:
@@ -41,5 +42,34 @@ void tl_gelu_table(uint16_t *table);
 /* y[i] = gelu(g[i]) * u[i] as ggml's GeGLU with its table: 0 for g <= -10,
  * g*u for g >= 10, else table[f16(g)] * u. */
 void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *table, int avx2);
+
+/* The fast numerics' attention of T consecutive query tokens of one sequence
+ * against one KV head: the G query heads that share it in one pass over the
+ * keys, each block of K and V widened to f32 once for all of them, an online
+ * softmax over blocks of bs positions (by absolute position). Token i sits at
+ * pos0 + i and sees keys lo_i..pos0+i (lo_i = pos_i - n_swa + 1 with a sliding
+ * window). Per (token, head) and block: scores as one 8-lane fma chain each
+ * (f32 q, widened keys) times scale, m' = max(m, block max), alpha =
+ * exp(m - m'), p = exp(s - m'), l = l*alpha + p_0 + p_1 + ..., o = o*alpha then
+ * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
+ * its position alone, never on T or its neighbours. hd is a multiple of 8; the
+ * AVX2 and scalar paths give the same bits. */
+typedef struct tl_attn_rows {
+    int hd, G, bs, T;
+    const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */
+    size_t q_stride, q_tok;
+    float scale;
+    const uint16_t *k, *v;   /* position p's row: (blk[p/bs]*bs + p%bs) * kv_stride */
+    size_t kv_stride;
+    const int32_t *blk;
+    int pos0, n_swa;         /* n_swa 0: no window */
+    float *out;              /* like q: out + i*out_tok + h*out_stride */
+    size_t out_stride, out_tok;
+    float *scratch;          /* tl_attn_scratch(hd, G, bs, T) floats */
+} tl_attn_rows;
+static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
+    return 2 * (size_t)bs * hd + (size_t)bs + 2 * (size_t)G * T;
+}
+void tl_attn_online(const tl_attn_rows *a, int avx2);
 
 #endif
