@@ -29,9 +29,9 @@ TIMEOUT = 300
 # Max abs logit error allowed per fixture (docs/NUMERICS.md). The fixtures hold
 # llama.cpp's float32 logits exactly, and every op mirrors ggml's order, so the
 # bound is zero: bitwise equal. That is the exact numerics mode; the default
-# fast mode (docs/NUMERICS.md) is held to FAST_TOL (measured: max abs 0.033,
-# mean abs 0.0035 at worst, phi3) and to the same top-1 where the reference's
-# margin exceeds FAST_MARGIN.
+# fast mode (docs/NUMERICS.md) is held to FAST_TOL (measured: max abs 0.052,
+# mean abs 0.0093 at worst, llama3_q8 and phi3) and to the same top-1 where
+# the reference's margin exceeds FAST_MARGIN.
 TOL = 0.0
 FAST_TOL = 0.1
 FAST_MARGIN = 0.3
