@@ -33,9 +33,12 @@ to.MODEL = MODEL  # run_logits and the tokenizer helper read the module's MODEL
 LOGIT_MAX_ABS = 3.0
 LOGIT_MEAN_ABS = 0.35
 # The fast numerics mode (docs/NUMERICS.md) adds its own order on top: measured
-# max abs 2.25, mean abs per prompt 0.15-0.39 (overall 0.22), decisive top-1
-# always equal.
+# max abs 2.4, mean abs per prompt 0.15-0.39 (overall 0.22). It is held to the
+# issue's rule over all prompts: top-1 agreement >= 99% where the reference's
+# margin exceeds 0.3 (measured 99.68%, 1560/1565; the exact mode: 99.87%).
 FAST_MEAN_ABS = 0.5
+FAST_MARGIN = 0.3
+FAST_TOP1_AGREE = 0.99
 TOP1_AGREE = 1.0     # measured: every position with a decisive margin agrees
 MARGIN = 0.6          # the near-tie rule for greedy and top-1 checks
 PPL_REL = 0.005
@@ -44,6 +47,8 @@ PPL_REL = 0.005
 def test_logits():
     fx = to.load("gemma_logits.json")
     all_abs = []
+    fast = to.NUMERICS == "fast"
+    n_dec = n_ok = 0
     with tempfile.TemporaryDirectory() as tmp:
         for it in fx["items"]:
             name, ids = it["name"], it["tokens"]
@@ -63,7 +68,16 @@ def test_logits():
             to.check(diff.max() <= LOGIT_MAX_ABS, f"logits {name}: max abs {diff.max():.4f} > {LOGIT_MAX_ABS}")
             mean_tol = FAST_MEAN_ABS if to.NUMERICS == "fast" else LOGIT_MEAN_ABS
             to.check(diff.mean() <= mean_tol, f"logits {name}: mean abs {diff.mean():.5f} > {mean_tol}")
-            to.check(agree >= TOP1_AGREE, f"logits {name}: decisive top-1 agreement {agree:.3f} < {TOP1_AGREE}")
+            fd = ref_val[:, 0] - ref_val[:, 1] > FAST_MARGIN
+            n_dec += int(fd.sum())
+            n_ok += int((fd & top1_ok).sum())
+            if not fast:
+                to.check(agree >= TOP1_AGREE, f"logits {name}: decisive top-1 agreement {agree:.3f} < {TOP1_AGREE}")
+    if fast:
+        agree = n_ok / max(1, n_dec)
+        print(f"logits [fast]: top-1 agreement where the margin exceeds {FAST_MARGIN}: {n_ok}/{n_dec} = {agree:.4f}")
+        to.check(n_dec > 0 and agree >= FAST_TOP1_AGREE,
+                 f"logits fast: top-1 agreement {agree:.4f} < {FAST_TOP1_AGREE} (margin > {FAST_MARGIN})")
     if all_abs:
         d = np.concatenate(all_abs)
         print(f"logits overall: max_abs={d.max():.4f} mean_abs={d.mean():.5f} p99={np.percentile(d, 99):.4f}")
