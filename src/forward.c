@@ -327,18 +327,19 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
  * (tl_attn_online); a token's result does not depend on its run. */
 #define ATT_TILE 16
 
-static void attend_fast(tl_ctx *c, int layer, int t, int nt, int g, float *scratch) {
+/* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens. */
+static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch) {
     const tl_hparams *hp = &c->m->hp;
-    const int hd = hp->head_dim, G = hp->n_head / hp->n_head_kv;
+    const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
     const size_t base = (size_t)layer * c->layer_stride + (size_t)g * hd;
     tl_attn_rows a = {
-        .hd = hd, .G = G, .bs = TL_KV_BLOCK, .T = nt,
-        .q = c->q + (size_t)t * c->q_dim + (size_t)g * G * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
+        .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
+        .q = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
         .k = c->kc + base, .v = c->vc + base, .kv_stride = (size_t)c->kv_dim,
         .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
         .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
-        .out = c->att + (size_t)t * c->q_dim + (size_t)g * G * hd, .out_stride = (size_t)hd,
+        .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
         .out_tok = (size_t)c->q_dim, .scratch = scratch};
     tl_attn_online(&a, c->kern.level >= TL_CPU_AVX2);
 }
@@ -361,12 +362,17 @@ static void att_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
     tl_ctx *c = j->c;
     if (c->fast_attn) {
-        /* later runs see more keys: dealt out round-robin */
-        const int nkv = c->m->hp.n_head_kv;
+        /* Items of (run, KV head) with all its query heads, which widen each
+         * K/V block once; with too few of those to keep every thread busy
+         * (decode), (run, query head). A head's result is the same either
+         * way. Later runs see more keys: items are dealt out round-robin. */
+        const int nkv = c->m->hp.n_head_kv, G = c->m->hp.n_head / nkv;
+        const int per = (int64_t)j->n_runs * nkv >= 4 * (int64_t)nth ? G : 1, nper = nkv * G / per;
         float *scr = c->ascr + (size_t)ith * c->ascr_n;
-        for (int64_t i = ith; i < (int64_t)j->n_runs * nkv; i += nth) {
-            const int r = (int)(i / nkv);
-            attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nkv), scr);
+        for (int64_t i = ith; i < (int64_t)j->n_runs * nper; i += nth) {
+            const int r = (int)(i / nper);
+            attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
+                        scr);
         }
         return;
     }

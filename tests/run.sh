@@ -35,6 +35,12 @@ for t in "$build"/tests/test_*; do
     run_one "$(basename "$t")" "$t"
 done
 
+# Batch invariance and prefill = decode again in the exact numerics mode (the
+# loop above ran the default, fast one).
+for t in test_batch test_forward; do
+    [ -x "$build/tests/$t" ] && run_one "$t (--numerics exact)" env TL_NUMERICS=exact "$build/tests/$t"
+done
+
 # The AVX-512 kernels under SIMDe emulation, whatever this CPU has.
 if [ -x "$build/simde/test_kernels_bench" ]; then
     run_one "test_kernels_bench (AVX-512 under SIMDe)" "$build/simde/test_kernels_bench"
