@@ -145,6 +145,16 @@ const char *tl_ctx_backend(const tl_ctx *ctx);
 /* The numerics in use: "fast" or "exact". */
 const char *tl_ctx_numerics(const tl_ctx *ctx);
 
+/* The thread pool's work since the context was made: fork-join jobs, their
+ * wall time and the threads' busy time inside them (busy / (wall x threads)
+ * is the share of the threads' time in jobs that did work). */
+typedef struct tl_thread_stats {
+    int n_threads;
+    uint64_t jobs;
+    double wall_s, busy_s;
+} tl_thread_stats;
+void tl_ctx_thread_stats(const tl_ctx *ctx, tl_thread_stats *out);
+
 /* ---- many sequences in one forward call (the server's path) -----------------
  *
  * The KV cache is a pool of blocks of TL_KV_BLOCK positions shared by every

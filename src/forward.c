@@ -689,6 +689,11 @@ int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
 const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
 const char *tl_ctx_numerics(const tl_ctx *c) { return c->kern.mode == TL_NUM_EXACT ? "exact" : "fast"; }
 
+void tl_ctx_thread_stats(const tl_ctx *c, tl_thread_stats *out) {
+    out->n_threads = tl_pool_size(c->pool);
+    tl_pool_stats(c->pool, &out->jobs, &out->wall_s, &out->busy_s);
+}
+
 int tl_numerics_parse(const char *name) {
     if (!name) return -1;
     if (!strcmp(name, "fast")) return TL_NUMERICS_FAST;

@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -34,7 +35,17 @@ struct tl_pool {
     atomic_int stop;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* tl_pool_stats: kept by the caller's thread (jobs, wall) and by each
+     * share (busy, summed atomically in ns) */
+    uint64_t jobs, wall_ns;
+    atomic_ullong busy_ns;
 };
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -49,7 +60,9 @@ static void run_shares(tl_pool *p) {
     for (;;) {
         int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_acq_rel);
         if (i >= p->n) return;
+        const uint64_t t0 = now_ns();
         p->fn(p->arg, i, p->n);
+        atomic_fetch_add_explicit(&p->busy_ns, now_ns() - t0, memory_order_relaxed);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel);
     }
 }
@@ -89,6 +102,7 @@ int tl_pool_new(int n_threads, tl_pool **out, tl_error *err) {
     atomic_init(&p->next, n_threads); /* nothing to claim */
     atomic_init(&p->done, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->busy_ns, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (n_threads > 1) {
@@ -126,11 +140,23 @@ void tl_pool_free(tl_pool *p) {
 
 int tl_pool_size(const tl_pool *p) { return p->n; }
 
+void tl_pool_stats(const tl_pool *p, uint64_t *jobs, double *wall_s, double *busy_s) {
+    *jobs = p->jobs;
+    *wall_s = (double)p->wall_ns * 1e-9;
+    *busy_s = (double)atomic_load(&p->busy_ns) * 1e-9;
+}
+
 void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg) {
+    p->jobs++;
     if (p->n == 1) {
+        const uint64_t t0 = now_ns();
         fn(arg, 0, 1);
+        const uint64_t dt = now_ns() - t0;
+        p->wall_ns += dt;
+        atomic_fetch_add_explicit(&p->busy_ns, dt, memory_order_relaxed);
         return;
     }
+    const uint64_t t0 = now_ns();
     p->fn = fn;
     p->arg = arg;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
@@ -146,4 +172,5 @@ void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg) {
         if (spins < 100000) cpu_relax();
         else sched_yield();
     }
+    p->wall_ns += now_ns() - t0;
 }

@@ -20,6 +20,12 @@ int tl_pool_size(const tl_pool *p);
  * when all are finished. */
 void tl_pool_run(tl_pool *p, tl_pool_fn fn, void *arg);
 
+/* Since the pool was made: jobs run, their wall time from dispatch to join,
+ * and the time spent in shares summed over threads. busy / (wall * n) is how
+ * much of the threads' time inside jobs did work; the rest is imbalance and
+ * dispatch. */
+void tl_pool_stats(const tl_pool *p, uint64_t *jobs, double *wall_s, double *busy_s);
+
 /* The contiguous share [*lo, *hi) of n items for thread ith of nth. */
 static inline void tl_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
     int64_t per = n / nth, rem = n % nth;
