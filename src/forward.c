@@ -440,8 +440,10 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
         rope_apply(c, cs, k, hp->n_head_kv, t);
         if (a->q_prescale)
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
-        uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
-        for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
+        if (!c->fast_attn) { /* the exact attention reads q rounded to f16 */
+            uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
+            for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
+        }
         const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
         size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
         for (int i = 0; i < c->kv_dim; i++) {
