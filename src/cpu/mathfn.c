@@ -337,23 +337,36 @@ AVX2_AI __m128 score4_avx2(int hd, const float *q, const float *k) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void row_block_avx2(const tl_attn_rows *a, const float *q, float *o,
-                                                                      float *m, float *l, int n, const float *kf,
-                                                                      const float *vf) {
-    const int hd = a->hd;
-    float t[16]; /* n <= 16 scores, then weights */
-    int j = 0;
-    for (; j + 4 <= n; j += 4) _mm_storeu_ps(t + j, score4_avx2(hd, q, kf + (size_t)j * hd));
-    for (; j < n; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int c = 0; c < hd; c += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kf + (size_t)j * hd + c), acc);
-        /* the same tree for a lone key: hadd(acc, acc) twice, then the halves */
-        const __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(acc, acc), _mm256_hadd_ps(acc, acc));
-        t[j] = _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1)));
+/* Four keys' scores against two rows: eight fma chains sharing the key loads. */
+AVX2_AI void score4x2_avx2(int hd, const float *q0, const float *q1, const float *k, __m128 *s0, __m128 *s1) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int c = 0; c < hd; c += 8) {
+        const __m256 x = _mm256_loadu_ps(q0 + c), y = _mm256_loadu_ps(q1 + c);
+        const __m256 k0 = _mm256_loadu_ps(k + c), k1 = _mm256_loadu_ps(k + hd + c);
+        const __m256 k2 = _mm256_loadu_ps(k + 2 * hd + c), k3 = _mm256_loadu_ps(k + 3 * hd + c);
+        a0 = _mm256_fmadd_ps(x, k0, a0), b0 = _mm256_fmadd_ps(y, k0, b0);
+        a1 = _mm256_fmadd_ps(x, k1, a1), b1 = _mm256_fmadd_ps(y, k1, b1);
+        a2 = _mm256_fmadd_ps(x, k2, a2), b2 = _mm256_fmadd_ps(y, k2, b2);
+        a3 = _mm256_fmadd_ps(x, k3, a3), b3 = _mm256_fmadd_ps(y, k3, b3);
     }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    *s0 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    *s1 = _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+}
+
+/* A lone key's score: the same tree (hadd(acc, acc) twice, then the halves). */
+AVX2_AI float score1_avx2(int hd, const float *q, const float *k) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
+    const __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(acc, acc), _mm256_hadd_ps(acc, acc));
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1)));
+}
+
+/* A row's n scores in t (scaled) -> weights; updates m and l; returns alpha. */
+AVX2_AI float softmax_step_avx2(const tl_attn_rows *a, float *t, int n, float *m, float *l) {
     float mb = -INFINITY;
-    for (j = 0; j < n; j++) {
+    for (int j = 0; j < n; j++) {
         t[j] *= a->scale;
         if (t[j] > mb) mb = t[j];
     }
@@ -361,24 +374,76 @@ __attribute__((target("avx2,fma,f16c"))) static void row_block_avx2(const tl_att
     /* exp(m - m') as lane 0 of the 8-lane exp: the bits of tl_expf_fast */
     const float alpha = *m == -INFINITY ? 0.0f : _mm256_cvtss_f32(expf8(_mm256_set1_ps(*m - mn)));
     *m = mn;
-    for (j = n; j < 16; j++) t[j] = mn;
-    for (j = 0; j < n; j += 8)
+    for (int j = n; j < 16; j++) t[j] = mn;
+    for (int j = 0; j < n; j += 8)
         _mm256_storeu_ps(t + j, expf8(_mm256_sub_ps(_mm256_loadu_ps(t + j), _mm256_set1_ps(mn))));
     float sum = *l * alpha;
-    for (j = 0; j < n; j++) sum += t[j];
+    for (int j = 0; j < n; j++) sum += t[j];
     *l = sum;
-    const __m256 al = _mm256_set1_ps(alpha);
-    for (int c0 = 0; c0 < hd; c0 += 64) { /* 64 dims per pass: the sums stay in registers */
-        const int nv = hd - c0 < 64 ? (hd - c0) / 8 : 8;
-        __m256 acc[8];
-        for (int i = 0; i < nv; i++) acc[i] = _mm256_mul_ps(_mm256_loadu_ps(o + c0 + 8 * i), al);
-        for (j = 0; j < n; j++) {
-            const __m256 pj = _mm256_set1_ps(t[j]);
+    return alpha;
+}
+
+/* o = o*alpha, then o = fma(p_j, v_j, o) in key order, for R (1 or 2) rows
+ * sharing the V loads, 32 dims per pass (R x 4 sums in registers; the loops
+ * have constant bounds so they unroll). Other widths: 8 dims per pass. */
+AVX2_AI void pv_rows_avx2(int hd, int R, float *const *o, const float *al, const float *const *p, int n,
+                          const float *vf) {
+    int c0 = 0;
+    for (; c0 + 32 <= hd; c0 += 32) {
+        __m256 acc[2][4];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * i), _mm256_set1_ps(al[r]));
+        for (int j = 0; j < n; j++) {
             const float *vj = vf + (size_t)j * hd + c0;
-            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+            const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+            const __m256 v2 = _mm256_loadu_ps(vj + 16), v3 = _mm256_loadu_ps(vj + 24);
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const __m256 pj = _mm256_set1_ps(p[r][j]);
+                acc[r][0] = _mm256_fmadd_ps(pj, v0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(pj, v1, acc[r][1]);
+                acc[r][2] = _mm256_fmadd_ps(pj, v2, acc[r][2]);
+                acc[r][3] = _mm256_fmadd_ps(pj, v3, acc[r][3]);
+            }
         }
-        for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + c0 + 8 * i, acc[i]);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) _mm256_storeu_ps(o[r] + c0 + 8 * i, acc[r][i]);
     }
+    for (; c0 < hd; c0 += 8)
+        for (int r = 0; r < R; r++) {
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
+            for (int j = 0; j < n; j++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vf + (size_t)j * hd + c0), acc);
+            _mm256_storeu_ps(o[r] + c0, acc);
+        }
+}
+
+/* R (1 or 2) rows of one token (so the same n keys) over a widened block;
+ * each row's float operations are those of row_block_ref. */
+__attribute__((target("avx2,fma,f16c"))) static void rows_block_avx2(const tl_attn_rows *a, int R,
+                                                                       const float *const *q, float *const *o,
+                                                                       float *const *m, float *const *l, int n,
+                                                                       const float *kf, const float *vf) {
+    const int hd = a->hd;
+    float t[2][16]; /* n <= 16 scores per row, then weights */
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        if (R == 2) {
+            __m128 s0, s1;
+            score4x2_avx2(hd, q[0], q[1], kf + (size_t)j * hd, &s0, &s1);
+            _mm_storeu_ps(t[0] + j, s0);
+            _mm_storeu_ps(t[1] + j, s1);
+        } else {
+            _mm_storeu_ps(t[0] + j, score4_avx2(hd, q[0], kf + (size_t)j * hd));
+        }
+    }
+    for (; j < n; j++)
+        for (int r = 0; r < R; r++) t[r][j] = score1_avx2(hd, q[r], kf + (size_t)j * hd);
+    float al[2];
+    const float *p[2] = {t[0], t[1]};
+    for (int r = 0; r < R; r++) al[r] = softmax_step_avx2(a, t[r], n, m[r], l[r]);
+    if (R == 2) pv_rows_avx2(hd, 2, o, al, p, n, vf);
+    else pv_rows_avx2(hd, 1, o, al, p, n, vf);
 }
 #endif
 
@@ -417,15 +482,26 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
             const int st = ws > lo ? ws : lo, en = we < pos ? we : pos;
             if (st > en) continue;
             const float *kb = kf + (size_t)(st - ws) * hd, *vb = vf + (size_t)(st - ws) * hd;
+#ifdef TL_X86
+            if (avx2) { /* heads two at a time: they share every K and V load */
+                for (int h = 0; h < G; h += 2) {
+                    const int R = G - h >= 2 ? 2 : 1;
+                    const float *q[2];
+                    float *o[2], *mm[2], *ll[2];
+                    for (int r = 0; r < R; r++) {
+                        q[r] = a->q + (size_t)i * a->q_tok + (size_t)(h + r) * a->q_stride;
+                        o[r] = a->out + (size_t)i * a->out_tok + (size_t)(h + r) * a->out_stride;
+                        mm[r] = &m[i * G + h + r];
+                        ll[r] = &l[i * G + h + r];
+                    }
+                    rows_block_avx2(a, R, q, o, mm, ll, en - st + 1, kb, vb);
+                }
+                continue;
+            }
+#endif
             for (int h = 0; h < G; h++) {
                 const float *q = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
                 float *o = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
-#ifdef TL_X86
-                if (avx2) {
-                    row_block_avx2(a, q, o, &m[i * G + h], &l[i * G + h], en - st + 1, kb, vb);
-                    continue;
-                }
-#endif
                 row_block_ref(a, q, o, &m[i * G + h], &l[i * G + h], en - st + 1, kb, vb, s);
             }
         }
