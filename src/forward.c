@@ -74,7 +74,7 @@ typedef struct mm_job {
 static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
     tl_w w = j->w[mi];
     const int64_t rows = w->ne[1], cols = w->ne[0];
-    const size_t rb = tl_row_size((tl_type)w->type, cols);
+    const size_t rb = j->packed[mi] ? tl_kern_row_bytes(j->k, (tl_type)w->type, cols) : tl_row_size((tl_type)w->type, cols);
     const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
     const uint8_t *xa = j->xa + (size_t)t0 * j->xa_row;
     float *y = j->y[mi] + (size_t)t0 * rows + r0;

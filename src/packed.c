@@ -64,7 +64,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     for (int i = 0; i < n; i++)
         if (tl_kern_packs(k, (tl_type)all[i]->type)) {
             bytes += (size_t)tl_kern_packed_rows(k, (tl_type)all[i]->type, all[i]->ne[1]) *
-                     tl_row_size((tl_type)all[i]->type, all[i]->ne[0]);
+                     tl_kern_row_bytes(k, (tl_type)all[i]->type, all[i]->ne[0]);
             np++;
         }
     int st = 0;
@@ -78,7 +78,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
         tl_w w = all[i];
         if (!tl_kern_packs(k, (tl_type)w->type) || tl_packed_find(p, w)) continue; /* tied weights: once */
         const size_t sz = (size_t)tl_kern_packed_rows(k, (tl_type)w->type, w->ne[1]) *
-                          tl_row_size((tl_type)w->type, w->ne[0]);
+                          tl_kern_row_bytes(k, (tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &p->twin[p->n++];
         tw->src = w->data;
         tw->t = *w;

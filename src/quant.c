@@ -71,16 +71,6 @@ static inline int nearest_int(float f) {
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
-/* The 6-bit scale and min of sub-block j in the 12 packed bytes of Q4_K/Q5_K. */
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
 
 /* The 16 signed 6-bit scales of Q3_K (biased by 32 in storage). */
 static void q3k_scales(const uint8_t *packed, int8_t out[16]) {

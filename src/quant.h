@@ -80,6 +80,17 @@ typedef struct {
     int16_t bsums[QK_K / 16]; /* sums of groups of 16 qs */
 } block_q8_K;
 
+/* The 6-bit scale and min of sub-block j in the 12 packed bytes of Q4_K/Q5_K. */
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
 static_assert(sizeof(block_q4_0) == 18, "q4_0");
 static_assert(sizeof(block_q4_1) == 20, "q4_1");
 static_assert(sizeof(block_q5_0) == 22, "q5_0");

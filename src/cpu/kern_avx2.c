@@ -500,9 +500,9 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_Q4_0] = dot_q4_0;
     k->vec_dot[TL_Q4_1] = dot_q4_1;
     tile32_fill(k);
-    if (mode == TL_NUM_FAST) r8_fill(k);
     k->gemm[TL_Q4_K] = gemm_q4_K;
     k->gemm[TL_Q6_K] = gemm_q6_K;
+    if (mode == TL_NUM_FAST) r8_fill(k); /* last: it replaces exact-order entries */
     k->vec_dot[TL_Q5_0] = dot_q5_0;
     k->vec_dot[TL_Q5_1] = dot_q5_1;
     k->vec_dot[TL_Q8_0] = dot_q8_0;

@@ -84,6 +84,12 @@ int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t 
 size_t tl_r8_act_row_size(int64_t n);
 void tl_r8_act_make(tl_quantize_fn q8_1, const float *x, void *row, int64_t n);
 void tl_kernels_fill_r8_ref(tl_kernels *k);
+/* Q4_K in the r8 layout (r8k, cpu/r8.c): groups of 8 rows, per superblock
+ * d[8], dmin[8], the scales and mins as bytes, then the quants 4 bytes of each
+ * row in turn; 148 bytes per row and superblock. Its gemm takes Q8_K rows. */
+size_t tl_r8k_row_bytes(int64_t n);
+int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+void tl_kernels_fill_r8k_ref(tl_kernels *k);
 
 /* What a table's gemm for weight type t reads, whatever the mode: whether it
  * takes a packed copy, how many rows that copy has, how to make it, and the
@@ -95,6 +101,8 @@ size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n);
 void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row, int64_t n);
 /* Rows a gemm call must start at a multiple of (8 for r8, else 1). */
 int tl_kern_row_align(const tl_kernels *k, tl_type t);
+/* Bytes of one row in the layout the gemm reads (a packed group is 8 rows). */
+size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n);
 
 /* The best level this CPU supports (cpuid + OS support for the registers). */
 tl_cpu_level tl_cpu_detect(void);

@@ -177,3 +177,78 @@ void tl_kernels_fill_r8_ref(tl_kernels *k) {
     k->gemm[TL_Q8_0] = r8_ref_Q8_0;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
 }
+
+/* ---- Q4_K in the r8 layout (r8k) ----
+ * Per group of 8 rows and superblock of 256: d[8], dmin[8] (f16), the 8
+ * sub-blocks' 6-bit scales and mins unpacked to bytes (sc[j][r], mn[j][r]),
+ * then the quants: for each 64-element chunk i and 4-byte group k, 32 bytes
+ * with row r's qs[32i+4k..+3] at 4r (low nibbles: sub-block 2i, high: 2i+1).
+ * 148 bytes per row and superblock (the GGUF layout has 144). Per row:
+ *
+ *     acc = 0
+ *     for each superblock b:  isum = sum_j sc_j * dot_j,  imin = sum_j mn_j * asum_j  (exact integers)
+ *                             acc = fma((float)isum, d * d_a, acc)
+ *                             acc = fma((float)imin, -(dmin * d_a), acc)
+ *
+ * on Q8_K activations as they are (asum_j: the two bsums of sub-block j). */
+#define R8K_SB 148
+
+size_t tl_r8k_row_bytes(int64_t n) { return (size_t)(n / QK_K) * R8K_SB; }
+
+int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    if (type != TL_Q4_K || n % QK_K || nrows < 0) return -1;
+    const int64_t nb = n / QK_K, ng = tl_r8_rows(nrows) / 8;
+    const block_q4_K *s = src;
+    uint8_t *d = dst;
+    memset(d, 0, (size_t)(ng * nb) * 8 * R8K_SB);
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = d + (size_t)(g * nb + b) * 8 * R8K_SB;
+            for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
+                const block_q4_K *x = &s[(g * 8 + r) * nb + b];
+                memcpy(o + 2 * r, &x->d, 2);
+                memcpy(o + 16 + 2 * r, &x->dmin, 2);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, mn;
+                    scale_min_k4(j, x->scales, &sc, &mn);
+                    o[32 + 8 * j + r] = sc;
+                    o[96 + 8 * j + r] = mn;
+                }
+                for (int i = 0; i < 4; i++)
+                    for (int k = 0; k < 8; k++) memcpy(o + 160 + 32 * (8 * i + k) + 4 * r, x->qs + 32 * i + 4 * k, 4);
+            }
+        }
+    return 0;
+}
+
+static void r8k_ref_q4_K(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                         size_t ys) {
+    const int64_t nb = n / QK_K;
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint8_t *grp = (const uint8_t *)vw + (size_t)r0 * ws;
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *a = (const block_q8_K *)(const void *)((const uint8_t *)va + (size_t)t * as);
+            for (int r = 0; r < 8 && r0 + r < nr; r++) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *o = grp + (size_t)b * 8 * R8K_SB;
+                    int32_t isum = 0, imin = 0;
+                    for (int j = 0; j < 8; j++) {
+                        int32_t dot = 0;
+                        for (int l = 0; l < 32; l++) {
+                            const uint8_t byte = o[160 + 32 * (8 * (j / 2) + l / 4) + 4 * r + l % 4];
+                            dot += (j & 1 ? byte >> 4 : byte & 15) * a[b].qs[32 * j + l];
+                        }
+                        isum += o[32 + 8 * j + r] * dot;
+                        imin += o[96 + 8 * j + r] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+                    }
+                    acc = fmaf((float)isum, h2f_at(o, r) * a[b].d, acc);
+                    acc = fmaf((float)imin, -(h2f_at(o + 16, r) * a[b].d), acc);
+                }
+                y[(size_t)t * ys + r0 + r] = acc;
+            }
+        }
+    }
+}
+
+void tl_kernels_fill_r8k_ref(tl_kernels *k) { k->gemm[TL_Q4_K] = r8k_ref_q4_K; }

@@ -239,12 +239,130 @@ R8_GEMM(r8_gemm_q5_0, R_Q5_0)
 R8_GEMM(r8_gemm_q5_1, R_Q5_1)
 R8_GEMM(r8_gemm_q8_0, R_Q8_0)
 
+/* ---- Q4_K on r8k rows (cpu/r8.c): per superblock and sub-block j the 8 rows'
+ * exact dots, times their scales (vpmulld), the mins against the activation's
+ * block sums, then two fmas. Q8_K activation rows as they are. */
+#define R8K_SB 148
+
+AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                 float *y, size_t ys) {
+    const int64_t nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2][4];
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        UNROLL
+        for (int g = 0; g < M; g++) {
+            const uint8_t *o = w + (size_t)g * gs + (size_t)b * 8 * R8K_SB;
+            _mm_prefetch((const char *)o + 8 * R8K_SB, _MM_HINT_T0);
+            __m256i isum[4], imin[4];
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)t * as) + b;
+                /* mins: sum_j mn_j * (bsums[2j] + bsums[2j+1]) */
+                __m256i mn = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++) {
+                    const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 96 + 8 * j)));
+                    mn = _mm256_add_epi32(mn, _mm256_mullo_epi32(m8, _mm256_set1_epi32(q8->bsums[2 * j] + q8->bsums[2 * j + 1])));
+                }
+                imin[t] = mn;
+                isum[t] = _mm256_setzero_si256();
+            }
+            for (int i = 0; i < 4; i++) { /* sub-blocks 2i (low nibbles) and 2i+1 (high) */
+                __m256i lo[4], hi[4];
+                UNROLL
+                for (int t = 0; t < N; t++) lo[t] = hi[t] = _mm256_setzero_si256();
+                UNROLL8
+                for (int k = 0; k < 8; k++) {
+                    const __m256i v = load32(o + 160 + 32 * (8 * i + k));
+                    const __m256i ul = _mm256_and_si256(v, m4), uh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    UNROLL
+                    for (int t = 0; t < N; t++) {
+                        const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
+                        const __m256i al = bcast4((const uint8_t *)qs + 64 * i + 4 * k);
+                        const __m256i ah = bcast4((const uint8_t *)qs + 64 * i + 32 + 4 * k);
+#if R8_VNNI
+                        lo[t] = _mm256_dpbusd_epi32(lo[t], ul, al);
+                        hi[t] = _mm256_dpbusd_epi32(hi[t], uh, ah);
+#else
+                        /* int16 pair sums: 8 x 2*15*127 stay below 32768 */
+                        lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ul, al));
+                        hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(uh, ah));
+#endif
+                    }
+                }
+                const __m256i sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 8 * (2 * i))));
+                const __m256i sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(o + 32 + 8 * (2 * i + 1))));
+                UNROLL
+                for (int t = 0; t < N; t++) {
+#if !R8_VNNI
+                    lo[t] = _mm256_madd_epi16(lo[t], _mm256_set1_epi16(1));
+                    hi[t] = _mm256_madd_epi16(hi[t], _mm256_set1_epi16(1));
+#endif
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sl),
+                                                                         _mm256_mullo_epi32(hi[t], sh)));
+                }
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(o + 16)));
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+                const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+                const __m256 dmn = _mm256_xor_ps(_mm256_mul_ps(dm, _mm256_set1_ps(da)), _mm256_set1_ps(-0.0f));
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), d, acc[g][t]);
+                acc[g][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[t]), dmn, acc[g][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            float *yo = y + (size_t)t * ys + 8 * (size_t)g;
+            if (8 * g + 8 <= nr) {
+                _mm256_storeu_ps(yo, acc[g][t]);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[g][t]);
+                for (int r = 0; r < nr - 8 * g; r++) yo[r] = tmp[r];
+            }
+        }
+}
+
+static void r8k_gemm_q4_K(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                          size_t ys) {
+    const uint8_t *w = vw, *a = va;
+    const size_t gs = 8 * ws;
+    const int ng = (nr + 7) / 8;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        const uint8_t *at = a + (size_t)t0 * as;
+        float *yt = y + (size_t)t0 * ys;
+        int g = 0;
+        if (tn == 1)
+            for (; g + 2 <= ng; g += 2) r8k_tile(2, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        for (; g < ng; g++) {
+            switch (tn) {
+            case 1: r8k_tile(1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 2: r8k_tile(1, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 3: r8k_tile(1, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            default: r8k_tile(1, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            }
+        }
+    }
+}
+
 static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q4_0] = r8_gemm_q4_0;
     k->gemm[TL_Q4_1] = r8_gemm_q4_1;
     k->gemm[TL_Q5_0] = r8_gemm_q5_0;
     k->gemm[TL_Q5_1] = r8_gemm_q5_1;
     k->gemm[TL_Q8_0] = r8_gemm_q8_0;
+    k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
 }
 

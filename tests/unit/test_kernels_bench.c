@@ -306,7 +306,78 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
     free(yr);
 }
 
+/* Q4_K in the r8k layout: the level's tiles bitwise the scalar reference's;
+ * the reference within its order's bound of a double sum of the same integer
+ * dots and scales (one rounding of the integer sums to float, two fmas per
+ * superblock) and close to the exact mode's dot. */
+static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n, int nr, int nt, rng *r) {
+    const tl_type t = TL_Q4_K;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(n);
+    const int64_t nb = n / QK_K, prow = tl_r8_rows(nr);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow), *a = malloc(ab * (size_t)nt);
+    float *x = malloc((size_t)n * sizeof(float));
+    const size_t ys = (size_t)nr + 3;
+    float *y = malloc(sizeof(float) * ys * (size_t)nt), *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && a && x && y && yr, "alloc");
+    if (w && wp && a && x && y && yr) {
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_r8k_pack(t, w, wp, nr, n) == 0, "r8k pack");
+        for (int i = 0; i < nt; i++) {
+            make_acts(x, n, r);
+            tl_quantize_row_act(TL_Q8_K, x, a + (size_t)i * ab, n);
+        }
+        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
+        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
+        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8k Q4_K n=%lld %dx%d: not the reference's bits",
+              k->name, (long long)n, nr, nt);
+        int bad = 0, bad_exact = 0;
+        for (int ti = 0; ti < nt; ti++) {
+            const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)ti * ab);
+            for (int ri = 0; ri < nr; ri++) {
+                const block_q4_K *xb = (const block_q4_K *)(const void *)(w + (size_t)ri * wb);
+                double want = 0, mag = 0, amag = 0;
+                for (int64_t b = 0; b < nb; b++) {
+                    double isum = 0, imin = 0, iabs = 0;
+                    for (int j = 0; j < 8; j++) {
+                        uint8_t sc, mn;
+                        scale_min_k4(j, xb[b].scales, &sc, &mn);
+                        double dot = 0, dabs = 0;
+                        for (int l = 0; l < 32; l++) {
+                            const uint8_t byte = xb[b].qs[32 * (j / 2) + l];
+                            const int u = j & 1 ? byte >> 4 : byte & 15;
+                            dot += u * q8[b].qs[32 * j + l];
+                            dabs += fabs((double)u * q8[b].qs[32 * j + l]);
+                        }
+                        isum += sc * dot;
+                        iabs += sc * dabs;
+                        imin += mn * (double)(q8[b].bsums[2 * j] + q8[b].bsums[2 * j + 1]);
+                    }
+                    const double d = tl_fp16_to_fp32(xb[b].d) * q8[b].d, dm = tl_fp16_to_fp32(xb[b].dmin) * q8[b].d;
+                    want += isum * d - imin * dm;
+                    mag += fabs(isum * d) + fabs(imin * dm);
+                    amag += iabs * fabs(d) + fabs(imin * dm);
+                }
+                const double got = y[(size_t)ti * ys + ri];
+                if (fabs(got - want) > (double)(2 * nb + 4) * 0x1p-24 * mag + 1e-30) bad++;
+                const double ex = k->vec_dot[t](n, w + (size_t)ri * wb, a + (size_t)ti * ab);
+                if (fabs(got - ex) > (double)(2 * nb + 4) * 0x1p-24 * mag + (double)(nb + 16) * 0x1p-24 * amag + 1e-30)
+                    bad_exact++;
+            }
+        }
+        CHECK(!bad, "%s r8k Q4_K n=%lld %dx%d: %d outputs outside the order's bound", k->name, (long long)n, nr, nt, bad);
+        CHECK(!bad_exact, "%s r8k Q4_K n=%lld %dx%d: %d outputs too far from the exact mode's dot", k->name,
+              (long long)n, nr, nt, bad_exact);
+    }
+    free(w), free(wp), free(a), free(x), free(y), free(yr);
+}
+
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
+    static const int kshapes[][2] = {{8, 1}, {16, 1}, {13, 1}, {24, 1}, {8, 2}, {16, 4}, {3, 5}, {17, 7}};
+    static const int64_t kns[] = {256, 1024, 2048};
+    for (size_t si = 0; si < sizeof kns / sizeof *kns; si++)
+        for (size_t sh = 0; sh < sizeof kshapes / sizeof *kshapes; sh++)
+            check_r8k_case(k, ref, kns[si], kshapes[sh][0], kshapes[sh][1], r);
     static const int shapes[][2] = {{8, 1}, {16, 1}, {13, 1}, {40, 1}, {8, 2}, {16, 4}, {24, 3},
                                     {3, 5}, {17, 7}, {32, 9}, {16, 12}};
     static const int64_t ns[] = {32, 96, 576, 640, 2048};
