@@ -75,7 +75,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
 /* ---- what each mode's gemm reads (see kernels.h) ---- */
 
 static int r8(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8_supported(t); }
-static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && t == TL_Q4_K; }
+static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && (t == TL_Q4_K || t == TL_Q6_K); }
 
 int tl_kern_packs(const tl_kernels *k, tl_type t) {
     return k->gemm[t] && (r8(k, t) || r8k(k, t) || tl_pack_supported(t));
@@ -86,14 +86,14 @@ int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows) {
 }
 
 int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n) {
-    if (r8k(k, t)) return tl_r8k_pack(t, src, dst, nrows, n);
+    if (r8k(k, t)) return t == TL_Q6_K ? tl_r8q6_pack(t, src, dst, nrows, n) : tl_r8k_pack(t, src, dst, nrows, n);
     return r8(k, t) ? tl_r8_pack(t, src, dst, nrows, n) : tl_pack_rows32(t, src, dst, nrows, n);
 }
 
 int tl_kern_row_align(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) ? 8 : 1; }
 
 size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
-    return r8k(k, t) ? tl_r8k_row_bytes(n) : tl_row_size(t, n);
+    return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);
 }
 
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {

@@ -84,11 +84,13 @@ int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t 
 size_t tl_r8_act_row_size(int64_t n);
 void tl_r8_act_make(tl_quantize_fn q8_1, const float *x, void *row, int64_t n);
 void tl_kernels_fill_r8_ref(tl_kernels *k);
-/* Q4_K in the r8 layout (r8k, cpu/r8.c): groups of 8 rows, per superblock
- * d[8], dmin[8], the scales and mins as bytes, then the quants 4 bytes of each
- * row in turn; 148 bytes per row and superblock. Its gemm takes Q8_K rows. */
-size_t tl_r8k_row_bytes(int64_t n);
+/* Q4_K and Q6_K in the r8 layout (r8k, cpu/r8.c): groups of 8 rows, per
+ * superblock the rows' scales, then the quants 4 bytes of each row in turn;
+ * 148 bytes per row and superblock for Q4_K (GGUF: 144), 210 for Q6_K (the
+ * same). Their gemm takes Q8_K rows. */
+size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
 
 /* What a table's gemm for weight type t reads, whatever the mode: whether it

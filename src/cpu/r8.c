@@ -193,7 +193,7 @@ void tl_kernels_fill_r8_ref(tl_kernels *k) {
  * on Q8_K activations as they are (asum_j: the two bsums of sub-block j). */
 #define R8K_SB 148
 
-size_t tl_r8k_row_bytes(int64_t n) { return (size_t)(n / QK_K) * R8K_SB; }
+size_t tl_r8k_row_bytes(tl_type type, int64_t n) { return (size_t)(n / QK_K) * (type == TL_Q6_K ? 210 : R8K_SB); }
 
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
     if (type != TL_Q4_K || n % QK_K || nrows < 0) return -1;
@@ -251,4 +251,76 @@ static void r8k_ref_q4_K(int64_t n, const void *vw, size_t ws, int nr, const voi
     }
 }
 
-void tl_kernels_fill_r8k_ref(tl_kernels *k) { k->gemm[TL_Q4_K] = r8k_ref_q4_K; }
+/* ---- Q6_K in the r8 layout ----
+ * Per group and superblock: d[8] (f16), the 16 int8 scales as sc[s][r], then
+ * ql as 4 chunks x 8 groups of 32 bytes (row r's ql[32c+4k..+3] at 4r), then
+ * qh as 2 chunks x 8 groups. 210 bytes per row and superblock, as in GGUF.
+ * Element 128h + 32x + l (l < 32) is ql chunk 2h + (x & 1), low nibble for
+ * x < 2, high for x >= 2, with qh chunk h's bits 2x..2x+1 as bits 4-5. Per row:
+ *
+ *     isum = sum_s sc_s * dot_s(q + 32, a) - 32 * sum_s sc_s * bsum_s   (exact)
+ *     acc = fma((float)isum, d * d_a, acc)                              per superblock */
+#define R8Q6_SB 210
+
+static int q6_u(const uint8_t *o, int r, int e) {
+    const int h = e / 128, x = (e % 128) / 32, l = e % 32;
+    const uint8_t ql = o[144 + 32 * (8 * (2 * h + (x & 1)) + l / 4) + 4 * r + l % 4];
+    const uint8_t qh = o[144 + 1024 + 32 * (8 * h + l / 4) + 4 * r + l % 4];
+    return (x < 2 ? ql & 15 : ql >> 4) | (((qh >> (2 * x)) & 3) << 4);
+}
+
+int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    if (type != TL_Q6_K || n % QK_K || nrows < 0) return -1;
+    const int64_t nb = n / QK_K, ng = tl_r8_rows(nrows) / 8;
+    const block_q6_K *s = src;
+    uint8_t *d = dst;
+    memset(d, 0, (size_t)(ng * nb) * 8 * R8Q6_SB);
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = d + (size_t)(g * nb + b) * 8 * R8Q6_SB;
+            for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
+                const block_q6_K *x = &s[(g * 8 + r) * nb + b];
+                memcpy(o + 2 * r, &x->d, 2);
+                for (int j = 0; j < 16; j++) o[16 + 8 * j + r] = (uint8_t)x->scales[j];
+                for (int c = 0; c < 4; c++)
+                    for (int k = 0; k < 8; k++) memcpy(o + 144 + 32 * (8 * c + k) + 4 * r, x->ql + 32 * c + 4 * k, 4);
+                for (int c = 0; c < 2; c++)
+                    for (int k = 0; k < 8; k++)
+                        memcpy(o + 144 + 1024 + 32 * (8 * c + k) + 4 * r, x->qh + 32 * c + 4 * k, 4);
+            }
+        }
+    return 0;
+}
+
+static void r8q6_ref(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                     size_t ys) {
+    const int64_t nb = n / QK_K;
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint8_t *grp = (const uint8_t *)vw + (size_t)r0 * ws;
+        for (int t = 0; t < nt; t++) {
+            const block_q8_K *a = (const block_q8_K *)(const void *)((const uint8_t *)va + (size_t)t * as);
+            for (int r = 0; r < 8 && r0 + r < nr; r++) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *o = grp + (size_t)b * 8 * R8Q6_SB;
+                    int32_t isum = 0, ibias = 0;
+                    for (int sb = 0; sb < 16; sb++) {
+                        int32_t dot = 0;
+                        for (int l = 0; l < 16; l++) dot += q6_u(o, r, 16 * sb + l) * a[b].qs[16 * sb + l];
+                        const int sc = (int8_t)o[16 + 8 * sb + r];
+                        isum += sc * dot;
+                        ibias += sc * a[b].bsums[sb];
+                    }
+                    isum -= 32 * ibias;
+                    acc = fmaf((float)isum, h2f_at(o, r) * a[b].d, acc);
+                }
+                y[(size_t)t * ys + r0 + r] = acc;
+            }
+        }
+    }
+}
+
+void tl_kernels_fill_r8k_ref(tl_kernels *k) {
+    k->gemm[TL_Q4_K] = r8k_ref_q4_K;
+    k->gemm[TL_Q6_K] = r8q6_ref;
+}

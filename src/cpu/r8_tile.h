@@ -356,6 +356,106 @@ static void r8k_gemm_q4_K(int64_t n, const void *vw, size_t ws, int nr, const vo
     }
 }
 
+/* ---- Q6_K on r8 rows (cpu/r8.c): unsigned 6-bit quants rebuilt from the
+ * interleaved ql and qh, exact dots per 16-element sub-block times the int8
+ * scales, the -32 offset through the activation's block sums, one fma. */
+#define R8Q6_SB 210
+
+AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
+    const int64_t nb = n / QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = w + (size_t)b * 8 * R8Q6_SB;
+        _mm_prefetch((const char *)o + 8 * R8Q6_SB, _MM_HINT_T0);
+        __m256i isum[4];
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            /* the offset: -32 * sum_s sc_s * bsum_s */
+            const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)t * as) + b;
+            __m256i bias = _mm256_setzero_si256();
+            for (int sb = 0; sb < 16; sb++) {
+                const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * sb)));
+                bias = _mm256_add_epi32(bias, _mm256_mullo_epi32(sc, _mm256_set1_epi32(q8->bsums[sb])));
+            }
+            isum[t] = _mm256_mullo_epi32(bias, _mm256_set1_epi32(-32));
+        }
+        for (int h = 0; h < 2; h++)
+            for (int x = 0; x < 4; x++) /* elements 128h + 32x .. +31: sub-blocks 8h+2x and 8h+2x+1 */
+                for (int half = 0; half < 2; half++) {
+                    __m256i d[4];
+                    UNROLL
+                    for (int t = 0; t < N; t++) d[t] = _mm256_setzero_si256();
+                    UNROLL
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int k = 4 * half + kk;
+                        const __m256i L = load32(o + 144 + 32 * (8 * (2 * h + (x & 1)) + k));
+                        const __m256i H = load32(o + 144 + 1024 + 32 * (8 * h + k));
+                        const __m256i lo = x < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+                        const __m256i hb = x == 0   ? _mm256_slli_epi16(H, 4)
+                                           : x == 1 ? _mm256_slli_epi16(H, 2)
+                                           : x == 2 ? H
+                                                    : _mm256_srli_epi16(H, 2);
+                        const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                        UNROLL
+                        for (int t = 0; t < N; t++) {
+                            const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
+                            const __m256i av = bcast4((const uint8_t *)qs + 128 * h + 32 * x + 4 * k);
+#if R8_VNNI
+                            d[t] = _mm256_dpbusd_epi32(d[t], u, av);
+#else
+                            /* int16 pair sums (2*63*127) widened to int32 each time */
+                            const __m256i p = _mm256_maddubs_epi16(u, av);
+                            d[t] = _mm256_add_epi32(d[t], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+                        }
+                    }
+                    const int sb = 8 * h + 2 * x + half;
+                    const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * sb)));
+                    UNROLL
+                    for (int t = 0; t < N; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(d[t], sc));
+                }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) {
+        float *yo = y + (size_t)t * ys;
+        if (nr >= 8) {
+            _mm256_storeu_ps(yo, acc[t]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            for (int r = 0; r < nr; r++) yo[r] = tmp[r];
+        }
+    }
+}
+
+static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                      size_t ys) {
+    const uint8_t *w = vw, *a = va;
+    const size_t gs = 8 * ws;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        for (int g = 0; g < (nr + 7) / 8; g++) {
+            const uint8_t *wg = w + g * gs, *at = a + (size_t)t0 * as;
+            float *yt = y + (size_t)t0 * ys + 8 * g;
+            switch (tn) {
+            case 1: r8q6_tile(1, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            case 2: r8q6_tile(2, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            case 3: r8q6_tile(3, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            default: r8q6_tile(4, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            }
+        }
+    }
+}
+
 static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q4_0] = r8_gemm_q4_0;
     k->gemm[TL_Q4_1] = r8_gemm_q4_1;
@@ -363,6 +463,7 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q5_1] = r8_gemm_q5_1;
     k->gemm[TL_Q8_0] = r8_gemm_q8_0;
     k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
+    k->gemm[TL_Q6_K] = r8q6_gemm;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
 }
 

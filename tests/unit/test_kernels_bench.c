@@ -312,7 +312,7 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
  * superblock) and close to the exact mode's dot. */
 static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n, int nr, int nt, rng *r) {
     const tl_type t = TL_Q4_K;
-    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(n);
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(TL_Q4_K, n);
     const int64_t nb = n / QK_K, prow = tl_r8_rows(nr);
     uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow), *a = malloc(ab * (size_t)nt);
     float *x = malloc((size_t)n * sizeof(float));
@@ -372,7 +372,57 @@ static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n
     free(w), free(wp), free(a), free(x), free(y), free(yr);
 }
 
+/* Q6_K in the r8 layout: bitwise the scalar reference's; the reference within
+ * its order's bound of a double sum of the dequantized products. */
+static void check_r8q6_case(const tl_kernels *k, const tl_kernels *ref, int64_t n, int nr, int nt, rng *r) {
+    const tl_type t = TL_Q6_K;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(t, n);
+    const int64_t prow = tl_r8_rows(nr);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow), *a = malloc(ab * (size_t)nt);
+    float *x = malloc((size_t)n * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
+    const size_t ys = (size_t)nr + 3;
+    float *y = malloc(sizeof(float) * ys * (size_t)nt), *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && a && x && wf && y && yr, "alloc");
+    if (w && wp && a && x && wf && y && yr) {
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_r8q6_pack(t, w, wp, nr, n) == 0, "r8 pack Q6_K");
+        for (int i = 0; i < nt; i++) {
+            make_acts(x, n, r);
+            tl_quantize_row_act(TL_Q8_K, x, a + (size_t)i * ab, n);
+        }
+        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
+        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
+        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 Q6_K n=%lld %dx%d: not the reference's bits",
+              k->name, (long long)n, nr, nt);
+        int bad = 0;
+        for (int ti = 0; ti < nt; ti++) {
+            const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)ti * ab);
+            for (int ri = 0; ri < nr; ri++) {
+                tl_dequantize_row(t, w + (size_t)ri * wb, wf, n);
+                double want = 0, mag = 0;
+                for (int64_t e = 0; e < n; e++) {
+                    const double p = (double)wf[e] * q8[e / QK_K].qs[e % QK_K] * q8[e / QK_K].d;
+                    want += p;
+                    mag += fabs(p);
+                }
+                const double got = y[(size_t)ti * ys + ri];
+                /* dequantized weights are d*sc*q rounded once; the order rounds the
+                 * integer sum once and the fma chain once per superblock */
+                if (fabs(got - want) > (double)(n / QK_K + 8) * 0x1p-23 * mag + 1e-30) bad++;
+            }
+        }
+        CHECK(!bad, "%s r8 Q6_K n=%lld %dx%d: %d outputs outside the bound", k->name, (long long)n, nr, nt, bad);
+    }
+    free(w), free(wp), free(a), free(x), free(wf), free(y), free(yr);
+}
+
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
+    static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}};
+    for (size_t sh = 0; sh < sizeof qshapes / sizeof *qshapes; sh++) {
+        check_r8q6_case(k, ref, 256, qshapes[sh][0], qshapes[sh][1], r);
+        check_r8q6_case(k, ref, 2048, qshapes[sh][0], qshapes[sh][1], r);
+    }
     static const int kshapes[][2] = {{8, 1}, {16, 1}, {13, 1}, {24, 1}, {8, 2}, {16, 4}, {3, 5}, {17, 7}};
     static const int64_t kns[] = {256, 1024, 2048};
     for (size_t si = 0; si < sizeof kns / sizeof *kns; si++)
