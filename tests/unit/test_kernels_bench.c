@@ -264,7 +264,7 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
                 /* dequantize = d*q (+ m): recover the integer quants and scales per block */
                 const uint8_t *row = w + (size_t)ri * wb;
                 tl_dequantize_row(t, row, wf, n);
-                double exact = 0, mag = 0, mmag = 0, amag = 0; /* amag: sum |w_i a_i|, llama.cpp's lanes' scale */
+                double exact = 0, mag = 0, amag = 0; /* amag: sum |w_i a_i|, llama.cpp's lanes' scale */
                 for (int64_t b = 0; b < nb; b++) {
                     uint16_t hd, hm = 0;
                     memcpy(&hd, row + (size_t)b * tl_type_info((uint32_t)t)->type_size, 2);
@@ -281,7 +281,6 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
                     const double term = isum * (double)(dw * ad[b]);
                     exact += term + (biased ? (double)mw * as[b] : 0.0);
                     mag += fabs(term) + (biased ? fabs((double)mw * as[b]) : 0.0);
-                    mmag += biased ? fabs((double)mw * as[b]) : 0.0;
                 }
                 const double got = y[(size_t)ti * ys + ri];
                 if (fabs(got - exact) > (double)(nb + 2) * 0x1p-24 * mag + 1e-30) bad_math++;
