@@ -239,11 +239,11 @@ static void print_stats(const tl_gen_stats *st, const tl_ctx *ctx) {
                                     "context full", "callback"};
     fprintf(stderr,
             "\n[prompt %d tokens, prefill %.1f ms (%.1f tok/s), first token %.1f ms | "
-            "generated %d tokens, %.1f tok/s | stop: %s | %s]\n",
+            "generated %d tokens, %.1f tok/s | stop: %s | %s, %s numerics]\n",
             st->n_prompt, st->prefill_s * 1e3, st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0,
             st->ttft_s * 1e3, st->n_gen,
             st->decode_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0,
-            reasons[st->stop], tl_ctx_backend(ctx));
+            reasons[st->stop], tl_ctx_backend(ctx), tl_ctx_numerics(ctx));
     if (st->stop == TL_STOP_CONTEXT)
         fprintf(stderr, "tokenloop: warning: the context is full (%d tokens); raise -c to go on\n",
                 tl_ctx_n_ctx(ctx));
