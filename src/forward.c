@@ -314,11 +314,11 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
         if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
-    int avx2 = c->kern.level >= TL_CPU_AVX2, n = pos + 1 - j0;
-    double sum = tl_softmax_exp(n, s + j0, mx, avx2);
+    const int n = pos + 1 - j0;
+    double sum = c->kern.math.softmax_exp(n, s + j0, mx);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
-    tl_scale_round_f16(n, s + j0, (float)(1.0 / sum), avx2);
-    tl_attn_pv_paged(n, hd, s + j0, vb, c->kv_dim, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd, avx2);
+    c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
+    c->kern.math.attn_pv_paged(n, hd, s + j0, vb, c->kv_dim, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
@@ -341,7 +341,7 @@ static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, flo
         .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
         .out_tok = (size_t)c->q_dim, .scratch = scratch};
-    tl_attn_online(&a, c->kern.level >= TL_CPU_AVX2);
+    c->kern.math.attn_online(&a);
 }
 
 /* Splits the batch into runs for attend_fast: consecutive tokens of one
@@ -478,9 +478,9 @@ static void ffn_act_tokens(tl_ctx *c, int t0, int t1, void *arg) {
     for (int t = t0; t < t1; t++) {
         size_t o = (size_t)t * n_ff;
         if (c->m->arch->act == TL_ACT_GELU)
-            tl_geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu, c->kern.level >= TL_CPU_AVX2);
+            c->kern.math.geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
         else
-            tl_swiglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->kern.level >= TL_CPU_AVX2);
+            c->kern.math.swiglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o);
     }
 }
 

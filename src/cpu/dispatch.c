@@ -70,6 +70,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     k->level = level;
     k->mode = mode;
     k->name = names[level];
+    tl_mathfn_bind(&k->math, level >= TL_CPU_AVX2);
 }
 
 /* ---- what each mode's gemm reads (see kernels.h) ---- */

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "cpu/mathfn.h"
 #include "quant.h"
 
 typedef enum tl_cpu_level {
@@ -54,6 +55,8 @@ typedef struct tl_kernels {
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
     /* the same for four rows x, x + x_stride, ... against one y; may be NULL */
     void (*dot_f16_x4)(int64_t n, const uint16_t *x, size_t x_stride, const uint16_t *y, float out[4]);
+    /* the element-wise math and attention of cpu/mathfn.h at this level */
+    tl_mathfn math;
 } tl_kernels;
 
 /* The packed layout of the 32-block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): each

@@ -513,3 +513,26 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
             for (int d = 0; d < hd; d++) o[d] *= inv;
         }
 }
+
+/* ---- bound to a level (tl_mathfn_bind) ---- */
+
+#define BIND(NAME, AVX2)                                                                                    \
+    static void NAME##_swiglu(int n, float *y, const float *g, const float *u) { tl_swiglu(n, y, g, u, AVX2); } \
+    static void NAME##_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t) {          \
+        tl_geglu(n, y, g, u, t, AVX2);                                                                      \
+    }                                                                                                       \
+    static double NAME##_softmax(int n, float *s, float max) { return tl_softmax_exp(n, s, max, AVX2); }     \
+    static void NAME##_round(int n, float *s, float scale) { tl_scale_round_f16(n, s, scale, AVX2); }        \
+    static void NAME##_pv(int n, int hd, const float *p, const uint16_t *v, int64_t vs, const int32_t *blk,  \
+                          int bs, int j0, float *acc, float *out) {                                         \
+        tl_attn_pv_paged(n, hd, p, v, vs, blk, bs, j0, acc, out, AVX2);                                     \
+    }                                                                                                       \
+    static void NAME##_online(const tl_attn_rows *a) { tl_attn_online(a, AVX2); }
+BIND(ref, 0)
+BIND(avx2, 1)
+#undef BIND
+
+void tl_mathfn_bind(tl_mathfn *m, int avx2) {
+    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online};
+    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online};
+}

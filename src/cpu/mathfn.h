@@ -72,4 +72,17 @@ static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
 }
 void tl_attn_online(const tl_attn_rows *a, int avx2);
 
+/* The functions above bound to one level (scalar or AVX2), as the kernel
+ * table holds them. */
+typedef struct tl_mathfn {
+    void (*swiglu)(int n, float *y, const float *g, const float *u);
+    void (*geglu)(int n, float *y, const float *g, const float *u, const uint16_t *table);
+    double (*softmax_exp)(int n, float *s, float max);
+    void (*scale_round_f16)(int n, float *s, float scale);
+    void (*attn_pv_paged)(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, const int32_t *blk,
+                          int bs, int j0, float *acc, float *out);
+    void (*attn_online)(const tl_attn_rows *a);
+} tl_mathfn;
+void tl_mathfn_bind(tl_mathfn *m, int avx2);
+
 #endif

@@ -60,9 +60,11 @@ def load(name):
         return json.load(f)
 
 
-def tl(args, stdin=None):
-    """Runs the CLI; returns (rc, stdout bytes, stderr text)."""
+def tl(args, stdin=None, cpu=None):
+    """Runs the CLI; returns (rc, stdout bytes, stderr text). cpu: a TL_CPU level."""
     env = dict(os.environ, TL_NUMERICS=NUMERICS)
+    if cpu:
+        env["TL_CPU"] = cpu
     try:
         p = subprocess.run([TL_BIN] + args, input=stdin, capture_output=True, timeout=TIMEOUT, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -170,6 +172,25 @@ def test_logits():
         print(f"logits [{NUMERICS}] overall: max_abs={d.max():.4f} mean_abs={d.mean():.5f} p99={np.percentile(d, 99):.4f}")
 
 
+def test_levels():
+    """Every CPU level gives the same logits bits, in both modes (the scalar
+    level is slow: a short prompt)."""
+    ids = load("logits.json")["items"][0]["tokens"][:12]
+    with tempfile.TemporaryDirectory() as tmp:
+        idsf = os.path.join(tmp, "ids.json")
+        with open(idsf, "w") as f:
+            json.dump(ids, f)
+        got = {}
+        for cpu in ("scalar", "avx2", None):
+            outf = os.path.join(tmp, f"{cpu}.bin")
+            rc, _, err = tl(["logits", "-m", MODEL, "--ids-file", idsf, "-o", outf], cpu=cpu)
+            got[cpu] = open(outf, "rb").read() if rc == 0 and os.path.exists(outf) else None
+            check(got[cpu], f"logits [{NUMERICS}] TL_CPU={cpu}: rc={rc} {err.strip()[-200:]}")
+        same = got["scalar"] is not None and got["scalar"] == got["avx2"] == got[None]
+        print(f"levels [{NUMERICS}]: scalar, avx2 and the detected level {'bitwise equal' if same else 'DIFFER'}")
+        check(same, f"logits [{NUMERICS}]: the CPU levels differ")
+
+
 # ---------------------------------------------------------------- greedy
 
 def compare_greedy(label, ref, got, margins, eog):
@@ -252,6 +273,7 @@ def main():
         for NUMERICS in ("exact", "fast"):
             if "logits" in parts:
                 test_logits()
+                test_levels()
             if "greedy" in parts or "chat" in parts:
                 test_greedy(chat_only="greedy" not in parts)
             if "perplexity" in parts:
