@@ -40,6 +40,7 @@ struct tl_ctx {
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *ascr;        /* [n_threads][ascr_n]: the fast attention's scratch */
     int *att_run;       /* [n_batch + 1]: starts of the fast attention's runs */
+    int n_att_runs;     /* runs in the current forward call */
     size_t ascr_n;
     int fast_attn;      /* the fast numerics' attention (tl_attn_online) */
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
@@ -463,7 +464,7 @@ static void attention_block(tl_ctx *c, int il, int n) {
     add_bias(c->k, L->bk, n, c->kv_dim);
     add_bias(c->v, L->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n, c->fast_attn ? att_runs(c, n) : 0};
+    att_job aj = {c, il, n, c->n_att_runs};
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */
@@ -514,6 +515,7 @@ static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, in
             for (int i = 0; i < d; i++) c->x[(size_t)t * d + i] *= sqrtf((float)d);
     }
     rope_cache(c, n);
+    c->n_att_runs = c->fast_attn ? att_runs(c, n) : 0; /* the same for every layer */
     for (int il = 0; il < hp->n_layer; il++) {
         attention_block(c, il, n);
         ffn_block(c, il, n);

@@ -76,7 +76,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     size_t off = 0;
     for (int i = 0; np && !st && i < n; i++) {
         tl_w w = all[i];
-        if (!tl_kern_packs(k, (tl_type)w->type) || tl_packed_find(p, w)) continue; /* tied weights: once */
+        if (!tl_kern_packs(k, (tl_type)w->type)) continue;
         const size_t sz = (size_t)tl_kern_packed_rows(k, (tl_type)w->type, w->ne[1]) *
                           tl_kern_row_bytes(k, (tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &p->twin[p->n++];
@@ -85,8 +85,8 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
         tw->t.data = p->data + off;
         st = tl_kern_pack(k, (tl_type)w->type, w->data, p->data + off, w->ne[1], w->ne[0]);
         off += sz;
-        qsort(p->twin, (size_t)p->n, sizeof *p->twin, twin_cmp);
     }
+    if (p->n) qsort(p->twin, (size_t)p->n, sizeof *p->twin, twin_cmp);
     free(all);
     if (st) {
         packed_free(p);

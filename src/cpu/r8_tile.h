@@ -102,6 +102,17 @@ AI int r_widen_at(int f, int k) {
 #endif
 }
 
+/* One group's 8 outputs: rows past nr (a padded last group) are not stored. */
+AI void r8_store8(float *y, __m256 v, int nr) {
+    if (nr >= 8) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    for (int r = 0; r < nr; r++) y[r] = tmp[r];
+}
+
 /* M groups x N tokens; rows past nr (a padded last group) are not stored. The
  * block's vectors are made one at a time and used by every token, so the
  * registers hold the M x N integer and float sums and little else. */
@@ -175,14 +186,7 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
     for (int g = 0; g < M; g++)
         UNROLL8
         for (int t = 0; t < N; t++) {
-            float *yo = y + (size_t)t * ys + 8 * (size_t)g;
-            if (8 * g + 8 <= nr) {
-                _mm256_storeu_ps(yo, acc[g][t]);
-            } else {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, acc[g][t]);
-                for (int r = 0; r < nr - 8 * g; r++) yo[r] = tmp[r];
-            }
+            r8_store8(y + (size_t)t * ys + 8 * (size_t)g, acc[g][t], nr - 8 * g);
         }
 }
 
@@ -322,14 +326,7 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
     for (int g = 0; g < M; g++)
         UNROLL
         for (int t = 0; t < N; t++) {
-            float *yo = y + (size_t)t * ys + 8 * (size_t)g;
-            if (8 * g + 8 <= nr) {
-                _mm256_storeu_ps(yo, acc[g][t]);
-            } else {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, acc[g][t]);
-                for (int r = 0; r < nr - 8 * g; r++) yo[r] = tmp[r];
-            }
+            r8_store8(y + (size_t)t * ys + 8 * (size_t)g, acc[g][t], nr - 8 * g);
         }
 }
 
@@ -426,14 +423,7 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
     }
     UNROLL
     for (int t = 0; t < N; t++) {
-        float *yo = y + (size_t)t * ys;
-        if (nr >= 8) {
-            _mm256_storeu_ps(yo, acc[t]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[t]);
-            for (int r = 0; r < nr; r++) yo[r] = tmp[r];
-        }
+        r8_store8(y + (size_t)t * ys, acc[t], nr);
     }
 }
 
