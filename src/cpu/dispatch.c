@@ -76,7 +76,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
 /* ---- what each mode's gemm reads (see kernels.h) ---- */
 
 static int r8(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8_supported(t); }
-static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && (t == TL_Q4_K || t == TL_Q6_K); }
+static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && (t == TL_Q4_K || t == TL_Q5_K || t == TL_Q6_K); }
 
 int tl_kern_packs(const tl_kernels *k, tl_type t) {
     return k->gemm[t] && (r8(k, t) || r8k(k, t) || tl_pack_supported(t));

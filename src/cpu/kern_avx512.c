@@ -280,6 +280,9 @@ VARIANTS(dot_q6_K)
  * SIMDe-emulated test build takes smaller tiles of the same code: emulated,
  * every instance costs a minute of compile time.) */
 #define R8_VNNI 1
+#ifndef R8_ZMM
+#define R8_ZMM 1
+#endif
 #ifndef R8_PM
 #define R8_PM 2
 #endif

@@ -190,40 +190,64 @@ void tl_kernels_fill_r8_ref(tl_kernels *k) {
  *                             acc = fma((float)isum, d * d_a, acc)
  *                             acc = fma((float)imin, -(dmin * d_a), acc)
  *
- * on Q8_K activations as they are (asum_j: the two bsums of sub-block j). */
+ * on Q8_K activations as they are (asum_j: the two bsums of sub-block j).
+ * Q5_K is the same with its fifth bits after the quants: 8 groups of 32 bytes,
+ * row r's qh[4k..4k+3] at 4r (bit j of qh[l]: element l of sub-block j); 180
+ * bytes per row and superblock (GGUF: 176). */
 #define R8K_SB 148
+#define R8K5_SB 180
 
-size_t tl_r8k_row_bytes(tl_type type, int64_t n) { return (size_t)(n / QK_K) * (type == TL_Q6_K ? 210 : R8K_SB); }
+size_t tl_r8k_row_bytes(tl_type type, int64_t n) {
+    return (size_t)(n / QK_K) * (type == TL_Q6_K ? 210 : type == TL_Q5_K ? R8K5_SB : R8K_SB);
+}
+
+/* Q4_K and Q5_K share d, dmin, scales and the low nibbles' layout. */
+static void pack_k_row(uint8_t *o, int r, const uint8_t *dm, const uint8_t *scales, const uint8_t *qs,
+                       const uint8_t *qh) {
+    memcpy(o + 2 * r, dm, 2);
+    memcpy(o + 16 + 2 * r, dm + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, mn;
+        scale_min_k4(j, scales, &sc, &mn);
+        o[32 + 8 * j + r] = sc;
+        o[96 + 8 * j + r] = mn;
+    }
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 8; k++) memcpy(o + 160 + 32 * (8 * i + k) + 4 * r, qs + 32 * i + 4 * k, 4);
+    if (qh)
+        for (int k = 0; k < 8; k++) memcpy(o + 8 * R8K_SB + 32 * k + 4 * r, qh + 4 * k, 4);
+}
 
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
-    if (type != TL_Q4_K || n % QK_K || nrows < 0) return -1;
+    if ((type != TL_Q4_K && type != TL_Q5_K) || n % QK_K || nrows < 0) return -1;
+    const int q5 = type == TL_Q5_K;
+    const size_t sb = q5 ? R8K5_SB : R8K_SB, ib = tl_row_size(type, QK_K);
     const int64_t nb = n / QK_K, ng = tl_r8_rows(nrows) / 8;
-    const block_q4_K *s = src;
+    const uint8_t *s = src;
     uint8_t *d = dst;
-    memset(d, 0, (size_t)(ng * nb) * 8 * R8K_SB);
+    memset(d, 0, (size_t)(ng * nb) * 8 * sb);
     for (int64_t g = 0; g < ng; g++)
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = d + (size_t)(g * nb + b) * 8 * R8K_SB;
+            uint8_t *o = d + (size_t)(g * nb + b) * 8 * sb;
             for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
-                const block_q4_K *x = &s[(g * 8 + r) * nb + b];
-                memcpy(o + 2 * r, &x->d, 2);
-                memcpy(o + 16 + 2 * r, &x->dmin, 2);
-                for (int j = 0; j < 8; j++) {
-                    uint8_t sc, mn;
-                    scale_min_k4(j, x->scales, &sc, &mn);
-                    o[32 + 8 * j + r] = sc;
-                    o[96 + 8 * j + r] = mn;
+                const uint8_t *x = s + (size_t)((g * 8 + r) * nb + b) * ib;
+                if (q5) {
+                    const block_q5_K *x5 = (const block_q5_K *)(const void *)x;
+                    pack_k_row(o, r, x, x5->scales, x5->qs, x5->qh);
+                } else {
+                    const block_q4_K *x4 = (const block_q4_K *)(const void *)x;
+                    pack_k_row(o, r, x, x4->scales, x4->qs, NULL);
                 }
-                for (int i = 0; i < 4; i++)
-                    for (int k = 0; k < 8; k++) memcpy(o + 160 + 32 * (8 * i + k) + 4 * r, x->qs + 32 * i + 4 * k, 4);
             }
         }
     return 0;
 }
 
-static void r8k_ref_q4_K(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
-                         size_t ys) {
+static void r8k_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
+                    float *y, size_t ys) {
     const int64_t nb = n / QK_K;
+    const int q5 = type == TL_Q5_K;
+    const size_t sb = q5 ? R8K5_SB : R8K_SB;
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *grp = (const uint8_t *)vw + (size_t)r0 * ws;
         for (int t = 0; t < nt; t++) {
@@ -231,13 +255,15 @@ static void r8k_ref_q4_K(int64_t n, const void *vw, size_t ws, int nr, const voi
             for (int r = 0; r < 8 && r0 + r < nr; r++) {
                 float acc = 0.0f;
                 for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *o = grp + (size_t)b * 8 * R8K_SB;
+                    const uint8_t *o = grp + (size_t)b * 8 * sb;
                     int32_t isum = 0, imin = 0;
                     for (int j = 0; j < 8; j++) {
                         int32_t dot = 0;
                         for (int l = 0; l < 32; l++) {
                             const uint8_t byte = o[160 + 32 * (8 * (j / 2) + l / 4) + 4 * r + l % 4];
-                            dot += (j & 1 ? byte >> 4 : byte & 15) * a[b].qs[32 * j + l];
+                            int u = j & 1 ? byte >> 4 : byte & 15;
+                            if (q5) u |= ((o[8 * R8K_SB + 32 * (l / 4) + 4 * r + l % 4] >> j) & 1) << 4;
+                            dot += u * a[b].qs[32 * j + l];
                         }
                         isum += o[32 + 8 * j + r] * dot;
                         imin += o[96 + 8 * j + r] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
@@ -249,6 +275,16 @@ static void r8k_ref_q4_K(int64_t n, const void *vw, size_t ws, int nr, const voi
             }
         }
     }
+}
+
+static void r8k_ref_q4_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                         size_t ys) {
+    r8k_ref(TL_Q4_K, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void r8k_ref_q5_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                         size_t ys) {
+    r8k_ref(TL_Q5_K, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 /* ---- Q6_K in the r8 layout ----
@@ -322,5 +358,6 @@ static void r8q6_ref(int64_t n, const void *vw, size_t ws, int nr, const void *v
 
 void tl_kernels_fill_r8k_ref(tl_kernels *k) {
     k->gemm[TL_Q4_K] = r8k_ref_q4_K;
+    k->gemm[TL_Q5_K] = r8k_ref_q5_K;
     k->gemm[TL_Q6_K] = r8q6_ref;
 }

@@ -22,6 +22,14 @@
 #ifndef R8_PN
 #define R8_PN 4
 #endif
+/* 512-bit tiles (kern_avx512.c): R8Z_PM group pairs x up to 4 tokens. */
+#ifndef R8_ZMM
+#define R8_ZMM 0
+#endif
+#ifndef R8Z_PM
+#define R8Z_PM 2
+#endif
+_Static_assert(!R8_ZMM || R8_PN == 4, "the 512-bit token switch makes 1..4");
 _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below makes 1..R8_PN");
 
 /* Bytes ahead each group stream asks for (decode reads weights from memory). */
@@ -190,6 +198,106 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         }
 }
 
+#if R8_ZMM
+/* ---- 512-bit tiles (AVX-512 F/BW + VNNI): a vector holds two adjacent groups,
+ * lanes 0..7 group g and lanes 8..15 group g+1, so each instruction does the
+ * work of two 256-bit ones. Every lane's integer and float steps are those of
+ * r8_tile, so the bits are the same whichever tile a row lands in. */
+
+/* Weight vector k of block b for the group pair starting at b0 (b1 = b0 + gs). */
+AI __m512i rz_wvec(int f, const uint8_t *b0, const uint8_t *b1, int k) {
+    const int off = (int)r_qs_off(f) + (f == R_Q8_0 ? 32 * k : 32 * (k & 3));
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + off)), load32(b1 + off), 1);
+    if (f == R_Q8_0) return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    __m512i u = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+    if (r_q5(f)) {
+        uint32_t m0, m1;
+        memcpy(&m0, b0 + r_qh_off(f) + 4 * k, 4);
+        memcpy(&m1, b1 + r_qh_off(f) + 4 * k, 4);
+        u = _mm512_mask_add_epi8(u, (__mmask64)m0 | (__mmask64)m1 << 32, u, _mm512_set1_epi8(16));
+    }
+    return u;
+}
+
+/* The pair's 16 half floats at offset off of their blocks (d, or m). */
+AI __m512 rz_halves(const uint8_t *b0, const uint8_t *b1, int off) {
+    const __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(b0 + off));
+    const __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(b1 + off));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+/* M group pairs x N tokens; nr counts rows from the first pair's first row. */
+AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
+                 size_t as, float *y, size_t ys) {
+    const int64_t nb = n / 32;
+    __m512 acc[2][R8_PN];
+    UNROLL
+    for (int p = 0; p < M; p++)
+        UNROLL8
+        for (int t = 0; t < N; t++) acc[p][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i is[2][R8_PN], h[2];
+        const uint8_t *b0[2], *b1[2];
+        UNROLL
+        for (int p = 0; p < M; p++) {
+            b0[p] = w + (size_t)(2 * p) * gs + (size_t)b * r_blk(f);
+            b1[p] = b0[p] + gs;
+            for (size_t o = 0; o < r_blk(f); o += 64) {
+                _mm_prefetch((const char *)b0[p] + R8_PREFETCH + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)b1[p] + R8_PREFETCH + o, _MM_HINT_T0);
+            }
+            h[p] = _mm512_setzero_si512();
+            UNROLL8
+            for (int t = 0; t < N; t++) {
+                const int32_t *sum = (const int32_t *)(const void *)(a + (size_t)t * as + n + 8 * (size_t)nb);
+                is[p][t] = _mm512_set1_epi32(-r_off(f) * sum[b]);
+            }
+        }
+        UNROLL8
+        for (int k = 0; k < 8; k++)
+            UNROLL
+            for (int p = 0; p < M; p++) {
+                const __m512i wv = rz_wvec(f, b0[p], b1[p], k);
+                UNROLL8
+                for (int t = 0; t < N; t++) {
+                    int32_t x;
+                    memcpy(&x, a + (size_t)t * as + 32 * (size_t)b + 4 * (size_t)k, 4);
+                    if (N == 1 && (k & 1)) h[p] = _mm512_dpbusd_epi32(h[p], wv, _mm512_set1_epi32(x));
+                    else is[p][t] = _mm512_dpbusd_epi32(is[p][t], wv, _mm512_set1_epi32(x));
+                }
+            }
+        UNROLL
+        for (int p = 0; p < M; p++) {
+            if (N == 1) is[p][0] = _mm512_add_epi32(is[p][0], h[p]);
+            const __m512 dw = rz_halves(b0[p], b1[p], 0);
+            UNROLL8
+            for (int t = 0; t < N; t++) {
+                const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
+                const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(ad[b]));
+                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[p][t]), d, acc[p][t]);
+                if (r_biased(f))
+                    acc[p][t] = _mm512_fmadd_ps(rz_halves(b0[p], b1[p], 16), _mm512_set1_ps(ad[nb + b]), acc[p][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int p = 0; p < M; p++) {
+        const int rows = nr - 16 * p;
+        UNROLL8
+        for (int t = 0; t < N; t++) {
+            float *yp = y + (size_t)t * ys + 16 * (size_t)p;
+            if (rows >= 16) {
+                _mm512_storeu_ps(yp, acc[p][t]);
+            } else { /* the padded last group: only its real rows */
+                float tmp[16];
+                _mm512_storeu_ps(tmp, acc[p][t]);
+                for (int r = 0; r < rows; r++) yp[r] = tmp[r];
+            }
+        }
+    }
+}
+#endif
+
 /* Token counts 1..R8_PN, each its own unrolled tile; only those instances are made. */
 #if R8_PN >= 8
 #define R8_T78(M, ...) case 7: r8_tile(f, M, 7, __VA_ARGS__); break; case 8: r8_tile(f, M, 8, __VA_ARGS__); break;
@@ -211,6 +319,16 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
     R8_T78(M, __VA_ARGS__)                          \
     default: break;                                 \
     }
+#if R8_ZMM
+#define R8Z_TOKENS(M, TN, ...)                      \
+    switch (TN) {                                   \
+    case 1: r8z_tile(f, M, 1, __VA_ARGS__); break;  \
+    case 2: r8z_tile(f, M, 2, __VA_ARGS__); break;  \
+    case 3: r8z_tile(f, M, 3, __VA_ARGS__); break;  \
+    case 4: r8z_tile(f, M, 4, __VA_ARGS__); break;  \
+    default: break;                                 \
+    }
+#endif
 
 /* nr rows (from a group boundary) x nt tokens. */
 AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
@@ -223,6 +341,10 @@ AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void 
         const uint8_t *at = a + (size_t)t0 * as;
         float *yt = y + (size_t)t0 * ys;
         int g = 0;
+#if R8_ZMM
+        for (; g + 2 * R8Z_PM <= ng; g += 2 * R8Z_PM) R8Z_TOKENS(R8Z_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g + 2 <= ng; g += 2) R8Z_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+#endif
         if (tn == 1)
             for (; g + R8_DM <= ng; g += R8_DM)
                 r8_tile(f, R8_DM, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
@@ -243,15 +365,17 @@ R8_GEMM(r8_gemm_q5_0, R_Q5_0)
 R8_GEMM(r8_gemm_q5_1, R_Q5_1)
 R8_GEMM(r8_gemm_q8_0, R_Q8_0)
 
-/* ---- Q4_K on r8k rows (cpu/r8.c): per superblock and sub-block j the 8 rows'
- * exact dots, times their scales (vpmulld), the mins against the activation's
- * block sums, then two fmas. Q8_K activation rows as they are. */
+/* ---- Q4_K and Q5_K on r8k rows (cpu/r8.c): per superblock and sub-block j
+ * the 8 rows' exact dots, times their scales (vpmulld), the mins against the
+ * activation's block sums, then two fmas. Q8_K activation rows as they are. */
 #define R8K_SB 148
+#define R8K5_SB 180
 
-AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                  float *y, size_t ys) {
     const int64_t nb = n / QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
+    const size_t sb = q5 ? R8K5_SB : R8K_SB;
     __m256 acc[2][4];
     UNROLL
     for (int g = 0; g < M; g++)
@@ -260,8 +384,8 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
     for (int64_t b = 0; b < nb; b++) {
         UNROLL
         for (int g = 0; g < M; g++) {
-            const uint8_t *o = w + (size_t)g * gs + (size_t)b * 8 * R8K_SB;
-            _mm_prefetch((const char *)o + 8 * R8K_SB, _MM_HINT_T0);
+            const uint8_t *o = w + (size_t)g * gs + (size_t)b * 8 * sb;
+            _mm_prefetch((const char *)o + 8 * sb, _MM_HINT_T0);
             __m256i isum[4], imin[4];
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -282,7 +406,12 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
                 UNROLL8
                 for (int k = 0; k < 8; k++) {
                     const __m256i v = load32(o + 160 + 32 * (8 * i + k));
-                    const __m256i ul = _mm256_and_si256(v, m4), uh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    __m256i ul = _mm256_and_si256(v, m4), uh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (q5) { /* bits 2i and 2i+1 of qh: the fifth bits of sub-blocks 2i and 2i+1 */
+                        const __m256i hs = _mm256_srl_epi16(load32(o + 8 * R8K_SB + 32 * k), _mm_cvtsi32_si128(2 * i));
+                        ul = _mm256_or_si256(ul, _mm256_and_si256(_mm256_slli_epi16(hs, 4), m16));
+                        uh = _mm256_or_si256(uh, _mm256_and_si256(_mm256_slli_epi16(hs, 3), m16));
+                    }
                     UNROLL
                     for (int t = 0; t < N; t++) {
                         const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
@@ -292,9 +421,13 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
                         lo[t] = _mm256_dpbusd_epi32(lo[t], ul, al);
                         hi[t] = _mm256_dpbusd_epi32(hi[t], uh, ah);
 #else
-                        /* int16 pair sums: 8 x 2*15*127 stay below 32768 */
-                        lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ul, al));
-                        hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(uh, ah));
+                        if (q5) { /* 2*31*127: widened at once */
+                            lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ul, al), _mm256_set1_epi16(1)));
+                            hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(uh, ah), _mm256_set1_epi16(1)));
+                        } else { /* int16 pair sums: 8 x 2*15*127 stay below 32768 */
+                            lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ul, al));
+                            hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(uh, ah));
+                        }
 #endif
                     }
                 }
@@ -303,8 +436,10 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
                 UNROLL
                 for (int t = 0; t < N; t++) {
 #if !R8_VNNI
-                    lo[t] = _mm256_madd_epi16(lo[t], _mm256_set1_epi16(1));
-                    hi[t] = _mm256_madd_epi16(hi[t], _mm256_set1_epi16(1));
+                    if (!q5) {
+                        lo[t] = _mm256_madd_epi16(lo[t], _mm256_set1_epi16(1));
+                        hi[t] = _mm256_madd_epi16(hi[t], _mm256_set1_epi16(1));
+                    }
 #endif
                     isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sl),
                                                                          _mm256_mullo_epi32(hi[t], sh)));
@@ -330,7 +465,7 @@ AI void r8k_tile(int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, c
         }
 }
 
-static void r8k_gemm_q4_K(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                           size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
@@ -341,16 +476,26 @@ static void r8k_gemm_q4_K(int64_t n, const void *vw, size_t ws, int nr, const vo
         float *yt = y + (size_t)t0 * ys;
         int g = 0;
         if (tn == 1)
-            for (; g + 2 <= ng; g += 2) r8k_tile(2, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+            for (; g + 2 <= ng; g += 2) r8k_tile(q5, 2, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         for (; g < ng; g++) {
             switch (tn) {
-            case 1: r8k_tile(1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 2: r8k_tile(1, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 3: r8k_tile(1, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            default: r8k_tile(1, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 1: r8k_tile(q5, 1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 2: r8k_tile(q5, 1, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 3: r8k_tile(q5, 1, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            default: r8k_tile(q5, 1, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
             }
         }
     }
+}
+
+static void r8k_gemm_q4_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    r8k_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void r8k_gemm_q5_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    r8k_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 /* ---- Q6_K on r8 rows (cpu/r8.c): unsigned 6-bit quants rebuilt from the
@@ -453,6 +598,7 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q5_1] = r8_gemm_q5_1;
     k->gemm[TL_Q8_0] = r8_gemm_q8_0;
     k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
+    k->gemm[TL_Q5_K] = r8k_gemm_q5_K;
     k->gemm[TL_Q6_K] = r8q6_gemm;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
 }

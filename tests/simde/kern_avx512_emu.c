@@ -19,6 +19,14 @@ static inline simde__m512 emu_cvtepi32_ps(simde__m512i v) {
 #define _mm512_extractf32x8_ps(v, i) \
     _mm256_castpd_ps(simde_mm512_extractf64x4_pd(simde_mm512_castps_pd(v), i))
 
+static inline simde__m512 emu_cvtph_ps(__m256i h) {
+    const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    const __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(lo), hi, 1);
+}
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps(h) emu_cvtph_ps(h)
+
 static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
     const __m256i z = _mm256_cmpeq_epi8(_mm256_and_si256(a, b), _mm256_setzero_si256());
     return ~(uint32_t)_mm256_movemask_epi8(z);
@@ -40,5 +48,6 @@ static inline __m256i emu_mask_add_epi8(__m256i src, uint32_t m, __m256i a, __m2
  * and arithmetic, at a fraction of the compile time of emulated intrinsics. */
 #define R8_PM 1
 #define R8_DM 1
+#define R8Z_PM 1
 #define UNROLL8 _Pragma("GCC unroll 1")
 #include "cpu/kern_avx512.c"

@@ -305,13 +305,14 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
     free(yr);
 }
 
-/* Q4_K in the r8k layout: the level's tiles bitwise the scalar reference's;
+/* Q4_K and Q5_K in the r8k layout: the level's tiles bitwise the scalar reference's;
  * the reference within its order's bound of a double sum of the same integer
  * dots and scales (one rounding of the integer sums to float, two fmas per
  * superblock) and close to the exact mode's dot. */
-static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n, int nr, int nt, rng *r) {
-    const tl_type t = TL_Q4_K;
-    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(TL_Q4_K, n);
+static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, rng *r) {
+    const char *tn = tl_type_info(t)->name;
+    const size_t wb = tl_row_size(t, n), ab = tl_row_size(TL_Q8_K, n), pb = tl_r8k_row_bytes(t, n);
+    const size_t bb = tl_row_size(t, QK_K);
     const int64_t nb = n / QK_K, prow = tl_r8_rows(nr);
     uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow), *a = malloc(ab * (size_t)nt);
     float *x = malloc((size_t)n * sizeof(float));
@@ -328,23 +329,28 @@ static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n
         for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
         k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
         ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8k Q4_K n=%lld %dx%d: not the reference's bits",
-              k->name, (long long)n, nr, nt);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8k %s n=%lld %dx%d: not the reference's bits",
+              k->name, tn, (long long)n, nr, nt);
         int bad = 0, bad_exact = 0;
         for (int ti = 0; ti < nt; ti++) {
             const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)ti * ab);
             for (int ri = 0; ri < nr; ri++) {
-                const block_q4_K *xb = (const block_q4_K *)(const void *)(w + (size_t)ri * wb);
                 double want = 0, mag = 0, amag = 0;
                 for (int64_t b = 0; b < nb; b++) {
+                    /* both formats: d, dmin, scales[12]; Q5_K then qh[32]; then qs[128] */
+                    const uint8_t *blk = w + (size_t)ri * wb + (size_t)b * bb, *sc12 = blk + 4;
+                    const uint8_t *qh = t == TL_Q5_K ? blk + 16 : NULL, *qs = blk + (qh ? 48 : 16);
+                    uint16_t hd, hm;
+                    memcpy(&hd, blk, 2);
+                    memcpy(&hm, blk + 2, 2);
                     double isum = 0, imin = 0, iabs = 0;
                     for (int j = 0; j < 8; j++) {
                         uint8_t sc, mn;
-                        scale_min_k4(j, xb[b].scales, &sc, &mn);
+                        scale_min_k4(j, sc12, &sc, &mn);
                         double dot = 0, dabs = 0;
                         for (int l = 0; l < 32; l++) {
-                            const uint8_t byte = xb[b].qs[32 * (j / 2) + l];
-                            const int u = j & 1 ? byte >> 4 : byte & 15;
+                            const uint8_t byte = qs[32 * (j / 2) + l];
+                            const int u = (j & 1 ? byte >> 4 : byte & 15) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
                             dot += u * q8[b].qs[32 * j + l];
                             dabs += fabs((double)u * q8[b].qs[32 * j + l]);
                         }
@@ -352,7 +358,7 @@ static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n
                         iabs += sc * dabs;
                         imin += mn * (double)(q8[b].bsums[2 * j] + q8[b].bsums[2 * j + 1]);
                     }
-                    const double d = tl_fp16_to_fp32(xb[b].d) * q8[b].d, dm = tl_fp16_to_fp32(xb[b].dmin) * q8[b].d;
+                    const double d = tl_fp16_to_fp32(hd) * q8[b].d, dm = tl_fp16_to_fp32(hm) * q8[b].d;
                     want += isum * d - imin * dm;
                     mag += fabs(isum * d) + fabs(imin * dm);
                     amag += iabs * fabs(d) + fabs(imin * dm);
@@ -364,8 +370,9 @@ static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, int64_t n
                     bad_exact++;
             }
         }
-        CHECK(!bad, "%s r8k Q4_K n=%lld %dx%d: %d outputs outside the order's bound", k->name, (long long)n, nr, nt, bad);
-        CHECK(!bad_exact, "%s r8k Q4_K n=%lld %dx%d: %d outputs too far from the exact mode's dot", k->name,
+        CHECK(!bad, "%s r8k %s n=%lld %dx%d: %d outputs outside the order's bound", k->name, tn, (long long)n, nr, nt,
+              bad);
+        CHECK(!bad_exact, "%s r8k %s n=%lld %dx%d: %d outputs too far from the exact mode's dot", k->name, tn,
               (long long)n, nr, nt, bad_exact);
     }
     free(w), free(wp), free(a), free(x), free(y), free(yr);
@@ -426,9 +433,10 @@ static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
     static const int64_t kns[] = {256, 1024, 2048};
     for (size_t si = 0; si < sizeof kns / sizeof *kns; si++)
         for (size_t sh = 0; sh < sizeof kshapes / sizeof *kshapes; sh++)
-            check_r8k_case(k, ref, kns[si], kshapes[sh][0], kshapes[sh][1], r);
+            for (int q5 = 0; q5 < 2; q5++)
+                check_r8k_case(k, ref, q5 ? TL_Q5_K : TL_Q4_K, kns[si], kshapes[sh][0], kshapes[sh][1], r);
     static const int shapes[][2] = {{8, 1}, {16, 1}, {13, 1}, {40, 1}, {8, 2}, {16, 4}, {24, 3},
-                                    {3, 5}, {17, 7}, {32, 9}, {16, 12}};
+                                    {3, 5}, {17, 7}, {32, 9}, {16, 12}, {56, 2}, {72, 5}};
     static const int64_t ns[] = {32, 96, 576, 640, 2048};
     for (size_t ti = 0; ti < sizeof r8types / sizeof *r8types; ti++)
         for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
