@@ -6,6 +6,7 @@
 #include "forward.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,6 +68,8 @@ typedef struct mm_job {
     const uint8_t *xa;  /* n_tok rows of xa_row bytes */
     size_t xa_row;
     int n_tok;
+    int tiles[4];       /* tiles[mi]: the tiles of matrices before mi; tiles[n_mat]: all */
+    atomic_int next;    /* the next tile to claim */
 } mm_job;
 
 #define MM_ROW_TILE 16
@@ -98,20 +101,30 @@ static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, in
     }
 }
 
-/* Each thread takes a share of the rows (whole groups where the layout
- * interleaves rows); a tile of MM_ROW_TILE of them stays in cache while every
- * token passes it. */
+/* Tiles of MM_ROW_TILE rows (a multiple of every layout's row group); a tile
+ * stays in cache while every token passes it. For a prompt, threads claim
+ * tiles from a counter, so one slowed by a busy core takes fewer; a decode
+ * step's tiles are too short for that (a claim costs a shared cache line), so
+ * each thread takes an equal contiguous share. */
 static void mm_worker(void *arg, int ith, int nth) {
-    const mm_job *j = arg;
-    for (int mi = 0; mi < j->n_mat; mi++) {
-        const int64_t rows = j->w[mi]->ne[1];
-        const int al = j->packed[mi] ? tl_kern_row_align(j->k, (tl_type)j->w[mi]->type) : 1;
-        int64_t lo, hi;
-        tl_split((rows + al - 1) / al, ith, nth, &lo, &hi);
-        lo *= al;
-        hi = hi * al < rows ? hi * al : rows;
-        for (int64_t r0 = lo; r0 < hi; r0 += MM_ROW_TILE)
-            mm_tile(j, mi, ith, r0, r0 + MM_ROW_TILE < hi ? r0 + MM_ROW_TILE : hi, 0, j->n_tok);
+    mm_job *j = arg;
+    if (j->n_tok < 4) {
+        for (int mi = 0; mi < j->n_mat; mi++) {
+            const int64_t rows = j->w[mi]->ne[1];
+            int64_t lo, hi;
+            tl_split(j->tiles[mi + 1] - j->tiles[mi], ith, nth, &lo, &hi);
+            for (int64_t r0 = lo * MM_ROW_TILE; r0 < hi * MM_ROW_TILE && r0 < rows; r0 += MM_ROW_TILE)
+                mm_tile(j, mi, ith, r0, r0 + MM_ROW_TILE < rows ? r0 + MM_ROW_TILE : rows, 0, j->n_tok);
+        }
+        return;
+    }
+    for (;;) {
+        const int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->tiles[j->n_mat]) return;
+        int mi = 0;
+        while (i >= j->tiles[mi + 1]) mi++;
+        const int64_t rows = j->w[mi]->ne[1], r0 = (int64_t)(i - j->tiles[mi]) * MM_ROW_TILE;
+        mm_tile(j, mi, ith, r0, r0 + MM_ROW_TILE < rows ? r0 + MM_ROW_TILE : rows, 0, j->n_tok);
     }
 }
 
@@ -199,7 +212,9 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
         j.w[i] = pw[i] ? pw[i] : w[i];
         j.packed[i] = pw[i] != NULL;
         j.y[i] = y[i];
+        j.tiles[i + 1] = j.tiles[i] + (int)((w[i]->ne[1] + MM_ROW_TILE - 1) / MM_ROW_TILE);
     }
+    atomic_init(&j.next, 0);
     tl_pool_run(c->pool, mm_worker, &j);
 }
 
@@ -269,7 +284,8 @@ static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_hea
 typedef struct att_job {
     tl_ctx *c;
     int layer, n_tok;
-    int n_runs; /* fast attention: runs in c->att_run */
+    int n_runs;      /* fast attention: runs in c->att_run */
+    atomic_int next; /* fast attention: the next item to claim */
 } att_job;
 
 /* Row of position j of a sequence, relative to a layer's K or V base. */
@@ -366,16 +382,17 @@ static void att_worker(void *arg, int ith, int nth) {
         /* Items of (run, KV head) with all its query heads, which widen each
          * K/V block once; with too few of those to keep every thread busy
          * (decode), (run, query head). A head's result is the same either
-         * way. Later runs see more keys: items are dealt out round-robin. */
+         * way. Items are claimed from a counter, later runs (more keys) first. */
         const int nkv = c->m->hp.n_head_kv, G = c->m->hp.n_head / nkv;
-        const int per = (int64_t)j->n_runs * nkv >= 4 * (int64_t)nth ? G : 1, nper = nkv * G / per;
+        const int per = (int64_t)j->n_runs * nkv >= (int64_t)nth ? G : 1, nper = nkv * G / per;
         float *scr = c->ascr + (size_t)ith * c->ascr_n;
-        for (int64_t i = ith; i < (int64_t)j->n_runs * nper; i += nth) {
-            const int r = (int)(i / nper);
+        for (;;) {
+            const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+            if (i >= (int64_t)j->n_runs * nper) return;
+            const int r = j->n_runs - 1 - (int)(i / nper);
             attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
                         scr);
         }
-        return;
     }
     int nh = c->m->hp.n_head;
     float *s = c->scores + (size_t)ith * c->n_ctx;
@@ -464,7 +481,8 @@ static void attention_block(tl_ctx *c, int il, int n) {
     add_bias(c->k, L->bk, n, c->kv_dim);
     add_bias(c->v, L->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n, c->n_att_runs};
+    att_job aj = {c, il, n, c->n_att_runs, 0};
+    atomic_init(&aj.next, 0);
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */

@@ -257,193 +257,209 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
     }
 }
 
-/* ---- the fast numerics' attention (see mathfn.h) ---- */
+/* ---- the fast numerics' attention (see mathfn.h) ----
+ * A block's keys are widened to f32 transposed, kt[d*16 + slot] (slot = the
+ * position's offset in its 16-position block), so that a vector lane holds
+ * one key and a score is one fma chain over the dimensions with no
+ * horizontal sums. V is widened as rows, vf[slot*hd + d]. */
 
-/* A score: one 8-lane fma chain over the row, then ((l0+l1)+(l2+l3)) +
- * ((l4+l5)+(l6+l7)), the tree three horizontal adds give four keys at once. */
-static float score_ref(int hd, const float *q, const float *k) {
-    float l[8] = {0};
-    for (int c = 0; c < hd; c += 8)
-        for (int i = 0; i < 8; i++) l[i] = fmaf(q[c + i], k[c + i], l[i]);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+#define SLOTS 16
 
-/* Positions start..start+n-1 (in one block) widened to f32 rows of kf and vf. */
-static void widen_block_ref(const tl_attn_rows *a, int start, int n, float *kf, float *vf) {
-    for (int j = 0; j < n; j++) {
-        const int p = start + j;
-        const size_t row = ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
-        for (int d = 0; d < a->hd; d++) {
-            kf[(size_t)j * a->hd + d] = tl_fp16_to_fp32(a->k[row + d]);
-            vf[(size_t)j * a->hd + d] = tl_fp16_to_fp32(a->v[row + d]);
-        }
-    }
-}
-
-/* One query row's step over n widened keys: q its row, o its output (the
- * running sum), *m and *l its running max and sum; s scratch of n floats. */
-static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float *m, float *l, int n,
-                          const float *kf, const float *vf, float *s) {
+/* A row's step over the block's slots st..en (live keys), as every level does it. */
+static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float *m, float *l, int st, int en,
+                          const float *kt, const float *vf) {
     const int hd = a->hd;
+    float s[SLOTS];
     float mb = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        s[j] = score_ref(hd, q, kf + (size_t)j * hd) * a->scale;
+    for (int j = st; j <= en; j++) {
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d++) acc = fmaf(q[d], kt[d * SLOTS + j], acc);
+        s[j] = acc * a->scale;
         if (s[j] > mb) mb = s[j];
     }
     const float mn = mb > *m ? mb : *m;
     const float alpha = *m == -INFINITY ? 0.0f : tl_expf_fast(*m - mn);
     *m = mn;
-    float sum = *l * alpha;
-    for (int j = 0; j < n; j++) {
-        s[j] = tl_expf_fast(s[j] - mn);
-        sum += s[j];
+    /* the block's weights summed as two 8-lane vectors (slots j and j+8, zero
+     * where not live) added lane by lane, then the x86 horizontal-sum tree */
+    float v[8];
+    for (int i = 0; i < 8; i++) {
+        const int j0 = i, j1 = i + 8;
+        const float p0 = j0 >= st && j0 <= en ? tl_expf_fast(s[j0] - mn) : 0.0f;
+        const float p1 = j1 >= st && j1 <= en ? tl_expf_fast(s[j1] - mn) : 0.0f;
+        s[j0] = p0;
+        s[j1] = p1;
+        v[i] = p0 + p1;
     }
-    *l = sum;
+    *l = *l * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
     for (int d = 0; d < hd; d++) {
         float acc = o[d] * alpha;
-        for (int j = 0; j < n; j++) acc = fmaf(s[j], vf[(size_t)j * hd + d], acc);
+        for (int j = st; j <= en; j++) acc = fmaf(s[j], vf[(size_t)j * hd + d], acc);
         o[d] = acc;
+    }
+}
+
+/* Position p's K/V row. */
+static size_t kv_row_at(const tl_attn_rows *a, int p) {
+    return ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
+}
+
+/* The block at b0: K transposed for its live slot groups, V rows ws..we. */
+static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
+    for (int p = ws; p <= we; p++) {
+        const size_t row = kv_row_at(a, p);
+        for (int d = 0; d < a->hd; d++) {
+            kt[d * SLOTS + (p - b0)] = tl_fp16_to_fp32(a->k[row + d]);
+            vf[(size_t)(p - b0) * a->hd + d] = tl_fp16_to_fp32(a->v[row + d]);
+        }
     }
 }
 
 #ifdef TL_X86
 #define AVX2_AI __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-__attribute__((target("avx2,fma,f16c"))) static void widen_block_avx2(const tl_attn_rows *a, int start, int n,
-                                                                        float *kf, float *vf) {
-    for (int j = 0; j < n; j++) {
-        const int p = start + j;
-        const size_t row = ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
-        const uint16_t *kr = a->k + row, *vr = a->v + row;
-        float *ko = kf + (size_t)j * a->hd, *vo = vf + (size_t)j * a->hd;
-        for (int c = 0; c < a->hd; c += 8) {
-            _mm256_storeu_ps(ko + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr + c))));
-            _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + c))));
+/* K transposed 8 slots x 8 dims at a time (slot groups with a live slot; the
+ * others' lanes are masked), V rows ws..we. Slots outside ws..we in a group
+ * read their block's stored rows, which are ignored. */
+__attribute__((target("avx2,fma,f16c"))) static void widen_block_avx2(const tl_attn_rows *a, int b0, int ws, int we,
+                                                                        float *kt, float *vf) {
+    const int hd = a->hd;
+    for (int sg = 0; sg < SLOTS && b0 + sg <= we; sg += 8) {
+        if (b0 + sg + 7 < ws) continue;
+        const uint16_t *kr[8];
+        for (int i = 0; i < 8; i++) {
+            const int p = b0 + sg + i < b0 + a->bs ? b0 + sg + i : b0 + a->bs - 1;
+            kr[i] = a->k + kv_row_at(a, p);
+        }
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kr[i] + d0)));
+            const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+            const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+            const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+            const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+            float *o = kt + (size_t)d0 * SLOTS + sg;
+            _mm256_storeu_ps(o + 0 * SLOTS, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(o + 1 * SLOTS, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(o + 2 * SLOTS, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(o + 3 * SLOTS, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(o + 4 * SLOTS, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(o + 5 * SLOTS, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(o + 6 * SLOTS, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(o + 7 * SLOTS, _mm256_permute2f128_ps(u3, u7, 0x31));
         }
     }
-}
-
-/* Four keys' scores against q: four fma chains, then the tree of score_ref. */
-AVX2_AI __m128 score4_avx2(int hd, const float *q, const float *k) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int c = 0; c < hd; c += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + c);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + c), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + c), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + c), a3);
+    for (int p = ws; p <= we; p++) {
+        const uint16_t *vr = a->v + kv_row_at(a, p);
+        float *vo = vf + (size_t)(p - b0) * hd;
+        for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + c))));
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* Four keys' scores against two rows: eight fma chains sharing the key loads. */
-AVX2_AI void score4x2_avx2(int hd, const float *q0, const float *q1, const float *k, __m128 *s0, __m128 *s1) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int c = 0; c < hd; c += 8) {
-        const __m256 x = _mm256_loadu_ps(q0 + c), y = _mm256_loadu_ps(q1 + c);
-        const __m256 k0 = _mm256_loadu_ps(k + c), k1 = _mm256_loadu_ps(k + hd + c);
-        const __m256 k2 = _mm256_loadu_ps(k + 2 * hd + c), k3 = _mm256_loadu_ps(k + 3 * hd + c);
-        a0 = _mm256_fmadd_ps(x, k0, a0), b0 = _mm256_fmadd_ps(y, k0, b0);
-        a1 = _mm256_fmadd_ps(x, k1, a1), b1 = _mm256_fmadd_ps(y, k1, b1);
-        a2 = _mm256_fmadd_ps(x, k2, a2), b2 = _mm256_fmadd_ps(y, k2, b2);
-        a3 = _mm256_fmadd_ps(x, k3, a3), b3 = _mm256_fmadd_ps(y, k3, b3);
+/* R (<= 4) rows' scores against the 16 slots: lane j of s[r][h] is slot 8h+j,
+ * one fma chain over the dimensions, the key loads shared by the rows. */
+AVX2_AI void scores_avx2(int hd, int R, const float *const *q, const float *kt, __m256 s[4][2]) {
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m256 k0 = _mm256_loadu_ps(kt + d * SLOTS), k1 = _mm256_loadu_ps(kt + d * SLOTS + 8);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const __m256 qb = _mm256_broadcast_ss(q[r] + d);
+            acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+        }
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
-    *s0 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    *s1 = _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) s[r][0] = acc[r][0], s[r][1] = acc[r][1];
 }
 
-/* A lone key's score: the same tree (hadd(acc, acc) twice, then the halves). */
-AVX2_AI float score1_avx2(int hd, const float *q, const float *k) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int c = 0; c < hd; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
-    const __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(acc, acc), _mm256_hadd_ps(acc, acc));
-    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1)));
-}
-
-/* A row's n scores in t (scaled) -> weights; updates m and l; returns alpha. */
-AVX2_AI float softmax_step_avx2(const tl_attn_rows *a, float *t, int n, float *m, float *l) {
-    float mb = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        t[j] *= a->scale;
-        if (t[j] > mb) mb = t[j];
-    }
+/* A row's scores (two vectors of 8 slots) -> weights in t[16] (zero where not
+ * live), m and l updated; returns alpha. */
+AVX2_AI float softmax_step_avx2(const tl_attn_rows *a, __m256 s0, __m256 s1, int st, int en, float *t, float *m,
+                                float *l) {
+    const __m256 sc = _mm256_set1_ps(a->scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i i0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), i1 = _mm256_add_epi32(i0, _mm256_set1_epi32(8));
+    const __m256i lo = _mm256_set1_epi32(st - 1), hi = _mm256_set1_epi32(en + 1);
+    const __m256 live0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i0, lo), _mm256_cmpgt_epi32(hi, i0)));
+    const __m256 live1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i1, lo), _mm256_cmpgt_epi32(hi, i1)));
+    s0 = _mm256_blendv_ps(ninf, _mm256_mul_ps(s0, sc), live0);
+    s1 = _mm256_blendv_ps(ninf, _mm256_mul_ps(s1, sc), live1);
+    __m256 mx = _mm256_max_ps(s0, s1);
+    mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
+    mx = _mm256_max_ps(mx, _mm256_shuffle_ps(mx, mx, 0x4e));
+    mx = _mm256_max_ps(mx, _mm256_shuffle_ps(mx, mx, 0xb1));
+    const float mb = _mm256_cvtss_f32(mx);
     const float mn = mb > *m ? mb : *m;
     /* exp(m - m') as lane 0 of the 8-lane exp: the bits of tl_expf_fast */
     const float alpha = *m == -INFINITY ? 0.0f : _mm256_cvtss_f32(expf8(_mm256_set1_ps(*m - mn)));
     *m = mn;
-    for (int j = n; j < 16; j++) t[j] = mn;
-    for (int j = 0; j < n; j += 8)
-        _mm256_storeu_ps(t + j, expf8(_mm256_sub_ps(_mm256_loadu_ps(t + j), _mm256_set1_ps(mn))));
-    float sum = *l * alpha;
-    for (int j = 0; j < n; j++) sum += t[j];
-    *l = sum;
+    const __m256 mv = _mm256_set1_ps(mn);
+    const __m256 p0 = _mm256_and_ps(expf8(_mm256_sub_ps(_mm256_blendv_ps(mv, s0, live0), mv)), live0);
+    const __m256 p1 = _mm256_and_ps(expf8(_mm256_sub_ps(_mm256_blendv_ps(mv, s1, live1), mv)), live1);
+    _mm256_storeu_ps(t, p0);
+    _mm256_storeu_ps(t + 8, p1);
+    *l = *l * alpha + hsum8(_mm256_add_ps(p0, p1));
     return alpha;
 }
 
-/* o = o*alpha, then o = fma(p_j, v_j, o) in key order, for R (1 or 2) rows
- * sharing the V loads, 32 dims per pass (R x 4 sums in registers; the loops
- * have constant bounds so they unroll). Other widths: 8 dims per pass. */
-AVX2_AI void pv_rows_avx2(int hd, int R, float *const *o, const float *al, const float *const *p, int n,
+/* o = o*alpha, then o = fma(p_j, v_j, o) in key order, for R (<= 4) rows
+ * sharing the V loads: W dims per pass (R x W/8 sums in registers). */
+AVX2_AI void pv_pass_avx2(int hd, int R, int W, float *const *o, const float *al, const float *const *p, int n,
                           const float *vf) {
-    int c0 = 0;
-    for (; c0 + 32 <= hd; c0 += 32) {
-        __m256 acc[2][4];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+    for (int c0 = 0; c0 < hd; c0 += W) {
+        __m256 acc[4][4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++)
                 acc[r][i] = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0 + 8 * i), _mm256_set1_ps(al[r]));
         for (int j = 0; j < n; j++) {
             const float *vj = vf + (size_t)j * hd + c0;
-            const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
-            const __m256 v2 = _mm256_loadu_ps(vj + 16), v3 = _mm256_loadu_ps(vj + 24);
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            __m256 v[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) v[i] = _mm256_loadu_ps(vj + 8 * i);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const __m256 pj = _mm256_set1_ps(p[r][j]);
-                acc[r][0] = _mm256_fmadd_ps(pj, v0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(pj, v1, acc[r][1]);
-                acc[r][2] = _mm256_fmadd_ps(pj, v2, acc[r][2]);
-                acc[r][3] = _mm256_fmadd_ps(pj, v3, acc[r][3]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) acc[r][i] = _mm256_fmadd_ps(pj, v[i], acc[r][i]);
             }
         }
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) _mm256_storeu_ps(o[r] + c0 + 8 * i, acc[r][i]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) _mm256_storeu_ps(o[r] + c0 + 8 * i, acc[r][i]);
     }
-    for (; c0 < hd; c0 += 8)
-        for (int r = 0; r < R; r++) {
-            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
-            for (int j = 0; j < n; j++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vf + (size_t)j * hd + c0), acc);
-            _mm256_storeu_ps(o[r] + c0, acc);
-        }
 }
 
-/* R (1 or 2) rows of one token (so the same n keys) over a widened block;
- * each row's float operations are those of row_block_ref. */
+AVX2_AI void pv_rows_avx2(int hd, int R, float *const *o, const float *al, const float *const *p, int n,
+                          const float *vf) {
+    if (hd % 32 == 0 && R <= 2) pv_pass_avx2(hd, R, 32, o, al, p, n, vf);
+    else if (hd % 16 == 0) pv_pass_avx2(hd, R, 16, o, al, p, n, vf);
+    else pv_pass_avx2(hd, R, 8, o, al, p, n, vf);
+}
+
+/* R (<= 4) rows of one token (so the same live slots st..en) over a widened
+ * block; each row's float operations are those of row_block_ref. */
+AVX2_AI void rows_block_r_avx2(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
+                               float *const *m, float *const *l, int st, int en, const float *kt, const float *vf) {
+    __m256 s[4][2];
+    float t[4][SLOTS], al[4];
+    const float *p[4];
+    scores_avx2(a->hd, R, q, kt, s);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        al[r] = softmax_step_avx2(a, s[r][0], s[r][1], st, en, t[r], m[r], l[r]);
+        p[r] = t[r] + st;
+    }
+    pv_rows_avx2(a->hd, R, o, al, p, en - st + 1, vf + (size_t)st * a->hd);
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void rows_block_avx2(const tl_attn_rows *a, int R,
                                                                        const float *const *q, float *const *o,
-                                                                       float *const *m, float *const *l, int n,
-                                                                       const float *kf, const float *vf) {
-    const int hd = a->hd;
-    float t[2][16]; /* n <= 16 scores per row, then weights */
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        if (R == 2) {
-            __m128 s0, s1;
-            score4x2_avx2(hd, q[0], q[1], kf + (size_t)j * hd, &s0, &s1);
-            _mm_storeu_ps(t[0] + j, s0);
-            _mm_storeu_ps(t[1] + j, s1);
-        } else {
-            _mm_storeu_ps(t[0] + j, score4_avx2(hd, q[0], kf + (size_t)j * hd));
-        }
+                                                                       float *const *m, float *const *l, int st,
+                                                                       int en, const float *kt, const float *vf) {
+    switch (R) {
+    case 1: rows_block_r_avx2(a, 1, q, o, m, l, st, en, kt, vf); break;
+    case 2: rows_block_r_avx2(a, 2, q, o, m, l, st, en, kt, vf); break;
+    case 3: rows_block_r_avx2(a, 3, q, o, m, l, st, en, kt, vf); break;
+    default: rows_block_r_avx2(a, 4, q, o, m, l, st, en, kt, vf); break;
     }
-    for (; j < n; j++)
-        for (int r = 0; r < R; r++) t[r][j] = score1_avx2(hd, q[r], kf + (size_t)j * hd);
-    float al[2];
-    const float *p[2] = {t[0], t[1]};
-    for (int r = 0; r < R; r++) al[r] = softmax_step_avx2(a, t[r], n, m[r], l[r]);
-    if (R == 2) pv_rows_avx2(hd, 2, o, al, p, n, vf);
-    else pv_rows_avx2(hd, 1, o, al, p, n, vf);
 }
 #endif
 
@@ -455,8 +471,8 @@ static int attn_lo(const tl_attn_rows *a, int i) {
 
 void tl_attn_online(const tl_attn_rows *a, int avx2) {
     const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
-    float *kf = a->scratch, *vf = kf + (size_t)bs * hd, *s = vf + (size_t)bs * hd;
-    float *m = s + bs, *l = m + (size_t)G * T; /* [T][G] each */
+    float *kt = a->scratch, *vf = kt + (size_t)SLOTS * hd;
+    float *m = vf + (size_t)SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
     for (int i = 0; i < T; i++)
         for (int h = 0; h < G; h++) {
             m[i * G + h] = -INFINITY;
@@ -473,36 +489,32 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
         const int ws = b0 > attn_lo(a, 0) ? b0 : attn_lo(a, 0);
         const int we = b0 + bs - 1 < last ? b0 + bs - 1 : last;
 #ifdef TL_X86
-        if (avx2) widen_block_avx2(a, ws, we - ws + 1, kf, vf);
+        if (avx2) widen_block_avx2(a, b0, ws, we, kt, vf);
         else
 #endif
-            widen_block_ref(a, ws, we - ws + 1, kf, vf);
+            widen_block_ref(a, b0, ws, we, kt, vf);
         for (int i = 0; i < T; i++) {
             const int lo = attn_lo(a, i), pos = a->pos0 + i;
             const int st = ws > lo ? ws : lo, en = we < pos ? we : pos;
             if (st > en) continue;
-            const float *kb = kf + (size_t)(st - ws) * hd, *vb = vf + (size_t)(st - ws) * hd;
-#ifdef TL_X86
-            if (avx2) { /* heads two at a time: they share every K and V load */
-                for (int h = 0; h < G; h += 2) {
-                    const int R = G - h >= 2 ? 2 : 1;
-                    const float *q[2];
-                    float *o[2], *mm[2], *ll[2];
-                    for (int r = 0; r < R; r++) {
-                        q[r] = a->q + (size_t)i * a->q_tok + (size_t)(h + r) * a->q_stride;
-                        o[r] = a->out + (size_t)i * a->out_tok + (size_t)(h + r) * a->out_stride;
-                        mm[r] = &m[i * G + h + r];
-                        ll[r] = &l[i * G + h + r];
-                    }
-                    rows_block_avx2(a, R, q, o, mm, ll, en - st + 1, kb, vb);
+            /* heads four at a time: they share every K and V load */
+            for (int h = 0; h < G; h += 4) {
+                const int R = G - h >= 4 ? 4 : G - h;
+                const float *q[4];
+                float *o[4], *mm[4], *ll[4];
+                for (int r = 0; r < R; r++) {
+                    q[r] = a->q + (size_t)i * a->q_tok + (size_t)(h + r) * a->q_stride;
+                    o[r] = a->out + (size_t)i * a->out_tok + (size_t)(h + r) * a->out_stride;
+                    mm[r] = &m[i * G + h + r];
+                    ll[r] = &l[i * G + h + r];
                 }
-                continue;
-            }
+#ifdef TL_X86
+                if (avx2) {
+                    rows_block_avx2(a, R, q, o, mm, ll, st - b0, en - b0, kt, vf);
+                    continue;
+                }
 #endif
-            for (int h = 0; h < G; h++) {
-                const float *q = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
-                float *o = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
-                row_block_ref(a, q, o, &m[i * G + h], &l[i * G + h], en - st + 1, kb, vb, s);
+                for (int r = 0; r < R; r++) row_block_ref(a, q[r], o[r], mm[r], ll[r], st - b0, en - b0, kt, vf);
             }
         }
     }

@@ -50,10 +50,12 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * pos0 + i and sees keys lo_i..pos0+i (lo_i = pos_i - n_swa + 1 with a sliding
  * window). Per (token, head) and block: scores as one 8-lane fma chain each
  * (f32 q, widened keys) times scale, m' = max(m, block max), alpha =
- * exp(m - m'), p = exp(s - m'), l = l*alpha + p_0 + p_1 + ..., o = o*alpha then
+ * exp(m - m'), p = exp(s - m'), l = l*alpha + (the block's p as two 8-lane
+ * vectors, keys j and j+8 added lane by lane, then the x86 horizontal-sum
+ * tree ((0+4)+(2+6))+((1+5)+(3+7))), o = o*alpha then
  * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
- * its position alone, never on T or its neighbours. hd is a multiple of 8; the
- * AVX2 and scalar paths give the same bits. */
+ * its position alone, never on T or its neighbours. hd is a multiple of 8 and
+ * bs at most 16; the AVX2 and scalar paths give the same bits. */
 typedef struct tl_attn_rows {
     int hd, G, bs, T;
     const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */
