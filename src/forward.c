@@ -13,6 +13,7 @@
 
 #include "cpu/mathfn.h"
 #include "kv.h"
+#include "kvfmt.h"
 #include "packed.h"
 #include "util.h"
 
@@ -23,8 +24,10 @@ struct tl_ctx {
     int n_ctx, n_batch, n_seq, n_logits_max;
     int q_dim, kv_dim;
     tl_kv *kv;          /* blocks, block tables, prefix cache */
-    uint16_t *kc, *vc;  /* per layer [n_blocks][TL_KV_BLOCK][kv_dim] f16 */
-    size_t layer_stride;/* elements per layer */
+    uint8_t *kc, *vc;   /* per layer [n_blocks][TL_KV_BLOCK] rows of kv_rb bytes (kvf) */
+    const tl_kv_format *kvf; /* what a cache element is */
+    size_t kv_rb, kv_hb; /* bytes of a K/V row (kv_dim elements) and of one head's part */
+    size_t layer_stride;/* cache bytes per layer */
     int *tpos, *tseq;   /* [n_batch] position and sequence of each batch token */
     int *seq_cnt;       /* [n_seq] scratch: tokens per sequence in a batch */
     int *lrow;          /* [n_batch] tokens whose logits a call keeps */
@@ -288,9 +291,9 @@ typedef struct att_job {
     atomic_int next; /* fast attention: the next item to claim */
 } att_job;
 
-/* Row of position j of a sequence, relative to a layer's K or V base. */
+/* Byte offset of position j's row of a sequence, from a layer's K or V base. */
 static inline size_t kv_row(const tl_ctx *c, const int32_t *blk, int j) {
-    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * (size_t)c->kv_dim;
+    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * c->kv_rb;
 }
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
@@ -302,8 +305,10 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     int kvh = h / (hp->n_head / hp->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
     const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
-    const uint16_t *kb = c->kc + (size_t)layer * c->layer_stride + (size_t)kvh * hd;
-    const uint16_t *vb = c->vc + (size_t)layer * c->layer_stride + (size_t)kvh * hd;
+    /* llama.cpp's f16 dots: the cache is F16 here (kvf->exact_attn) */
+    const uint8_t *kb = c->kc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb;
+    const uint16_t *vb = (const uint16_t *)(const void *)(c->vc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb);
+    const size_t kvs = c->kv_rb / sizeof(uint16_t);
     int prescaled = c->m->arch->q_prescale;
     float scale = hp->attn_scale;
     /* A sliding-window layer sees keys j with pos - j < n_swa. The keys
@@ -320,10 +325,10 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
         /* four keys at a time where they share a block (four independent
          * sums, each in the one-key order) */
         if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && j % TL_KV_BLOCK <= TL_KV_BLOCK - 4) {
-            c->kern.dot_f16_x4(hd, kb + kv_row(c, blk, j), (size_t)c->kv_dim, q, s + j);
+            c->kern.dot_f16_x4(hd, (const uint16_t *)(const void *)(kb + kv_row(c, blk, j)), kvs, q, s + j);
             j += 4;
         } else {
-            s[j] = c->kern.dot_f16(hd, kb + kv_row(c, blk, j), q);
+            s[j] = c->kern.dot_f16(hd, (const uint16_t *)(const void *)(kb + kv_row(c, blk, j)), q);
             j++;
         }
     }
@@ -335,7 +340,7 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
     double sum = c->kern.math.softmax_exp(n, s + j0, mx);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
-    c->kern.math.attn_pv_paged(n, hd, s + j0, vb, c->kv_dim, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
+    c->kern.math.attn_pv_paged(n, hd, s + j0, vb, (int64_t)kvs, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
@@ -348,12 +353,14 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
 static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
-    const size_t base = (size_t)layer * c->layer_stride + (size_t)g * hd;
+    const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
     tl_attn_rows a = {
         .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
         .q = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
-        .k = c->kc + base, .v = c->vc + base, .kv_stride = (size_t)c->kv_dim,
+        /* f16 rows (kvf->fast_attn) */
+        .k = (const uint16_t *)(const void *)(c->kc + base), .v = (const uint16_t *)(const void *)(c->vc + base),
+        .kv_stride = c->kv_rb / sizeof(uint16_t),
         .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
         .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
@@ -464,10 +471,8 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
         }
         const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
         size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
-        for (int i = 0; i < c->kv_dim; i++) {
-            c->kc[at + i] = tl_fp32_to_fp16(k[i]);
-            c->vc[at + i] = tl_fp32_to_fp16(v[i]);
-        }
+        c->kvf->store(k, c->kc + at, c->kv_dim);
+        c->kvf->store(v, c->vc + at, c->kv_dim);
     }
 }
 
@@ -598,7 +603,9 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    const size_t blk_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * TL_KV_BLOCK * kv_dim;
+    const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
+    const size_t kv_rb = kvf->row_bytes((int64_t)kv_dim);
+    const size_t blk_bytes = 2 * (size_t)hp->n_layer * TL_KV_BLOCK * kv_rb;
     const size_t per_seq = (size_t)(p.n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
     size_t n_blocks = p.kv_bytes ? p.kv_bytes / blk_bytes
                                  : per_seq * (size_t)(p.n_seq_max > 0 ? p.n_seq_max : 1);
@@ -616,6 +623,9 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->n_logits_max = p.n_logits_max;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
+    c->kvf = kvf;
+    c->kv_rb = kv_rb;
+    c->kv_hb = kvf->row_bytes(hp->head_dim);
     tl_kernels_init(&c->kern, tl_cpu_choose(), p.numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
     int st = tl_pool_new(p.n_threads, &c->pool, err);
     if (st) {
@@ -624,7 +634,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     }
     int fail = 0, nb = p.n_batch, nt = p.n_threads;
     if (tl_kv_new((int)n_blocks, c->n_seq, c->n_ctx, &c->kv)) fail = 1;
-    c->layer_stride = n_blocks * TL_KV_BLOCK * kv_dim;
+    c->layer_stride = n_blocks * TL_KV_BLOCK * kv_rb;
     size_t kvn = (size_t)hp->n_layer * c->layer_stride;
     c->tpos = xcalloc((size_t)nb, sizeof(int), &fail);
     c->tseq = xcalloc((size_t)nb, sizeof(int), &fail);
@@ -633,8 +643,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
-    c->kc = xcalloc(kvn, sizeof(uint16_t), &fail);
-    c->vc = xcalloc(kvn, sizeof(uint16_t), &fail);
+    c->kc = xcalloc(kvn, 1, &fail);
+    c->vc = xcalloc(kvn, 1, &fail);
     c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
     c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
     c->q = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
@@ -650,7 +660,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
     c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
-    c->fast_attn = c->kern.mode == TL_NUM_FAST && hp->head_dim % 8 == 0;
+    c->fast_attn = c->kern.mode == TL_NUM_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
     c->ascr_n = tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE);
     if (c->fast_attn) {
         c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
@@ -809,7 +819,7 @@ void tl_seq_close(tl_ctx *c, int seq) {
 
 void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     tl_kv_get_stats(c->kv, out);
-    out->block_bytes = 2 * sizeof(uint16_t) * (size_t)c->m->hp.n_layer * TL_KV_BLOCK * (size_t)c->kv_dim;
+    out->block_bytes = 2 * (size_t)c->m->hp.n_layer * TL_KV_BLOCK * c->kv_rb;
 }
 
 /* Checks a batch and gives each token its position; blocks are allocated. */

@@ -60,38 +60,41 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     if (level > detected) level = detected;
     if (level < TL_CPU_SCALAR) level = TL_CPU_SCALAR;
     memset(k, 0, sizeof *k);
+    tl_mathfn_bind(&k->math, level >= TL_CPU_AVX2); /* first: a level's fill may replace entries */
     tl_kernels_fill_ref(k);
     if (mode == TL_NUM_FAST) {
         tl_kernels_fill_r8_ref(k);
         tl_kernels_fill_r8k_ref(k);
+        tl_kernels_fill_r8h_ref(k);
     }
     if (level >= TL_CPU_AVX2) tl_kernels_fill_avx2(k, mode);
     if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI, mode);
     k->level = level;
     k->mode = mode;
     k->name = names[level];
-    tl_mathfn_bind(&k->math, level >= TL_CPU_AVX2);
 }
 
 /* ---- what each mode's gemm reads (see kernels.h) ---- */
 
 static int r8(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8_supported(t); }
+static int r8h(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8h_supported(t); }
 static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && (t == TL_Q4_K || t == TL_Q5_K || t == TL_Q6_K); }
 
 int tl_kern_packs(const tl_kernels *k, tl_type t) {
-    return k->gemm[t] && (r8(k, t) || r8k(k, t) || tl_pack_supported(t));
+    return k->gemm[t] && (r8(k, t) || r8k(k, t) || r8h(k, t) || tl_pack_supported(t));
 }
 
 int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows) {
-    return r8(k, t) || r8k(k, t) ? tl_r8_rows(nrows) : nrows;
+    return r8(k, t) || r8k(k, t) || r8h(k, t) ? tl_r8_rows(nrows) : nrows;
 }
 
 int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n) {
     if (r8k(k, t)) return t == TL_Q6_K ? tl_r8q6_pack(t, src, dst, nrows, n) : tl_r8k_pack(t, src, dst, nrows, n);
+    if (r8h(k, t)) return tl_r8h_pack(t, src, dst, nrows, n);
     return r8(k, t) ? tl_r8_pack(t, src, dst, nrows, n) : tl_pack_rows32(t, src, dst, nrows, n);
 }
 
-int tl_kern_row_align(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) ? 8 : 1; }
+int tl_kern_row_align(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) || r8h(k, t) ? 8 : 1; }
 
 size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
     return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);
@@ -99,6 +102,7 @@ size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
 
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
     const tl_type vt = tl_type_info(t)->vec_dot_type;
+    if (r8h(k, t)) return (size_t)n * sizeof(float);
     return r8(k, t) ? tl_r8_act_row_size(n) : tl_act_row_size(vt, n);
 }
 
@@ -106,6 +110,10 @@ void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row,
     const tl_type vt = tl_type_info(t)->vec_dot_type;
     if (r8(k, t)) {
         tl_r8_act_make(k->quantize[TL_Q8_1], x, row, n);
+        return;
+    }
+    if (r8h(k, t)) {
+        memcpy(row, x, (size_t)n * sizeof(float));
         return;
     }
     k->quantize[vt](x, row, n);

@@ -95,6 +95,12 @@ size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
+/* F16 and BF16 in the r8 layout (r8h, cpu/r8.c): groups of 8 rows, element
+ * by element the 8 rows' values (same bytes per row as GGUF); their gemm
+ * takes the f32 activation rows as they are. */
+int tl_r8h_supported(tl_type type);
+int tl_r8h_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+void tl_kernels_fill_r8h_ref(tl_kernels *k);
 
 /* What a table's gemm for weight type t reads, whatever the mode: whether it
  * takes a packed copy, how many rows that copy has, how to make it, and the

@@ -321,8 +321,8 @@ static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float
 /* K transposed 8 slots x 8 dims at a time (slot groups with a live slot; the
  * others' lanes are masked), V rows ws..we. Slots outside ws..we in a group
  * read their block's stored rows, which are ignored. */
-__attribute__((target("avx2,fma,f16c"))) static void widen_block_avx2(const tl_attn_rows *a, int b0, int ws, int we,
-                                                                        float *kt, float *vf) {
+__attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we,
+                                                                   float *kt, float *vf) {
     const int hd = a->hd;
     for (int sg = 0; sg < SLOTS && b0 + sg <= we; sg += 8) {
         if (b0 + sg + 7 < ws) continue;
@@ -469,7 +469,7 @@ static int attn_lo(const tl_attn_rows *a, int i) {
     return lo > 0 ? lo : 0;
 }
 
-void tl_attn_online(const tl_attn_rows *a, int avx2) {
+void tl_attn_drive(const tl_attn_rows *a, tl_attn_widen_fn widen, tl_attn_block_fn rows) {
     const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
     float *kt = a->scratch, *vf = kt + (size_t)SLOTS * hd;
     float *m = vf + (size_t)SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
@@ -479,20 +479,13 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
             l[i * G + h] = 0.0f;
             memset(a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
         }
-#ifndef TL_X86
-    avx2 = 0;
-#endif
     const int last = a->pos0 + T - 1;
     /* Blocks by absolute position; each widened once for all T tokens, each
      * token taking the part of it within its own keys lo_i..pos_i. */
     for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last; b0 += bs) {
         const int ws = b0 > attn_lo(a, 0) ? b0 : attn_lo(a, 0);
         const int we = b0 + bs - 1 < last ? b0 + bs - 1 : last;
-#ifdef TL_X86
-        if (avx2) widen_block_avx2(a, b0, ws, we, kt, vf);
-        else
-#endif
-            widen_block_ref(a, b0, ws, we, kt, vf);
+        widen(a, b0, ws, we, kt, vf);
         for (int i = 0; i < T; i++) {
             const int lo = attn_lo(a, i), pos = a->pos0 + i;
             const int st = ws > lo ? ws : lo, en = we < pos ? we : pos;
@@ -508,13 +501,7 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
                     mm[r] = &m[i * G + h + r];
                     ll[r] = &l[i * G + h + r];
                 }
-#ifdef TL_X86
-                if (avx2) {
-                    rows_block_avx2(a, R, q, o, mm, ll, st - b0, en - b0, kt, vf);
-                    continue;
-                }
-#endif
-                for (int r = 0; r < R; r++) row_block_ref(a, q[r], o[r], mm[r], ll[r], st - b0, en - b0, kt, vf);
+                rows(a, R, q, o, mm, ll, st - b0, en - b0, kt, vf);
             }
         }
     }
@@ -525,6 +512,30 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
             for (int d = 0; d < hd; d++) o[d] *= inv;
         }
 }
+
+static void rows_block_ref(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                           float *const *l, int st, int en, const float *kt, const float *vf) {
+    for (int r = 0; r < R; r++) row_block_ref(a, q[r], o[r], m[r], l[r], st, en, kt, vf);
+}
+
+void tl_attn_online(const tl_attn_rows *a, int avx2) {
+#ifdef TL_X86
+    if (avx2) {
+        tl_attn_drive(a, tl_attn_widen_avx2, rows_block_avx2);
+        return;
+    }
+#endif
+    (void)avx2;
+    tl_attn_drive(a, widen_block_ref, rows_block_ref);
+}
+
+#ifdef TL_X86
+__attribute__((target("avx2,fma"))) void tl_attn_exp16(const float *s, float mn, float *p) {
+    const __m256 mv = _mm256_set1_ps(mn);
+    _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
+    _mm256_storeu_ps(p + 8, expf8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv)));
+}
+#endif
 
 /* ---- bound to a level (tl_mathfn_bind) ---- */
 

@@ -361,3 +361,60 @@ void tl_kernels_fill_r8k_ref(tl_kernels *k) {
     k->gemm[TL_Q5_K] = r8k_ref_q5_K;
     k->gemm[TL_Q6_K] = r8q6_ref;
 }
+
+/* ---- F16 and BF16 in the r8 layout (r8h) ----
+ * Per group of 8 rows, element by element: the 8 rows' 16-bit values of
+ * element j at 16j (2 bytes per row and element, as in GGUF). Activations are
+ * the f32 row itself. Per row, one fma chain over the elements:
+ *
+ *     acc = 0;  for each j:  acc = fma(w_j, x_j, acc)       (w_j widened exactly) */
+
+int tl_r8h_supported(tl_type type) { return type == TL_F16 || type == TL_BF16; }
+
+int tl_r8h_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    if (!tl_r8h_supported(type) || nrows < 0 || n < 0) return -1;
+    const int64_t ng = tl_r8_rows(nrows) / 8;
+    const uint16_t *s = src;
+    uint16_t *d = dst;
+    memset(d, 0, (size_t)(ng * 8 * n) * sizeof(uint16_t));
+    for (int64_t g = 0; g < ng; g++)
+        for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
+            const uint16_t *row = s + (size_t)(g * 8 + r) * (size_t)n;
+            uint16_t *o = d + (size_t)g * 8 * (size_t)n + (size_t)r;
+            for (int64_t j = 0; j < n; j++) o[8 * j] = row[j];
+        }
+    return 0;
+}
+
+static void r8h_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
+                    float *y, size_t ys) {
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint16_t *grp = (const uint16_t *)(const void *)((const uint8_t *)vw + (size_t)r0 * ws);
+        for (int t = 0; t < nt; t++) {
+            const float *x = (const float *)(const void *)((const uint8_t *)va + (size_t)t * as);
+            for (int r = 0; r < 8 && r0 + r < nr; r++) {
+                float acc = 0.0f;
+                for (int64_t j = 0; j < n; j++) {
+                    const uint16_t h = grp[8 * j + r];
+                    acc = fmaf(type == TL_F16 ? tl_fp16_to_fp32(h) : tl_bf16_to_fp32(h), x[j], acc);
+                }
+                y[(size_t)t * ys + r0 + r] = acc;
+            }
+        }
+    }
+}
+
+static void r8h_ref_f16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                        size_t ys) {
+    r8h_ref(TL_F16, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void r8h_ref_bf16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                         size_t ys) {
+    r8h_ref(TL_BF16, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+void tl_kernels_fill_r8h_ref(tl_kernels *k) {
+    k->gemm[TL_F16] = r8h_ref_f16;
+    k->gemm[TL_BF16] = r8h_ref_bf16;
+}

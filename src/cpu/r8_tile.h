@@ -593,6 +593,129 @@ static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *
     }
 }
 
+/* ---- F16 and BF16 on r8h rows (cpu/r8.c): element j of a group is 8 rows'
+ * values, widened exactly, times the token's f32 x_j broadcast, one fma chain
+ * per (row, token) over the elements. */
+AI __m256 r8h_wvec(int bf, const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (bf) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                 float *y, size_t ys) {
+    __m256 acc[4][4];
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        UNROLL
+        for (int g = 0; g < M; g++) {
+            const uint16_t *p = w + (size_t)g * gs + 8 * (size_t)j;
+            if ((j & 31) == 0) _mm_prefetch((const char *)(p + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
+            const __m256 wv = r8h_wvec(bf, p);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const float *x = (const float *)(const void *)(a + (size_t)t * as);
+                acc[g][t] = _mm256_fmadd_ps(wv, _mm256_broadcast_ss(x + j), acc[g][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) r8_store8(y + (size_t)t * ys + 8 * (size_t)g, acc[g][t], nr - 8 * g);
+}
+
+#if R8_ZMM
+/* two groups per 512-bit vector */
+AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                  float *y, size_t ys) {
+    __m512 acc[2][4];
+    UNROLL
+    for (int p = 0; p < M; p++)
+        UNROLL
+        for (int t = 0; t < N; t++) acc[p][t] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        UNROLL
+        for (int p = 0; p < M; p++) {
+            const uint16_t *p0 = w + (size_t)(2 * p) * gs + 8 * (size_t)j, *p1 = p0 + gs;
+            if ((j & 31) == 0) {
+                _mm_prefetch((const char *)(p0 + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)(p1 + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
+            }
+            const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p0)),
+                                                      _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
+            const __m512 wv = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const float *x = (const float *)(const void *)(a + (size_t)t * as);
+                acc[p][t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[j]), acc[p][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int p = 0; p < M; p++) {
+        const int rows = nr - 16 * p;
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            float *yp = y + (size_t)t * ys + 16 * (size_t)p;
+            if (rows >= 16) {
+                _mm512_storeu_ps(yp, acc[p][t]);
+            } else {
+                float tmp[16];
+                _mm512_storeu_ps(tmp, acc[p][t]);
+                for (int r = 0; r < rows; r++) yp[r] = tmp[r];
+            }
+        }
+    }
+}
+#endif
+
+#define R8H_TOKENS(TILE, M, TN, ...)                 \
+    switch (TN) {                                    \
+    case 1: TILE(bf, M, 1, __VA_ARGS__); break;      \
+    case 2: TILE(bf, M, 2, __VA_ARGS__); break;      \
+    case 3: TILE(bf, M, 3, __VA_ARGS__); break;      \
+    default: TILE(bf, M, 4, __VA_ARGS__); break;     \
+    }
+
+AI void r8h_gemm(int bf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                 size_t ys) {
+    const uint16_t *w = vw;
+    const uint8_t *a = va;
+    const size_t gs = 8 * ws / sizeof(uint16_t); /* a group, in elements */
+    const int ng = (nr + 7) / 8;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        const uint8_t *at = a + (size_t)t0 * as;
+        float *yt = y + (size_t)t0 * ys;
+        int g = 0;
+#if R8_ZMM
+        if (tn > 1) {
+            for (; g + 4 <= ng; g += 4) R8H_TOKENS(r8hz_tile, 2, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+            for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8hz_tile, 1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        }
+#endif
+        if (tn == 1)
+            for (; g + 4 <= ng; g += 4) r8h_tile(bf, 4, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        else
+            for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8h_tile, 2, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g < ng; g++) R8H_TOKENS(r8h_tile, 1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+    }
+}
+
+static void r8h_gemm_f16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                         size_t ys) {
+    r8h_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void r8h_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    r8h_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
+}
+
 static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q4_0] = r8_gemm_q4_0;
     k->gemm[TL_Q4_1] = r8_gemm_q4_1;
@@ -602,6 +725,8 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
     k->gemm[TL_Q5_K] = r8k_gemm_q5_K;
     k->gemm[TL_Q6_K] = r8q6_gemm;
+    k->gemm[TL_F16] = r8h_gemm_f16;
+    k->gemm[TL_BF16] = r8h_gemm_bf16;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/mathfn.h"
 #include "quant.h"
 #include "tl_test.h"
 #include "util.h"
@@ -423,7 +424,54 @@ static void check_r8q6_case(const tl_kernels *k, const tl_kernels *ref, int64_t 
     free(w), free(wp), free(a), free(x), free(wf), free(y), free(yr);
 }
 
+/* F16 and BF16 in the r8h layout: the level's tiles bitwise the scalar
+ * reference's; the reference (one fma chain per row) within n roundings of a
+ * double sum of the same products. */
+static void check_r8h_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, rng *r) {
+    const int64_t prow = tl_r8_rows(nr);
+    const size_t wb = (size_t)n * 2, ab = (size_t)n * 4, ys = (size_t)nr + 3;
+    uint16_t *w = malloc(wb * (size_t)nr), *wp = malloc(wb * (size_t)prow);
+    float *a = malloc(ab * (size_t)nt), *y = malloc(sizeof(float) * ys * (size_t)nt);
+    float *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && a && y && yr, "alloc");
+    if (w && wp && a && y && yr) {
+        for (size_t i = 0; i < (size_t)nr * (size_t)n; i++) {
+            const float v = frand(r) * 2.0f;
+            w[i] = t == TL_F16 ? tl_fp32_to_fp16(v) : tl_fp32_to_bf16(v);
+        }
+        for (size_t i = 0; i < (size_t)nt * (size_t)n; i++) a[i] = frand(r);
+        CHECK(tl_r8h_pack(t, w, wp, nr, n) == 0, "r8h pack");
+        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
+        k->gemm[t](n, wp, wb, nr, a, ab, nt, y, ys);
+        ref->gemm[t](n, wp, wb, nr, a, ab, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8h %s n=%lld %dx%d: not the reference's bits",
+              k->name, tl_type_info(t)->name, (long long)n, nr, nt);
+        int bad = 0;
+        for (int ti = 0; ti < nt; ti++)
+            for (int ri = 0; ri < nr; ri++) {
+                double want = 0, mag = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    const uint16_t h = w[(size_t)ri * (size_t)n + (size_t)j];
+                    const double p = (double)(t == TL_F16 ? tl_fp16_to_fp32(h) : tl_bf16_to_fp32(h)) *
+                                     a[(size_t)ti * (size_t)n + (size_t)j];
+                    want += p;
+                    mag += fabs(p);
+                }
+                if (fabs(yr[(size_t)ti * ys + ri] - want) > (double)n * 0x1p-24 * mag + 1e-30) bad++;
+            }
+        CHECK(!bad, "%s r8h %s n=%lld %dx%d: %d outputs outside the chain's bound", k->name, tl_type_info(t)->name,
+              (long long)n, nr, nt, bad);
+    }
+    free(w), free(wp), free(a), free(y), free(yr);
+}
+
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
+    static const int hshapes[][2] = {{8, 1}, {40, 1}, {13, 1}, {16, 4}, {24, 3}, {3, 5}, {72, 6}, {56, 2}};
+    for (size_t sh = 0; sh < sizeof hshapes / sizeof *hshapes; sh++)
+        for (int bf = 0; bf < 2; bf++) {
+            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 64, hshapes[sh][0], hshapes[sh][1], r);
+            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 200, hshapes[sh][0], hshapes[sh][1], r);
+        }
     static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}};
     for (size_t sh = 0; sh < sizeof qshapes / sizeof *qshapes; sh++) {
         check_r8q6_case(k, ref, 256, qshapes[sh][0], qshapes[sh][1], r);
@@ -531,6 +579,44 @@ static void bench_type(const tl_kernels *k, const tl_kernels *ref, tl_type t, rn
     free(x);
 }
 
+/* A level's fast attention (k->math.attn_online, where the level has its
+ * own) against the scalar reference, bitwise: head widths with 64-, 16- and
+ * 8-wide remainders, 1 to 7 query heads per KV head, sliding windows, blocks
+ * out of order. */
+static void check_attn(const tl_kernels *k, rng *r) {
+    if (!k->math.attn_online) return;
+    static const int cases[][5] = {{64, 3, 16, 0, 0},  {64, 3, 5, 37, 0},   {128, 4, 16, 100, 0}, {80, 2, 7, 20, 0},
+                                   {72, 1, 3, 5, 0},   {64, 4, 16, 50, 20}, {256, 7, 2, 300, 0},  {96, 5, 1, 17, 0}};
+    enum { BS = 16, NB = 40 };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int hd = cases[ci][0], G = cases[ci][1], T = cases[ci][2], pos0 = cases[ci][3], swa = cases[ci][4];
+        const int kvd = 2 * hd;
+        uint16_t *kc = malloc((size_t)NB * BS * kvd * 2), *vc = malloc((size_t)NB * BS * kvd * 2);
+        float *q = malloc((size_t)T * G * hd * 4), *o1 = malloc((size_t)T * G * hd * 4);
+        float *o2 = malloc((size_t)T * G * hd * 4), *scr = malloc(tl_attn_scratch(hd, G, BS, T) * 4);
+        int32_t blk[NB];
+        CHECK(kc && vc && q && o1 && o2 && scr, "alloc");
+        if (kc && vc && q && o1 && o2 && scr) {
+            for (int i = 0; i < NB; i++) blk[i] = (i * 17 + 3) % NB;
+            for (size_t i = 0; i < (size_t)NB * BS * kvd; i++) {
+                kc[i] = tl_fp32_to_fp16(frand(r));
+                vc[i] = tl_fp32_to_fp16(frand(r));
+            }
+            for (int i = 0; i < T * G * hd; i++) q[i] = 3.0f * frand(r);
+            tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd,
+                              .q_tok = (size_t)G * hd, .scale = 0.125f, .k = kc + hd, .v = vc + hd,
+                              .kv_stride = (size_t)kvd, .blk = blk, .pos0 = pos0, .n_swa = swa, .out = o1,
+                              .out_stride = (size_t)hd, .out_tok = (size_t)G * hd, .scratch = scr};
+            tl_attn_online(&a, 0);
+            a.out = o2;
+            k->math.attn_online(&a);
+            CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention hd=%d G=%d T=%d pos0=%d swa=%d: not the "
+                  "reference's bits", k->name, hd, G, T, pos0, swa);
+        }
+        free(kc), free(vc), free(q), free(o1), free(o2), free(scr);
+    }
+}
+
 int main(void) {
     const tl_cpu_level top = tl_cpu_detect();
     printf("detected CPU level %d\n", (int)top);
@@ -557,6 +643,7 @@ int main(void) {
         if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kf, TL_NUM_FAST);
         else tl_kernels_fill_avx512(&kf, level >= TL_CPU_AVX512VNNI, TL_NUM_FAST);
         if (level != TL_CPU_AVX512) check_r8(&kf, &rfast, &r); /* AVX-512 without VNNI keeps AVX2's */
+        check_attn(&kf, &r);
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
     }

@@ -1,0 +1,120 @@
+/* cpu/attn512: the fast attention's per-block work on 512-bit vectors, for
+ * tl_attn_drive (cpu/mathfn.h). A key block's 16 slots fill one vector, so a
+ * score row is one fma per dimension, and V sums go 16 dimensions at a time.
+ * Every row's float operations are those of the scalar reference in mathfn.c
+ * (one fma chain per score over the dimensions, the same softmax and sum
+ * tree, V by fma in key order), so the bits equal every other level's.
+ * Included by kern_avx512.c; defines attn512_fill(). */
+#ifndef TL_CPU_ATTN512_H
+#define TL_CPU_ATTN512_H
+
+#include "cpu/mathfn.h"
+
+/* The x86 horizontal-sum tree of 8 lanes: ((0+4)+(2+6)) + ((1+5)+(3+7)). */
+AI float attn512_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float attn512_max16(__m512 v) {
+    __m256 m = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
+    return _mm256_cvtss_f32(m);
+}
+
+/* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
+ * V loads, W (16, 32 or 64) dimensions per pass from c0 on. */
+AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
+                   const float *vf) {
+    for (; c0 + W <= hd; c0 += W) {
+        __m512 acc[4][4];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++)
+                acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c0 + 16 * i), _mm512_set1_ps(al[r]));
+        for (int j = 0; j < n; j++) {
+            const float *vj = vf + (size_t)j * hd + c0;
+            __m512 v[4];
+            UNROLL
+            for (int i = 0; i < W / 16; i++) v[i] = _mm512_loadu_ps(vj + 16 * i);
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m512 pj = _mm512_set1_ps(p[r][j]);
+                UNROLL
+                for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r] + c0 + 16 * i, acc[r][i]);
+    }
+}
+
+AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                       float *const *l, int st, int en, const float *kt, const float *vf) {
+    const int hd = a->hd;
+    __m512 acc[4];
+    UNROLL
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m512 k = _mm512_loadu_ps(kt + d * 16);
+        UNROLL
+        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, acc[r]);
+    }
+    const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
+    float t[4][16], al[4];
+    const float *p[4];
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, acc[r], _mm512_set1_ps(a->scale));
+        const float mb = attn512_max16(s);
+        const float mn = mb > *m[r] ? mb : *m[r];
+        al[r] = *m[r] == -INFINITY ? 0.0f : tl_expf_fast(*m[r] - mn);
+        *m[r] = mn;
+        float x[16];
+        _mm512_storeu_ps(x, _mm512_mask_blend_ps(live, _mm512_set1_ps(mn), s));
+        tl_attn_exp16(x, mn, t[r]);
+        const __m512 pv = _mm512_maskz_mov_ps(live, _mm512_loadu_ps(t[r]));
+        _mm512_storeu_ps(t[r], pv);
+        const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1));
+        *l[r] = *l[r] * al[r] + attn512_hsum8(v);
+        p[r] = t[r] + st;
+    }
+    const int n = en - st + 1;
+    const float *vs = vf + (size_t)st * hd;
+    int c0 = 0;
+    if (R <= 2 && hd >= 64) {
+        attn512_pv(hd, R, 64, 0, o, al, p, n, vs);
+        c0 = hd / 64 * 64;
+    }
+    attn512_pv(hd, R, 16, c0, o, al, p, n, vs);
+    for (c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
+        for (int r = 0; r < R; r++) {
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
+            for (int j = 0; j < n; j++)
+                s = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vs + (size_t)j * hd + c0), s);
+            _mm256_storeu_ps(o[r] + c0, s);
+        }
+}
+
+static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                         float *const *l, int st, int en, const float *kt, const float *vf) {
+    switch (R) {
+    case 1: attn512_rows_r(a, 1, q, o, m, l, st, en, kt, vf); break;
+    case 2: attn512_rows_r(a, 2, q, o, m, l, st, en, kt, vf); break;
+    case 3: attn512_rows_r(a, 3, q, o, m, l, st, en, kt, vf); break;
+    default: attn512_rows_r(a, 4, q, o, m, l, st, en, kt, vf); break;
+    }
+}
+
+static void attn512_online(const tl_attn_rows *a) { tl_attn_drive(a, tl_attn_widen_avx2, attn512_rows); }
+
+static void attn512_fill(tl_kernels *k) { k->math.attn_online = attn512_online; }
+
+#endif

@@ -1,0 +1,20 @@
+/* kvfmt: the KV cache's element formats (see kvfmt.h). */
+#include "kvfmt.h"
+
+#include "util.h"
+
+static size_t f16_row_bytes(int64_t n) { return (size_t)n * sizeof(uint16_t); }
+
+static void f16_store(const float *x, void *row, int64_t n) {
+    uint16_t *h = row;
+    for (int64_t i = 0; i < n; i++) h[i] = tl_fp32_to_fp16(x[i]);
+}
+
+static void f16_load(const void *row, float *x, int64_t n) {
+    const uint16_t *h = row;
+    for (int64_t i = 0; i < n; i++) x[i] = tl_fp16_to_fp32(h[i]);
+}
+
+static const tl_kv_format kv_f16 = {"f16", TL_F16, f16_row_bytes, f16_store, f16_load, 1, 1};
+
+const tl_kv_format *tl_kv_format_of(tl_type type) { return type == TL_F16 ? &kv_f16 : NULL; }
