@@ -604,16 +604,16 @@ AI __m256 r8h_wvec(int bf, const uint16_t *p) {
 
 AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                  float *y, size_t ys) {
-    __m256 acc[4][4];
-    UNROLL
+    __m256 acc[8][4];
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < M; g++)
         UNROLL
         for (int t = 0; t < N; t++) acc[g][t] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j++) {
-        UNROLL
+        _Pragma("GCC unroll 8")
         for (int g = 0; g < M; g++) {
             const uint16_t *p = w + (size_t)g * gs + 8 * (size_t)j;
-            if ((j & 31) == 0) _mm_prefetch((const char *)(p + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
+            if ((j & 3) == 0) _mm_prefetch((const char *)p + R8_PREFETCH, _MM_HINT_T0); /* a line per 4 elements */
             const __m256 wv = r8h_wvec(bf, p);
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -622,7 +622,7 @@ AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, 
             }
         }
     }
-    UNROLL
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < M; g++)
         UNROLL
         for (int t = 0; t < N; t++) r8_store8(y + (size_t)t * ys + 8 * (size_t)g, acc[g][t], nr - 8 * g);
@@ -632,18 +632,18 @@ AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, 
 /* two groups per 512-bit vector */
 AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                   float *y, size_t ys) {
-    __m512 acc[2][4];
-    UNROLL
+    __m512 acc[8][4];
+    _Pragma("GCC unroll 8")
     for (int p = 0; p < M; p++)
         UNROLL
         for (int t = 0; t < N; t++) acc[p][t] = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j++) {
-        UNROLL
+        _Pragma("GCC unroll 8")
         for (int p = 0; p < M; p++) {
             const uint16_t *p0 = w + (size_t)(2 * p) * gs + 8 * (size_t)j, *p1 = p0 + gs;
-            if ((j & 31) == 0) {
-                _mm_prefetch((const char *)(p0 + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
-                _mm_prefetch((const char *)(p1 + 8 * 32) + R8_PREFETCH, _MM_HINT_T0);
+            if ((j & 3) == 0) { /* a line per 4 elements and group */
+                _mm_prefetch((const char *)p0 + R8_PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)p1 + R8_PREFETCH, _MM_HINT_T0);
             }
             const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p0)),
                                                       _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
@@ -655,7 +655,7 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
             }
         }
     }
-    UNROLL
+    _Pragma("GCC unroll 8")
     for (int p = 0; p < M; p++) {
         const int rows = nr - 16 * p;
         UNROLL
@@ -696,8 +696,13 @@ AI void r8h_gemm(int bf, int64_t n, const void *vw, size_t ws, int nr, const voi
         if (tn > 1) {
             for (; g + 4 <= ng; g += 4) R8H_TOKENS(r8hz_tile, 2, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
             for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8hz_tile, 1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        } else { /* decode: 8 fma chains in flight, 16 rows each */
+            for (; g + 16 <= ng; g += 16) r8hz_tile(bf, 8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         }
 #endif
+        /* decode: 8 independent fma chains hide the fma latency */
+        if (tn == 1)
+            for (; g + 8 <= ng; g += 8) r8h_tile(bf, 8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         if (tn == 1)
             for (; g + 4 <= ng; g += 4) r8h_tile(bf, 4, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         else
