@@ -59,23 +59,23 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
 AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                        float *const *l, int st, int en, const float *kt, const float *vf) {
     const int hd = a->hd;
-    __m512 acc[4];
-    UNROLL
+    __m512 acc[8];
+    _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
         const __m512 k = _mm512_loadu_ps(kt + d * 16);
-        UNROLL
+        _Pragma("GCC unroll 8")
         for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, acc[r]);
     }
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
-    float t[4][16], al[4];
-    const float *p[4];
-    UNROLL
+    float t[8][16], al[8];
+    const float *p[8];
+    _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) {
         const __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, acc[r], _mm512_set1_ps(a->scale));
         const float mb = attn512_max16(s);
         const float mn = mb > *m[r] ? mb : *m[r];
-        al[r] = *m[r] == -INFINITY ? 0.0f : tl_expf_fast(*m[r] - mn);
+        al[r] = *m[r] == -INFINITY ? 0.0f : tl_attn_exp1(*m[r] - mn);
         *m[r] = mn;
         float x[16];
         _mm512_storeu_ps(x, _mm512_mask_blend_ps(live, _mm512_set1_ps(mn), s));
@@ -88,19 +88,29 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
     }
     const int n = en - st + 1;
     const float *vs = vf + (size_t)st * hd;
-    int c0 = 0;
-    if (R <= 2 && hd >= 64) {
-        attn512_pv(hd, R, 64, 0, o, al, p, n, vs);
-        c0 = hd / 64 * 64;
-    }
-    attn512_pv(hd, R, 16, c0, o, al, p, n, vs);
-    for (c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
-        for (int r = 0; r < R; r++) {
-            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
-            for (int j = 0; j < n; j++)
-                s = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vs + (size_t)j * hd + c0), s);
-            _mm256_storeu_ps(o[r] + c0, s);
+    for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
+        const int rn = R - r0 < 4 ? R - r0 : 4;
+        /* 64 dimensions per pass, then 16 */
+#define PV_PASSES(RN)                                                                   \
+    do {                                                                                \
+        attn512_pv(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, vs);                      \
+        attn512_pv(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, vs);           \
+    } while (0)
+        switch (rn) {
+        case 1: PV_PASSES(1); break;
+        case 2: PV_PASSES(2); break;
+        case 3: PV_PASSES(3); break;
+        default: PV_PASSES(4); break;
         }
+#undef PV_PASSES
+        for (int c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
+            for (int r = r0; r < r0 + rn; r++) {
+                __m256 s8 = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
+                for (int j = 0; j < n; j++)
+                    s8 = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vs + (size_t)j * hd + c0), s8);
+                _mm256_storeu_ps(o[r] + c0, s8);
+            }
+    }
 }
 
 static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
@@ -109,11 +119,15 @@ static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, fl
     case 1: attn512_rows_r(a, 1, q, o, m, l, st, en, kt, vf); break;
     case 2: attn512_rows_r(a, 2, q, o, m, l, st, en, kt, vf); break;
     case 3: attn512_rows_r(a, 3, q, o, m, l, st, en, kt, vf); break;
-    default: attn512_rows_r(a, 4, q, o, m, l, st, en, kt, vf); break;
+    case 4: attn512_rows_r(a, 4, q, o, m, l, st, en, kt, vf); break;
+    case 5: attn512_rows_r(a, 5, q, o, m, l, st, en, kt, vf); break;
+    case 6: attn512_rows_r(a, 6, q, o, m, l, st, en, kt, vf); break;
+    case 7: attn512_rows_r(a, 7, q, o, m, l, st, en, kt, vf); break;
+    default: attn512_rows_r(a, 8, q, o, m, l, st, en, kt, vf); break;
     }
 }
 
-static void attn512_online(const tl_attn_rows *a) { tl_attn_drive(a, tl_attn_widen_avx2, attn512_rows); }
+static void attn512_online(const tl_attn_rows *a) { tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows); }
 
 static void attn512_fill(tl_kernels *k) { k->math.attn_online = attn512_online; }
 

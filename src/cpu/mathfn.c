@@ -469,7 +469,14 @@ static int attn_lo(const tl_attn_rows *a, int i) {
     return lo > 0 ? lo : 0;
 }
 
-void tl_attn_drive(const tl_attn_rows *a, tl_attn_widen_fn widen, tl_attn_block_fn rows) {
+/* Rows waiting for one call of the level's block function: same live slots. */
+typedef struct attn_group {
+    int R, st, en;
+    const float *q[8];
+    float *o[8], *m[8], *l[8];
+} attn_group;
+
+void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows) {
     const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
     float *kt = a->scratch, *vf = kt + (size_t)SLOTS * hd;
     float *m = vf + (size_t)SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
@@ -479,31 +486,36 @@ void tl_attn_drive(const tl_attn_rows *a, tl_attn_widen_fn widen, tl_attn_block_
             l[i * G + h] = 0.0f;
             memset(a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
         }
+    if (rmax > 8) rmax = 8;
     const int last = a->pos0 + T - 1;
     /* Blocks by absolute position; each widened once for all T tokens, each
-     * token taking the part of it within its own keys lo_i..pos_i. */
+     * token taking the part of it within its own keys lo_i..pos_i. Rows with
+     * the same live slots (the heads of a token, and of the tokens that see
+     * the whole block) go to the block function together, up to rmax: they
+     * share its K and V loads, and their score chains run side by side. */
     for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last; b0 += bs) {
         const int ws = b0 > attn_lo(a, 0) ? b0 : attn_lo(a, 0);
         const int we = b0 + bs - 1 < last ? b0 + bs - 1 : last;
         widen(a, b0, ws, we, kt, vf);
+        attn_group g = {0, 0, 0, {0}, {0}, {0}, {0}};
         for (int i = 0; i < T; i++) {
             const int lo = attn_lo(a, i), pos = a->pos0 + i;
-            const int st = ws > lo ? ws : lo, en = we < pos ? we : pos;
+            const int st = (ws > lo ? ws : lo) - b0, en = (we < pos ? we : pos) - b0;
             if (st > en) continue;
-            /* heads four at a time: they share every K and V load */
-            for (int h = 0; h < G; h += 4) {
-                const int R = G - h >= 4 ? 4 : G - h;
-                const float *q[4];
-                float *o[4], *mm[4], *ll[4];
-                for (int r = 0; r < R; r++) {
-                    q[r] = a->q + (size_t)i * a->q_tok + (size_t)(h + r) * a->q_stride;
-                    o[r] = a->out + (size_t)i * a->out_tok + (size_t)(h + r) * a->out_stride;
-                    mm[r] = &m[i * G + h + r];
-                    ll[r] = &l[i * G + h + r];
+            for (int h = 0; h < G; h++) {
+                if (g.R > 0 && (g.R == rmax || st != g.st || en != g.en)) {
+                    rows(a, g.R, g.q, g.o, g.m, g.l, g.st, g.en, kt, vf);
+                    g.R = 0;
                 }
-                rows(a, R, q, o, mm, ll, st - b0, en - b0, kt, vf);
+                g.st = st, g.en = en;
+                g.q[g.R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                g.o[g.R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+                g.m[g.R] = &m[i * G + h];
+                g.l[g.R] = &l[i * G + h];
+                g.R++;
             }
         }
+        if (g.R > 0) rows(a, g.R, g.q, g.o, g.m, g.l, g.st, g.en, kt, vf);
     }
     for (int i = 0; i < T; i++)
         for (int h = 0; h < G; h++) {
@@ -521,15 +533,17 @@ static void rows_block_ref(const tl_attn_rows *a, int R, const float *const *q, 
 void tl_attn_online(const tl_attn_rows *a, int avx2) {
 #ifdef TL_X86
     if (avx2) {
-        tl_attn_drive(a, tl_attn_widen_avx2, rows_block_avx2);
+        tl_attn_drive(a, 4, tl_attn_widen_avx2, rows_block_avx2);
         return;
     }
 #endif
     (void)avx2;
-    tl_attn_drive(a, widen_block_ref, rows_block_ref);
+    tl_attn_drive(a, 4, widen_block_ref, rows_block_ref);
 }
 
 #ifdef TL_X86
+__attribute__((target("avx2,fma"))) float tl_attn_exp1(float x) { return _mm256_cvtss_f32(expf8(_mm256_set1_ps(x))); }
+
 __attribute__((target("avx2,fma"))) void tl_attn_exp16(const float *s, float mn, float *p) {
     const __m256 mv = _mm256_set1_ps(mn);
     _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));

@@ -76,16 +76,18 @@ void tl_attn_online(const tl_attn_rows *a, int avx2);
 
 /* tl_attn_online's loop with a level's parts: widen makes the block at b0
  * (positions ws..we live) into kt (K transposed, kt[d*16 + slot]) and vf (V
- * rows, vf[slot*hd + d]); rows takes R (<= 4) query rows of one token over
- * the block's live slots st..en, each row's float operations those of the
- * scalar reference in mathfn.c. */
+ * rows, vf[slot*hd + d]); rows takes R (<= rmax <= 8) query rows with the
+ * same live slots st..en of the block, each row's float operations those of
+ * the scalar reference in mathfn.c. */
 typedef void (*tl_attn_widen_fn)(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
 typedef void (*tl_attn_block_fn)(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
                                  float *const *m, float *const *l, int st, int en, const float *kt, const float *vf);
-void tl_attn_drive(const tl_attn_rows *a, tl_attn_widen_fn widen, tl_attn_block_fn rows);
+void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows);
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 widening (for levels above AVX2 too). */
 void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
+/* exp(x), the bits of tl_expf_fast (AVX2, no libm call). */
+float tl_attn_exp1(float x);
 /* p[j] = exp(s[j] - mn) for 16 values, the bits of tl_expf_fast (AVX2). */
 void tl_attn_exp16(const float *s, float mn, float *p);
 #endif
