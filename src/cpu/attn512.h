@@ -56,23 +56,41 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
     }
 }
 
+/* R rows' score chains into out[r*16..], each accumulator a variable of its
+ * own and stored right after the loop: live across the softmax's calls, GCC
+ * kept them on the stack inside the loop. */
+AI void attn512_scores(int hd, int R, const float *const *q, const float *kt, float *out) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    const float *q0 = q[0], *q1 = R > 1 ? q[1] : q0, *q2 = R > 2 ? q[2] : q0, *q3 = R > 3 ? q[3] : q0;
+    const float *q4 = R > 4 ? q[4] : q0, *q5 = R > 5 ? q[5] : q0, *q6 = R > 6 ? q[6] : q0, *q7 = R > 7 ? q[7] : q0;
+    for (int d = 0; d < hd; d++) {
+        const __m512 k = _mm512_loadu_ps(kt + d * 16);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, a0);
+        if (R > 1) a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, a1);
+        if (R > 2) a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, a2);
+        if (R > 3) a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), k, a3);
+        if (R > 4) a4 = _mm512_fmadd_ps(_mm512_set1_ps(q4[d]), k, a4);
+        if (R > 5) a5 = _mm512_fmadd_ps(_mm512_set1_ps(q5[d]), k, a5);
+        if (R > 6) a6 = _mm512_fmadd_ps(_mm512_set1_ps(q6[d]), k, a6);
+        if (R > 7) a7 = _mm512_fmadd_ps(_mm512_set1_ps(q7[d]), k, a7);
+    }
+    const __m512 all[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + 16 * r, all[r]);
+}
+
 AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                        float *const *l, int st, int en, const float *kt, const float *vf) {
     const int hd = a->hd;
-    __m512 acc[8];
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d++) {
-        const __m512 k = _mm512_loadu_ps(kt + d * 16);
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k, acc[r]);
-    }
+    float sc[8 * 16];
+    attn512_scores(hd, R, q, kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
     float t[8][16], al[8];
     const float *p[8];
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) {
-        const __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, acc[r], _mm512_set1_ps(a->scale));
+        const __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_loadu_ps(sc + 16 * r),
+                                            _mm512_set1_ps(a->scale));
         const float mb = attn512_max16(s);
         const float mn = mb > *m[r] ? mb : *m[r];
         al[r] = *m[r] == -INFINITY ? 0.0f : tl_attn_exp1(*m[r] - mn);
