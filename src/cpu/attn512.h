@@ -74,16 +74,51 @@ AI void attn512_scores(int hd, int R, const float *const *q, const float *kt, fl
         if (R > 6) a6 = _mm512_fmadd_ps(_mm512_set1_ps(q6[d]), k, a6);
         if (R > 7) a7 = _mm512_fmadd_ps(_mm512_set1_ps(q7[d]), k, a7);
     }
-    const __m512 all[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + 16 * r, all[r]);
+    _mm512_storeu_ps(out, a0);
+    if (R > 1) _mm512_storeu_ps(out + 16, a1);
+    if (R > 2) _mm512_storeu_ps(out + 32, a2);
+    if (R > 3) _mm512_storeu_ps(out + 48, a3);
+    if (R > 4) _mm512_storeu_ps(out + 64, a4);
+    if (R > 5) _mm512_storeu_ps(out + 80, a5);
+    if (R > 6) _mm512_storeu_ps(out + 96, a6);
+    if (R > 7) _mm512_storeu_ps(out + 112, a7);
+}
+
+/* The score loop as a function of its own per row count: within the whole
+ * block function GCC 12 spilled most accumulators inside the loop. */
+#define ATTN512_SCORES(R)                                                                                         \
+    __attribute__((noinline)) static void attn512_scores_##R(int hd, const float *const *q, const float *kt,     \
+                                                             float *out) {                                       \
+        attn512_scores(hd, R, q, kt, out);                                                                        \
+    }
+ATTN512_SCORES(1)
+ATTN512_SCORES(2)
+ATTN512_SCORES(3)
+ATTN512_SCORES(4)
+ATTN512_SCORES(5)
+ATTN512_SCORES(6)
+ATTN512_SCORES(7)
+ATTN512_SCORES(8)
+#undef ATTN512_SCORES
+
+AI void attn512_scores_call(int hd, int R, const float *const *q, const float *kt, float *out) {
+    switch (R) {
+    case 1: attn512_scores_1(hd, q, kt, out); break;
+    case 2: attn512_scores_2(hd, q, kt, out); break;
+    case 3: attn512_scores_3(hd, q, kt, out); break;
+    case 4: attn512_scores_4(hd, q, kt, out); break;
+    case 5: attn512_scores_5(hd, q, kt, out); break;
+    case 6: attn512_scores_6(hd, q, kt, out); break;
+    case 7: attn512_scores_7(hd, q, kt, out); break;
+    default: attn512_scores_8(hd, q, kt, out); break;
+    }
 }
 
 AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                        float *const *l, int st, int en, const float *kt, const float *vf) {
     const int hd = a->hd;
     float sc[8 * 16];
-    attn512_scores(hd, R, q, kt, sc);
+    attn512_scores_call(hd, R, q, kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
     float t[8][16], al[8];
     const float *p[8];
@@ -131,17 +166,35 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
     }
 }
 
+/* One function per row count: inlined into one, GCC's register allocation
+ * over the whole switch spilled the score accumulators. */
+#define ATTN512_ROWS(R)                                                                                       \
+    __attribute__((noinline)) static void attn512_rows_##R(const tl_attn_rows *a, const float *const *q,     \
+                                                           float *const *o, float *const *m, float *const *l, \
+                                                           int st, int en, const float *kt, const float *vf) { \
+        attn512_rows_r(a, R, q, o, m, l, st, en, kt, vf);                                                     \
+    }
+ATTN512_ROWS(1)
+ATTN512_ROWS(2)
+ATTN512_ROWS(3)
+ATTN512_ROWS(4)
+ATTN512_ROWS(5)
+ATTN512_ROWS(6)
+ATTN512_ROWS(7)
+ATTN512_ROWS(8)
+#undef ATTN512_ROWS
+
 static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                          float *const *l, int st, int en, const float *kt, const float *vf) {
     switch (R) {
-    case 1: attn512_rows_r(a, 1, q, o, m, l, st, en, kt, vf); break;
-    case 2: attn512_rows_r(a, 2, q, o, m, l, st, en, kt, vf); break;
-    case 3: attn512_rows_r(a, 3, q, o, m, l, st, en, kt, vf); break;
-    case 4: attn512_rows_r(a, 4, q, o, m, l, st, en, kt, vf); break;
-    case 5: attn512_rows_r(a, 5, q, o, m, l, st, en, kt, vf); break;
-    case 6: attn512_rows_r(a, 6, q, o, m, l, st, en, kt, vf); break;
-    case 7: attn512_rows_r(a, 7, q, o, m, l, st, en, kt, vf); break;
-    default: attn512_rows_r(a, 8, q, o, m, l, st, en, kt, vf); break;
+    case 1: attn512_rows_1(a, q, o, m, l, st, en, kt, vf); break;
+    case 2: attn512_rows_2(a, q, o, m, l, st, en, kt, vf); break;
+    case 3: attn512_rows_3(a, q, o, m, l, st, en, kt, vf); break;
+    case 4: attn512_rows_4(a, q, o, m, l, st, en, kt, vf); break;
+    case 5: attn512_rows_5(a, q, o, m, l, st, en, kt, vf); break;
+    case 6: attn512_rows_6(a, q, o, m, l, st, en, kt, vf); break;
+    case 7: attn512_rows_7(a, q, o, m, l, st, en, kt, vf); break;
+    default: attn512_rows_8(a, q, o, m, l, st, en, kt, vf); break;
     }
 }
 
