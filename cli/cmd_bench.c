@@ -24,12 +24,13 @@ typedef struct bench_opts {
     const char *model;
     int p[MAX_LIST], n_p;
     int n[MAX_LIST], n_n;
+    int d[MAX_LIST], n_d;
     int reps, n_threads, json, no_warmup, memory, numerics;
     int mem_cache_mib, mem_dram_mib;
 } bench_opts;
 
 static const char BENCH_HELP[] =
-    "usage: tokenloop bench [-m FILE] [-p 512] [-n 128] [-r 5] [-t N] [-o md|json] [--no-warmup]\n"
+    "usage: tokenloop bench [-m FILE] [-p 512] [-n 128] [-d 0] [-r 5] [-t N] [-o md|json] [--no-warmup]\n"
     "       tokenloop bench --memory [-t N] [-o md|json]\n"
     "\n"
     "Measures prompt processing (prefill) and generation (decode) speed with\n"
@@ -42,6 +43,9 @@ static const char BENCH_HELP[] =
     "                            or $TOKENLOOP_MODEL)\n"
     "  -p, --n-prompt N[,N...]   prefill test sizes (default 512; 0 = none)\n"
     "  -n, --n-gen N[,N...]      decode test sizes (default 128; 0 = none)\n"
+    "  -d, --n-depth N[,N...]    tokens already in the context when each test starts\n"
+    "                            (default 0; evaluated untimed before every run, as\n"
+    "                            llama-bench's -d: 'tg128 @ d4096' is decode at 4k context)\n"
     "  -r, --repetitions N       timed runs per test (default 5)\n"
     "  -t, --threads N           threads (default: all online CPUs)\n"
     "  -o, --output md|json      a markdown table (default) or a JSON array\n"
@@ -90,6 +94,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->p[0] = 512, o->n_p = 1;
     o->n[0] = 128, o->n_n = 1;
+    o->d[0] = 0, o->n_d = 1;
     o->reps = 5;
     o->mem_cache_mib = 16, o->mem_dram_mib = 1024;
     for (int i = 1; i < argc; i++) {
@@ -104,6 +109,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             VAL(); if (parse_list(a, v, o->p, &o->n_p)) return -1;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
             VAL(); if (parse_list(a, v, o->n, &o->n_n)) return -1;
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) {
+            VAL(); if (parse_list(a, v, o->d, &o->n_d)) return -1;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
             VAL(); if (cli_int(a, v, 1, 100000, &o->reps)) return -1;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -222,7 +229,7 @@ static void read_meta(const char *path, model_meta *mm) {
 
 typedef struct bench_run {
     tl_ctx *ctx;
-    int n_vocab;
+    int n_vocab, batch; /* batch: tokens per call, the room in toks */
     int32_t bos;   /* the first token, or -1 to draw it at random */
     uint64_t rng;  /* xorshift64: llama-bench's std::rand() role, seeded */
     int32_t *toks; /* room for the largest prompt */
@@ -242,6 +249,19 @@ static int test_prompt(bench_run *b, int n, tl_error *err) {
     return tl_ctx_eval(b->ctx, b->toks, (size_t)n, 0, err);
 }
 
+/* The context filled with n tokens (BOS, then random) before a test, in
+ * calls of at most batch tokens; untimed. */
+static int fill_depth(bench_run *b, int n, tl_error *err) {
+    for (int done = 0; done < n;) {
+        const int k = n - done < b->batch ? n - done : b->batch;
+        for (int i = 0; i < k; i++) b->toks[i] = done + i == 0 && b->bos >= 0 ? b->bos : rand_token(b);
+        int st = tl_ctx_eval(b->ctx, b->toks, (size_t)k, 0, err);
+        if (st) return st;
+        done += k;
+    }
+    return 0;
+}
+
 /* llama-bench's test_gen: one token per call, from BOS on. */
 static int test_gen(bench_run *b, int n, tl_error *err) {
     int32_t tok = b->bos >= 0 ? b->bos : rand_token(b);
@@ -254,7 +274,7 @@ static int test_gen(bench_run *b, int n, tl_error *err) {
 }
 
 typedef struct bench_result {
-    int n_prompt, n_gen, n;
+    int n_prompt, n_gen, n_depth, n;
     char test_time[32];
     uint64_t *ns;
     double *ts;
@@ -277,6 +297,7 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
     tl_ctx_thread_stats(b->ctx, &t0s);
     for (int i = 0; !st && i < o->reps; i++) {
         if ((st = tl_ctx_truncate(b->ctx, 0, &err))) break;
+        if (r->n_depth && (st = fill_depth(b, r->n_depth, &err))) break;
         fprintf(stderr, "tokenloop bench: test %d/%d: %s run %d/%d\n", idx, total, kind, i + 1,
                 o->reps);
         uint64_t t0 = now_ns();
@@ -326,6 +347,7 @@ static void md_row(const model_meta *mm, const char *backend, int threads, const
     else snprintf(params, sizeof params, "%.2f B", mm->n_params / 1e9);
     if (r->n_prompt) snprintf(test, sizeof test, "pp%d", r->n_prompt);
     else snprintf(test, sizeof test, "tg%d", r->n_gen);
+    if (r->n_depth) snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", r->n_depth);
     double avg = mean_of(r->ts, r->n);
     snprintf(ts, sizeof ts, "%.2f ± %.2f", avg, stdev_of(r->ts, r->n));
     if (r->n_gen) snprintf(gbps, sizeof gbps, "%.2f", (double)mm->decode_bytes * avg / 1e9);
@@ -373,7 +395,8 @@ static void json_row(const char *path, const model_meta *mm, const char *backend
     printf(",\n    \"numerics\": ");
     json_str(numerics);
     printf(",\n    \"n_batch\": %d,\n    \"n_threads\": %d,\n", batch, threads);
-    printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": 0,\n", r->n_prompt, r->n_gen);
+    printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": %d,\n", r->n_prompt, r->n_gen,
+           r->n_depth);
     printf("    \"test_time\": \"%s\",\n", r->test_time);
     printf("    \"avg_ns\": %" PRIu64 ",\n", r->n ? sum / (uint64_t)r->n : 0);
     printf("    \"stddev_ns\": %.0f,\n", floor(stdev_ns(r)));
@@ -402,6 +425,7 @@ static int run_tests(bench_run *b, const bench_opts *o, const char *path, const 
     int total = 0, idx = 0, printed = 0, rc = 0;
     for (int i = 0; i < o->n_p; i++) total += o->p[i] > 0;
     for (int i = 0; i < o->n_n; i++) total += o->n[i] > 0;
+    total *= o->n_d;
     bench_result r = {0};
     r.ns = malloc((size_t)o->reps * sizeof *r.ns);
     r.ts = malloc((size_t)o->reps * sizeof *r.ts);
@@ -412,11 +436,12 @@ static int run_tests(bench_run *b, const bench_opts *o, const char *path, const 
     const char *backend = tl_ctx_backend(b->ctx);
     if (!rc) fputs(o->json ? "[\n" : "", stdout);
     if (!rc && !o->json) md_header();
-    for (int k = 0; !rc && k < o->n_p + o->n_n; k++) {
-        int is_pp = k < o->n_p, size = is_pp ? o->p[k] : o->n[k - o->n_p];
+    for (int k = 0; !rc && k < (o->n_p + o->n_n) * o->n_d; k++) {
+        const int kk = k / o->n_d, is_pp = kk < o->n_p, size = is_pp ? o->p[kk] : o->n[kk - o->n_p];
         if (size == 0) continue;
         r.n_prompt = is_pp ? size : 0;
         r.n_gen = is_pp ? 0 : size;
+        r.n_depth = o->d[k % o->n_d];
         r.n = 0;
         if (run_test(b, o, ++idx, total, &r)) {
             rc = 1;
@@ -438,7 +463,7 @@ static int bench_model(const bench_opts *o) {
     char buf[4096];
     tl_error err = {0};
     const char *path = o->model ? o->model : cli_default_model(buf, sizeof buf);
-    int max_p = max_of(o->p, o->n_p), max_n = max_of(o->n, o->n_n);
+    int max_p = max_of(o->p, o->n_p), max_n = max_of(o->n, o->n_n), max_d = max_of(o->d, o->n_d);
     if (max_p == 0 && max_n == 0) {
         cli_error("nothing to run: -p and -n are all 0");
         return EXIT_USAGE;
@@ -451,10 +476,11 @@ static int bench_model(const bench_opts *o) {
     }
     model_meta mm = {.decode_bytes = tl_model_decode_bytes(m)};
     read_meta(path, &mm);
-    /* one context sized for the largest test; each run clears it */
-    int batch = max_p > 0 ? max_p : 1, n_ctx = max_p > max_n ? max_p : max_n;
+    /* one context sized for the largest test after the deepest fill; each run clears it */
+    int batch = max_p > 0 ? max_p : max_d > 0 ? (max_d < 512 ? max_d : 512) : 1;
+    int n_ctx = max_d + (max_p > max_n ? max_p : max_n);
     tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics};
-    bench_run b = {.n_vocab = tl_model_n_vocab(m), .bos = -1, .rng = 1};
+    bench_run b = {.n_vocab = tl_model_n_vocab(m), .batch = batch, .bos = -1, .rng = 1};
     if (tl_model_add_bos(m)) b.bos = tl_token_bos(m);
     int rc = 0;
     if (tl_ctx_new(m, &cp, &b.ctx, &err)) {

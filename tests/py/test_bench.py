@@ -238,10 +238,24 @@ def check_memory():
     check(p.returncode == 0 and "mem_read_dram" in p.stdout and "GB/s" in p.stdout, f"--memory md: {p.stdout!r}")
 
 
+def check_depth():
+    """-d fills the context before each run (llama-bench's n_depth): every
+    (test, depth) pair is a row, named 'tg4 @ d40' in markdown."""
+    p = bench("-m", SMOL, "-p", "16", "-n", "4", "-d", "0,40", "-r", "1", "-t", "1", "-o", "json")
+    if not check(p.returncode == 0, f"depth run failed: {p.stderr[-400:]}"):
+        return
+    res = json.loads(p.stdout)
+    got = [(o["n_prompt"], o["n_gen"], o["n_depth"]) for o in res]
+    check(got == [(16, 0, 0), (16, 0, 40), (0, 4, 0), (0, 4, 40)], f"rows (n_prompt, n_gen, n_depth): {got}")
+    check(all(o["avg_ts"] > 0 for o in res), "depth rows: speeds")
+    p = bench("-m", SMOL, "-p", "0", "-n", "2", "-d", "600", "-r", "1", "-t", "1", "--no-warmup")
+    check(p.returncode == 0 and "tg2 @ d600" in p.stdout, f"md depth row: {p.stdout[-300:]!r} {p.stderr[-200:]!r}")
+
+
 def check_errors():
     cases = [(["--bogus"], "unknown option"), (["-p", "1,,2"], "-p"), (["-n", "-1"], "-n"),
              (["-r", "0"], "-r"), (["-o", "xml"], "xml"), (["-t"], "needs a value"),
-             (["-p", "0", "-n", "0"], "nothing to run")]
+             (["-p", "0", "-n", "0"], "nothing to run"), (["-d", "-1"], "-d")]
     for args, msg in cases:
         p = bench("-m", SMOL, *args)
         check(p.returncode == 2 and msg in p.stderr and p.stdout == "",
@@ -262,6 +276,7 @@ def main():
         check_decode_bytes_models()
         check_no_vocab()
         check_memory()
+        check_depth()
         check_errors()
     return summary()
 
