@@ -75,7 +75,7 @@ typedef struct mm_job {
     atomic_int next;    /* the next tile to claim */
 } mm_job;
 
-#define MM_ROW_TILE 16
+#define MM_ROW_TILE 32
 
 /* Rows [r0, r1) of matrix mi against tokens [t0, t1). */
 static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
