@@ -604,6 +604,10 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
+    const int want_fast_attn = p.numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
+    if (!want_fast_attn && !kvf->exact_attn)
+        return tl_fail(err, TL_ERR_ARG, "a KV cache of %s needs the fast attention (fast numerics, head_dim %% 8 == 0)",
+                       kvf->name);
     const size_t kv_rb = kvf->row_bytes((int64_t)kv_dim);
     const size_t blk_bytes = 2 * (size_t)hp->n_layer * TL_KV_BLOCK * kv_rb;
     const size_t per_seq = (size_t)(p.n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
@@ -660,7 +664,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
     c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
-    c->fast_attn = c->kern.mode == TL_NUM_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
+    c->fast_attn = want_fast_attn;
     c->ascr_n = tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE);
     if (c->fast_attn) {
         c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);

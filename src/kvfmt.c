@@ -10,11 +10,6 @@ static void f16_store(const float *x, void *row, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = tl_fp32_to_fp16(x[i]);
 }
 
-static void f16_load(const void *row, float *x, int64_t n) {
-    const uint16_t *h = row;
-    for (int64_t i = 0; i < n; i++) x[i] = tl_fp16_to_fp32(h[i]);
-}
-
-static const tl_kv_format kv_f16 = {"f16", TL_F16, f16_row_bytes, f16_store, f16_load, 1, 1};
+static const tl_kv_format kv_f16 = {"f16", TL_F16, f16_row_bytes, f16_store, 1, 1};
 
 const tl_kv_format *tl_kv_format_of(tl_type type) { return type == TL_F16 ? &kv_f16 : NULL; }

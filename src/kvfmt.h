@@ -1,8 +1,8 @@
 /* kvfmt: what the KV cache holds per element, as a descriptor the forward
  * pass goes through instead of assuming f16: a row's bytes, how a row of
- * floats is stored, how one is read back, and which attention paths read the
- * format directly. F16 (llama.cpp's default cache type) is the one there is;
- * a quantized cache adds an entry here and its widening in the attention. */
+ * floats is stored, and which attention paths read the format. F16
+ * (llama.cpp's default cache type) is the one there is; a quantized cache
+ * adds an entry here and its widening in the attention. */
 #ifndef TL_KVFMT_H
 #define TL_KVFMT_H
 
@@ -18,8 +18,6 @@ typedef struct tl_kv_format {
     size_t (*row_bytes)(int64_t n);
     /* x[0..n) rounded into a row; the cache's only write */
     void (*store)(const float *x, void *row, int64_t n);
-    /* a row back to floats (the reference every faster read must equal) */
-    void (*load)(const void *row, float *x, int64_t n);
     /* The exact attention's q.k and p.V (llama.cpp's f16 dots) read it. */
     int exact_attn;
     /* The fast attention widens it (tl_attn_online reads f16 rows). */

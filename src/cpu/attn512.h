@@ -10,14 +10,6 @@
 
 #include "cpu/mathfn.h"
 
-/* The x86 horizontal-sum tree of 8 lanes: ((0+4)+(2+6)) + ((1+5)+(3+7)). */
-AI float attn512_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AI float attn512_max16(__m512 v) {
     __m256 m = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
@@ -136,7 +128,7 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
         const __m512 pv = _mm512_maskz_mov_ps(live, _mm512_loadu_ps(t[r]));
         _mm512_storeu_ps(t[r], pv);
         const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1));
-        *l[r] = *l[r] * al[r] + attn512_hsum8(v);
+        *l[r] = *l[r] * al[r] + hsum_f8(v); /* the tree ((0+4)+(2+6)) + ((1+5)+(3+7)) */
         p[r] = t[r] + st;
     }
     const int n = en - st + 1;

@@ -79,13 +79,15 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
 static int r8(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8_supported(t); }
 static int r8h(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && tl_r8h_supported(t); }
 static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST && (t == TL_Q4_K || t == TL_Q5_K || t == TL_Q6_K); }
+/* Whether t's gemm takes rows in groups of 8 (any of the fast layouts). */
+static int grouped(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) || r8h(k, t); }
 
 int tl_kern_packs(const tl_kernels *k, tl_type t) {
-    return k->gemm[t] && (r8(k, t) || r8k(k, t) || r8h(k, t) || tl_pack_supported(t));
+    return k->gemm[t] && (grouped(k, t) || tl_pack_supported(t));
 }
 
 int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows) {
-    return r8(k, t) || r8k(k, t) || r8h(k, t) ? tl_r8_rows(nrows) : nrows;
+    return grouped(k, t) ? tl_r8_rows(nrows) : nrows;
 }
 
 int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n) {
@@ -94,7 +96,7 @@ int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int
     return r8(k, t) ? tl_r8_pack(t, src, dst, nrows, n) : tl_pack_rows32(t, src, dst, nrows, n);
 }
 
-int tl_kern_row_align(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) || r8h(k, t) ? 8 : 1; }
+int tl_kern_row_align(const tl_kernels *k, tl_type t) { return grouped(k, t) ? 8 : 1; }
 
 size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
     return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);

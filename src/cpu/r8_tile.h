@@ -219,11 +219,26 @@ AI __m512i rz_wvec(int f, const uint8_t *b0, const uint8_t *b1, int k) {
     return u;
 }
 
+/* 16 bytes from each group of a pair, group g's in the low half. */
+AI __m256i rz_pair16(const void *g0, const void *g1) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)g0)),
+                                   _mm_loadu_si128((const __m128i *)g1), 1);
+}
+
 /* The pair's 16 half floats at offset off of their blocks (d, or m). */
 AI __m512 rz_halves(const uint8_t *b0, const uint8_t *b1, int off) {
-    const __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(b0 + off));
-    const __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(b1 + off));
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+    return _mm512_cvtph_ps(rz_pair16(b0 + off, b1 + off));
+}
+
+/* A pair's 16 outputs: rows past nr (a padded last group) are not stored. */
+AI void r8_store16(float *y, __m512 v, int nr) {
+    if (nr >= 16) {
+        _mm512_storeu_ps(y, v);
+        return;
+    }
+    float tmp[16];
+    _mm512_storeu_ps(tmp, v);
+    for (int r = 0; r < nr; r++) y[r] = tmp[r];
 }
 
 /* M group pairs x N tokens; nr counts rows from the first pair's first row. */
@@ -281,20 +296,9 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         }
     }
     UNROLL
-    for (int p = 0; p < M; p++) {
-        const int rows = nr - 16 * p;
+    for (int p = 0; p < M; p++)
         UNROLL8
-        for (int t = 0; t < N; t++) {
-            float *yp = y + (size_t)t * ys + 16 * (size_t)p;
-            if (rows >= 16) {
-                _mm512_storeu_ps(yp, acc[p][t]);
-            } else { /* the padded last group: only its real rows */
-                float tmp[16];
-                _mm512_storeu_ps(tmp, acc[p][t]);
-                for (int r = 0; r < rows; r++) yp[r] = tmp[r];
-            }
-        }
-    }
+        for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys + 16 * (size_t)p, acc[p][t], nr - 16 * p);
 }
 #endif
 
@@ -645,8 +649,7 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
                 _mm_prefetch((const char *)p0 + R8_PREFETCH, _MM_HINT_T0);
                 _mm_prefetch((const char *)p1 + R8_PREFETCH, _MM_HINT_T0);
             }
-            const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p0)),
-                                                      _mm_loadu_si128((const __m128i *)(const void *)p1), 1);
+            const __m256i h = rz_pair16(p0, p1);
             const __m512 wv = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -656,20 +659,9 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
         }
     }
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < M; p++) {
-        const int rows = nr - 16 * p;
+    for (int p = 0; p < M; p++)
         UNROLL
-        for (int t = 0; t < N; t++) {
-            float *yp = y + (size_t)t * ys + 16 * (size_t)p;
-            if (rows >= 16) {
-                _mm512_storeu_ps(yp, acc[p][t]);
-            } else {
-                float tmp[16];
-                _mm512_storeu_ps(tmp, acc[p][t]);
-                for (int r = 0; r < rows; r++) yp[r] = tmp[r];
-            }
-        }
-    }
+        for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys + 16 * (size_t)p, acc[p][t], nr - 16 * p);
 }
 #endif
 
