@@ -223,15 +223,6 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
 
 /* -------------------------------------------------------- element-wise */
 
-/* RMSNorm as ggml: sum of squares in double, then x*scale, then *weight. */
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    float mean = (float)(sum / n);
-    float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
-
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
  * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
 static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
@@ -258,28 +249,7 @@ static void rope_cache(tl_ctx *c, int n_tok) {
 
 static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_heads, int t) {
     const tl_hparams *hp = &c->m->hp;
-    const float *cs = cs_all + (size_t)t * hp->n_rot;
-    int half = hp->n_rot / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *x = v + (size_t)h * hp->head_dim;
-        for (int i = 0; i < half; i++) {
-            /* adjacent pairs (llama); NeoX pairs i with i + n_rot/2 */
-            int a = c->m->arch->rope_neox ? i : 2 * i;
-            int b = c->m->arch->rope_neox ? i + half : 2 * i + 1;
-            float x0 = x[a], x1 = x[b], co = cs[2 * i], si = cs[2 * i + 1];
-            /* libggml-cpu's build fuses these (gcc -ffp-contract=fast, read
-             * off its disassembly): x0's products exact inside the FMAs, x1's
-             * rounded, in both pairings. Its vectorized adjacent-pair loop
-             * leaves a lone last pair (odd pair count) unfused. */
-            if (!c->m->arch->rope_neox && (half & 1) && i == half - 1) {
-                x[a] = x0 * co - x1 * si;
-                x[b] = x0 * si + x1 * co;
-            } else {
-                x[a] = fmaf(x0, co, -(x1 * si));
-                x[b] = fmaf(x0, si, x1 * co);
-            }
-        }
-    }
+    c->kern.math.rope(v, n_heads, hp->head_dim, hp->n_rot, cs_all + (size_t)t * hp->n_rot, c->m->arch->rope_neox);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -430,7 +400,7 @@ typedef struct norm_job {
 static void norm_tokens(tl_ctx *c, int t0, int t1, void *arg) {
     const norm_job *j = arg;
     for (int t = t0; t < t1; t++)
-        rmsnorm(j->out + (size_t)t * j->d, j->in + (size_t)t * j->d, j->w, j->d, c->m->hp.norm_eps);
+        c->kern.math.rmsnorm(j->out + (size_t)t * j->d, j->in + (size_t)t * j->d, j->w, j->d, c->m->hp.norm_eps);
 }
 
 static void norm_all(tl_ctx *c, int n, float *out, const float *in, tl_w w) {
@@ -457,22 +427,21 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
         float *v = c->v + (size_t)t * c->kv_dim;
         if (a->qk_norm) {
             for (int h = 0; h < hp->n_head; h++)
-                rmsnorm(q + h * hd, q + h * hd, L->attn_q_norm->data, hd, hp->norm_eps);
+                c->kern.math.rmsnorm(q + h * hd, q + h * hd, L->attn_q_norm->data, hd, hp->norm_eps);
             for (int h = 0; h < hp->n_head_kv; h++)
-                rmsnorm(k + h * hd, k + h * hd, L->attn_k_norm->data, hd, hp->norm_eps);
+                c->kern.math.rmsnorm(k + h * hd, k + h * hd, L->attn_k_norm->data, hd, hp->norm_eps);
         }
         rope_apply(c, cs, q, hp->n_head, t);
         rope_apply(c, cs, k, hp->n_head_kv, t);
         if (a->q_prescale)
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
         if (!c->fast_attn) { /* the exact attention reads q rounded to f16 */
-            uint16_t *q16 = c->q16 + (size_t)t * c->q_dim;
-            for (int i = 0; i < c->q_dim; i++) q16[i] = tl_fp32_to_fp16(q[i]);
+            c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
         }
         const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
         size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
-        c->kvf->store(k, c->kc + at, c->kv_dim);
-        c->kvf->store(v, c->vc + at, c->kv_dim);
+        c->kvf->store(&c->kern.math, k, c->kc + at, c->kv_dim);
+        c->kvf->store(&c->kern.math, v, c->vc + at, c->kv_dim);
     }
 }
 
@@ -545,7 +514,7 @@ static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, in
     }
     if (nl > 0) {
         for (int i = 0; i < nl; i++)
-            rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
+            c->kern.math.rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
                     hp->norm_eps);
         tl_w wo = m->output;
         matmul(c, 1, &wo, &out, c->xb, nl);

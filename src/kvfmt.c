@@ -5,10 +5,7 @@
 
 static size_t f16_row_bytes(int64_t n) { return (size_t)n * sizeof(uint16_t); }
 
-static void f16_store(const float *x, void *row, int64_t n) {
-    uint16_t *h = row;
-    for (int64_t i = 0; i < n; i++) h[i] = tl_fp32_to_fp16(x[i]);
-}
+static void f16_store(const tl_mathfn *m, const float *x, void *row, int64_t n) { m->f16_row(x, row, n); }
 
 static const tl_kv_format kv_f16 = {"f16", TL_F16, f16_row_bytes, f16_store, 1, 1};
 

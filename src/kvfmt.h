@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu/mathfn.h"
 #include "quant.h"
 
 typedef struct tl_kv_format {
@@ -16,8 +17,8 @@ typedef struct tl_kv_format {
     tl_type type;
     /* bytes of a row of n elements (n a multiple of the format's block) */
     size_t (*row_bytes)(int64_t n);
-    /* x[0..n) rounded into a row; the cache's only write */
-    void (*store)(const float *x, void *row, int64_t n);
+    /* x[0..n) rounded into a row with the level's conversions; the cache's only write */
+    void (*store)(const tl_mathfn *m, const float *x, void *row, int64_t n);
     /* The exact attention's q.k and p.V (llama.cpp's f16 dots) read it. */
     int exact_attn;
     /* The fast attention widens it (tl_attn_online reads f16 rows). */

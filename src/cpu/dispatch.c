@@ -60,7 +60,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     if (level > detected) level = detected;
     if (level < TL_CPU_SCALAR) level = TL_CPU_SCALAR;
     memset(k, 0, sizeof *k);
-    tl_mathfn_bind(&k->math, level >= TL_CPU_AVX2); /* first: a level's fill may replace entries */
+    tl_mathfn_bind(&k->math, level >= TL_CPU_AVX2, mode == TL_NUM_FAST); /* first: a level's fill may replace entries */
     tl_kernels_fill_ref(k);
     if (mode == TL_NUM_FAST) {
         tl_kernels_fill_r8_ref(k);

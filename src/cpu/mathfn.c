@@ -149,6 +149,144 @@ __attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd,
 }
 #endif
 
+/* ---- RMSNorm and f16 rows ---- */
+
+/* ggml's order: (float)(x*x) added in one double chain. */
+void tl_rmsnorm_exact(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* The fast order's sum of squares: ggml's float squares, added in 16 double
+ * lanes (lane i % 16), then lanes i and i+8, i+4, i+2, i+1 added. Only the
+ * double additions are reordered, so the float mean nearly always rounds as
+ * ggml's does (Gemma 3's perplexity moved 0.35% at -c 2048 when the squares
+ * were exact doubles instead). */
+static double sumsq_tree(double l[16]) {
+    for (int h = 8; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) l[i] += l[i + h];
+    return l[0];
+}
+
+static void rmsnorm_finish(float *out, const float *x, const float *w, int n, float eps, double sum) {
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void tl_rmsnorm_fast(float *out, const float *x, const float *w, int n, float eps) {
+    double l[16] = {0};
+    for (int i = 0; i < n; i++) l[i & 15] += (double)(x[i] * x[i]);
+    rmsnorm_finish(out, x, w, n, eps, sumsq_tree(l));
+}
+
+void tl_f16_row(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = tl_fp32_to_fp16(x[i]);
+}
+
+#ifdef TL_X86
+__attribute__((target("avx2,fma"))) static void rmsnorm_fast_avx2(float *out, const float *x, const float *w,
+                                                                   int n, float eps) {
+    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int q = 0; q < 4; q++) {
+            const __m128 v = _mm_loadu_ps(x + i + 4 * q);
+            a[q] = _mm256_add_pd(a[q], _mm256_cvtps_pd(_mm_mul_ps(v, v)));
+        }
+    double l[16];
+    for (int q = 0; q < 4; q++) _mm256_storeu_pd(l + 4 * q, a[q]);
+    for (; i < n; i++) l[i & 15] += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sumsq_tree(l) / n) + eps);
+    const __m256 s8 = _mm256_set1_ps(scale);
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s8), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+__attribute__((target("avx2,f16c"))) static void rmsnorm_exact_avx2(float *out, const float *x, const float *w,
+                                                                    int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    const __m256 s8 = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s8), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* vcvtps2ph rounds to nearest even as tl_fp32_to_fp16 does (NaN payloads aside). */
+__attribute__((target("avx2,f16c"))) static void f16_row_avx2(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = tl_fp32_to_fp16(x[i]);
+}
+#endif
+
+/* ---- RoPE ---- */
+
+/* Pairs i0..half-1 of one head. */
+static void rope_pairs(float *x, int half, int i0, const float *cs, int neox) {
+    for (int i = i0; i < half; i++) {
+        const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = x[a], x1 = x[b], co = cs[2 * i], si = cs[2 * i + 1];
+        /* libggml-cpu's build fuses these (gcc -ffp-contract=fast, read off
+         * its disassembly): x0's products exact inside the FMAs, x1's
+         * rounded, in both pairings. Its vectorized adjacent-pair loop
+         * leaves a lone last pair (odd pair count) unfused. */
+        if (!neox && (half & 1) && i == half - 1) {
+            x[a] = x0 * co - x1 * si;
+            x[b] = x0 * si + x1 * co;
+        } else {
+            x[a] = fmaf(x0, co, -(x1 * si));
+            x[b] = fmaf(x0, si, x1 * co);
+        }
+    }
+}
+
+void tl_rope(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    for (int h = 0; h < n_heads; h++) rope_pairs(v + (size_t)h * head_dim, n_rot / 2, 0, cs, neox);
+}
+
+#ifdef TL_X86
+/* tl_rope eight pairs at a time, the same fused steps; the remaining pairs
+ * (and the adjacent layout's lone odd one) as tl_rope does them. */
+__attribute__((target("avx2,fma"))) static void rope_avx2(float *v, int n_heads, int head_dim, int n_rot,
+                                                           const float *cs, int neox) {
+    const int half = n_rot / 2;
+    const __m256 even_neg = _mm256_castsi256_ps(_mm256_set_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN));
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        int i = 0;
+        if (neox) {
+            for (; i + 8 <= half; i += 8) {
+                const __m256 c0 = _mm256_loadu_ps(cs + 2 * i), c1 = _mm256_loadu_ps(cs + 2 * i + 8);
+                const __m256 co = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(c0, c1, 0x88)), 0xD8));
+                const __m256 si = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(c0, c1, 0xDD)), 0xD8));
+                const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + half);
+                _mm256_storeu_ps(x + i, _mm256_fmadd_ps(x0, co, _mm256_xor_ps(_mm256_mul_ps(x1, si), _mm256_set1_ps(-0.0f))));
+                _mm256_storeu_ps(x + i + half, _mm256_fmadd_ps(x0, si, _mm256_mul_ps(x1, co)));
+            }
+        } else {
+            /* lanes (x0, x1) of four pairs against (co, si): even lanes
+             * fma(x0, co, -(x1*si)), odd lanes fma(x0, si, x1*co) */
+            const int fused = (half & 1) ? half - 1 : half;
+            for (; i + 4 <= fused; i += 4) {
+                const __m256 xv = _mm256_loadu_ps(x + 2 * i), c = _mm256_loadu_ps(cs + 2 * i);
+                const __m256 x0 = _mm256_moveldup_ps(xv), x1 = _mm256_movehdup_ps(xv);
+                const __m256 sw = _mm256_permute_ps(c, 0xB1); /* (si, co) */
+                _mm256_storeu_ps(x + 2 * i, _mm256_fmadd_ps(x0, c, _mm256_xor_ps(_mm256_mul_ps(x1, sw), even_neg)));
+            }
+        }
+        rope_pairs(x, half, i, cs, neox);
+    }
+}
+#endif
+
 void tl_swiglu(int n, float *y, const float *g, const float *u, int avx2) {
 #ifdef TL_X86
     if (avx2) {
@@ -569,7 +707,17 @@ BIND(ref, 0)
 BIND(avx2, 1)
 #undef BIND
 
-void tl_mathfn_bind(tl_mathfn *m, int avx2) {
-    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online};
-    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online};
+void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast) {
+    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online, NULL, NULL, NULL};
+    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online, NULL, NULL, NULL};
+    m->rmsnorm = fast ? tl_rmsnorm_fast : tl_rmsnorm_exact;
+    m->f16_row = tl_f16_row;
+    m->rope = tl_rope;
+#ifdef TL_X86
+    if (avx2) {
+        m->rope = rope_avx2;
+        m->rmsnorm = fast ? rmsnorm_fast_avx2 : rmsnorm_exact_avx2;
+        m->f16_row = f16_row_avx2;
+    }
+#endif
 }

@@ -92,8 +92,23 @@ float tl_attn_exp1(float x);
 void tl_attn_exp16(const float *s, float mn, float *p);
 #endif
 
-/* The functions above bound to one level (scalar or AVX2), as the kernel
- * table holds them. */
+/* RMSNorm of one row: out[i] = (x[i] * scale) * w[i], scale = 1/sqrt(mean of
+ * squares + eps). Exact: ggml's sum, (float)(x*x) in one double chain. Fast:
+ * the same float squares in 16 double lanes by i mod 16, the lanes added i+8,
+ * i+4, i+2, i+1 (no latency chain; the float mean almost never differs from
+ * ggml's). out may be x. */
+void tl_rmsnorm_exact(float *out, const float *x, const float *w, int n, float eps);
+void tl_rmsnorm_fast(float *out, const float *x, const float *w, int n, float eps);
+/* RoPE on n_heads heads of head_dim (stride) floats, their first n_rot
+ * rotated by cs (cos, sin per pair): pairs (2i, 2i+1), or (i, i + n_rot/2)
+ * with neox, in llama.cpp's fused float steps. */
+void tl_rope(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+/* f32 -> f16, round to nearest even (the KV cache's store). */
+void tl_f16_row(const float *x, uint16_t *y, int64_t n);
+
+/* The functions above bound to one level (scalar or AVX2) and numerics mode
+ * (fast selects rmsnorm's order), as the kernel table holds them. The AVX2
+ * paths give the scalar ones' bits. */
 typedef struct tl_mathfn {
     void (*swiglu)(int n, float *y, const float *g, const float *u);
     void (*geglu)(int n, float *y, const float *g, const float *u, const uint16_t *table);
@@ -102,7 +117,10 @@ typedef struct tl_mathfn {
     void (*attn_pv_paged)(int n, int hd, const float *p, const uint16_t *v, int64_t v_stride, const int32_t *blk,
                           int bs, int j0, float *acc, float *out);
     void (*attn_online)(const tl_attn_rows *a);
+    void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
+    void (*f16_row)(const float *x, uint16_t *y, int64_t n);
+    void (*rope)(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 } tl_mathfn;
-void tl_mathfn_bind(tl_mathfn *m, int avx2);
+void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast);
 
 #endif

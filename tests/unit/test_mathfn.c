@@ -1,6 +1,6 @@
 /* test_mathfn: the AVX2 paths of the element-wise functions (GeGLU, SwiGLU,
  * softmax exponentials, the attention-weighted sum of V, the fast numerics'
- * attention) against their scalar paths, bit for bit, on random inputs and the
+ * attention, RMSNorm in both orders, RoPE, f16 rows) against their scalar paths, bit for bit, on random inputs and the
  * edge values they branch on. */
 #include <math.h>
 #include <stdio.h>
@@ -144,6 +144,58 @@ static void check_attn(void) {
     attn_case(8, 5, 4, 45, 0);     /* the narrowest head */
 }
 
+/* The bound tables' RMSNorm, RoPE and f16 rows: AVX2 against scalar, and
+ * the fast RMSNorm close to a double reference. */
+static void check_norm_rope(void) {
+    tl_mathfn ref[2], vec[2];
+    for (int fast = 0; fast < 2; fast++) {
+        tl_mathfn_bind(&ref[fast], 0, fast);
+        tl_mathfn_bind(&vec[fast], 1, fast);
+    }
+    enum { N = 2053 };
+    static float x[N], w[N], y1[N], y2[N], cs[N];
+    static uint16_t h1[N], h2[N];
+    for (int i = 0; i < N; i++) x[i] = frand() * 3.0f, w[i] = 1.0f + frand(), cs[i] = frand();
+    const int ns[] = {1, 7, 16, 31, 64, 256, 576, 640, 2048, 2053};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int n = ns[c];
+        for (int fast = 0; fast < 2; fast++) {
+            ref[fast].rmsnorm(y1, x, w, n, 1e-6f);
+            vec[fast].rmsnorm(y2, x, w, n, 1e-6f);
+            CHECK(same(y1, y2, n), "rmsnorm %s n=%d: AVX2 equals scalar", fast ? "fast" : "exact", n);
+        }
+        double ss = 0.0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const double sc = 1.0 / sqrt(ss / n + 1e-6);
+        double worst = 0.0;
+        for (int i = 0; i < n; i++) {
+            const double e = fabs(y1[i] - x[i] * sc * w[i]) / (fabs(x[i] * sc * w[i]) + 1e-30);
+            if (e > worst) worst = e;
+        }
+        CHECK(worst < 1e-6, "rmsnorm fast n=%d: relative error %g vs double", n, worst);
+        memcpy(y2, x, sizeof(float) * (size_t)n);
+        vec[1].rmsnorm(y2, y2, w, n, 1e-6f);
+        CHECK(same(y1, y2, n), "rmsnorm fast n=%d in place", n);
+        ref[0].f16_row(x, h1, n);
+        vec[0].f16_row(x, h2, n);
+        CHECK(memcmp(h1, h2, sizeof(uint16_t) * (size_t)n) == 0, "f16 row n=%d: AVX2 equals scalar", n);
+    }
+    /* head widths with odd pair counts (the adjacent layout's lone last
+     * pair), partial rotation, several heads */
+    const int shapes[][3] = {{64, 64, 3}, {128, 128, 2}, {256, 256, 4}, {80, 64, 2}, {10, 10, 3}, {26, 18, 2}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int hd = shapes[c][0], nr = shapes[c][1], nh = shapes[c][2];
+        for (int neox = 0; neox < 2; neox++) {
+            memcpy(y1, x, sizeof(float) * (size_t)(hd * nh));
+            memcpy(y2, x, sizeof(float) * (size_t)(hd * nh));
+            ref[1].rope(y1, nh, hd, nr, cs, neox);
+            vec[1].rope(y2, nh, hd, nr, cs, neox);
+            CHECK(same(y1, y2, hd * nh), "rope hd=%d n_rot=%d heads=%d neox=%d: AVX2 equals scalar", hd, nr, nh, neox);
+            CHECK(!same(y1, x, hd * nh), "rope hd=%d n_rot=%d neox=%d changes its input", hd, nr, neox);
+        }
+    }
+}
+
 int main(void) {
     if (tl_cpu_detect() < TL_CPU_AVX2) {
         printf("no AVX2 on this CPU: the scalar paths are the only ones\n");
@@ -154,5 +206,6 @@ int main(void) {
     check_swiglu();
     check_pv();
     check_attn();
+    check_norm_rope();
     return tl_test_summary();
 }
