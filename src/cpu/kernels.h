@@ -76,7 +76,8 @@ void tl_act_add_scales(tl_type vt, void *row, int64_t n);
 
 /* ---- fast numerics: the r8 layout of the 32-block formats (cpu/r8.c) ----
  * Rows in groups of 8 (the last padded with zero rows), each group block by
- * block: 8 d (f16), 8 m (Q4_1/Q5_1), 8 qh words (Q5), then the quants with
+ * block: 8 d (f16), 8 m (Q4_1/Q5_1), 32 qh bytes (Q5: byte p, bit k = the
+ * fifth bit of quant vector k's byte p), then the quants with
  * 4 bytes of each row in turn, so that 32-bit lane r of a vector is row r.
  * Same bytes per row as the GGUF layout; a group is 8 row strides. gemm on it
  * takes r8 activation rows: n int8 quants (Q8_1's), then per block d, s (as

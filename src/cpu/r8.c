@@ -43,10 +43,11 @@ int tl_r8_supported(tl_type type) {
 int64_t tl_r8_rows(int64_t nrows) { return (nrows + 7) & ~(int64_t)7; }
 
 /* One group of 8 rows, block b, laid out as (see kernels.h):
- *   d[8] f16 | m[8] f16 (Q4_1, Q5_1) | qh: 8 x u32 (Q5) | qs: 4 (8 for Q8_0) x 32 bytes
+ *   d[8] f16 | m[8] f16 (Q4_1, Q5_1) | qh: 32 bytes (Q5) | qs: 4 (8 for Q8_0) x 32 bytes
  * qs vector k: bytes 4r..4r+3 = row r's qs[4k..4k+3]. For the nibble formats the
- * low nibbles are elements 4k.., the high ones 16+4k..; qh word k (k < 4) has
- * bit 4r+i = fifth bit of element 4k+i of row r, word 4+k that of 16+4k+i. */
+ * low nibbles are elements 4k.., the high ones 16+4k.. (vector 4+k). qh byte
+ * 4r+i holds in bit k the fifth bit of the element at that byte of vector k, so
+ * one shift of the 32 bytes and a mask give any vector's fifth bits in place. */
 int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
     r8_fields f;
     if (fields(type, &f) || n % 32 || nrows < 0) return -1;
@@ -59,7 +60,7 @@ int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t 
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *o = d + (size_t)(g * nb + b) * gblk;
             uint8_t *od = o, *om = o + 16, *oh = o + 16 + 8 * f.m, *oq = oh + 8 * f.qh;
-            uint32_t qh[8] = {0};
+            uint8_t qh[32] = {0};
             for (int r = 0; r < 8; r++) {
                 const int64_t row = g * 8 + r;
                 if (row >= nrows) break;
@@ -71,8 +72,8 @@ int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t 
                     memcpy(&h, blk + 2 + f.m, 4);
                     for (int k = 0; k < 4; k++)
                         for (int i = 0; i < 4; i++) {
-                            qh[k] |= ((h >> (4 * k + i)) & 1u) << (4 * r + i);
-                            qh[4 + k] |= ((h >> (16 + 4 * k + i)) & 1u) << (4 * r + i);
+                            qh[4 * r + i] |= (uint8_t)(((h >> (4 * k + i)) & 1u) << k);
+                            qh[4 * r + i] |= (uint8_t)(((h >> (16 + 4 * k + i)) & 1u) << (4 + k));
                         }
                 }
                 const uint8_t *qs = blk + 2 + f.m + f.qh;
@@ -122,11 +123,7 @@ static int quant_at(tl_type type, const uint8_t *blk, int r, int j) {
     const int hi = j >= 16, jj = j % 16;
     const uint8_t byte = qs[32 * (jj / 4) + 4 * r + jj % 4];
     int u = hi ? byte >> 4 : byte & 15;
-    if (f.qh) {
-        uint32_t w;
-        memcpy(&w, qh + 4 * (4 * hi + jj / 4), 4);
-        u |= (int)((w >> (4 * r + jj % 4)) & 1u) << 4;
-    }
+    if (f.qh) u |= ((qh[4 * r + jj % 4] >> (4 * hi + jj / 4)) & 1) << 4;
     return u;
 }
 

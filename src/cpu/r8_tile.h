@@ -61,15 +61,10 @@ AI __m256i r_wvec(int f, const uint8_t *blk, int k) {
     }
     const __m256i v = load32(qs + 32 * (k & 3)), m4 = _mm256_set1_epi8(0x0F);
     __m256i u = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), m4);
-    if (r_q5(f)) {
-        const uint8_t *qh = blk + r_qh_off(f) + 4 * k;
-#if R8_VNNI
-        uint32_t m;
-        memcpy(&m, qh, 4);
-        u = _mm256_mask_add_epi8(u, (__mmask32)m, u, _mm256_set1_epi8(16));
-#else
-        u = _mm256_or_si256(u, _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
-#endif
+    if (r_q5(f)) { /* bit k of each qh byte to bit 4 (within the byte: see cpu/r8.c) */
+        const __m256i h = load32(blk + r_qh_off(f));
+        const __m256i hk = k < 4 ? _mm256_slli_epi16(h, 4 - k) : k > 4 ? _mm256_srli_epi16(h, k - 4) : h;
+        u = _mm256_or_si256(u, _mm256_and_si256(hk, _mm256_set1_epi8(0x10)));
     }
     return u;
 }
@@ -211,10 +206,9 @@ AI __m512i rz_wvec(int f, const uint8_t *b0, const uint8_t *b1, int k) {
     if (f == R_Q8_0) return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     __m512i u = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
     if (r_q5(f)) {
-        uint32_t m0, m1;
-        memcpy(&m0, b0 + r_qh_off(f) + 4 * k, 4);
-        memcpy(&m1, b1 + r_qh_off(f) + 4 * k, 4);
-        u = _mm512_mask_add_epi8(u, (__mmask64)m0 | (__mmask64)m1 << 32, u, _mm512_set1_epi8(16));
+        const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + r_qh_off(f))), load32(b1 + r_qh_off(f)), 1);
+        const __m512i hk = k < 4 ? _mm512_slli_epi16(h, 4 - k) : k > 4 ? _mm512_srli_epi16(h, k - 4) : h;
+        u = _mm512_or_si512(u, _mm512_and_si512(hk, _mm512_set1_epi8(0x10)));
     }
     return u;
 }
@@ -471,6 +465,104 @@ AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, i
         }
 }
 
+#if R8_ZMM
+/* 256 bits from each of two groups, group g's in the low half. */
+AI __m512i rz_load2(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load32(p0)), load32(p1), 1);
+}
+
+/* 8 bytes from each of two groups, widened to 16 int32 (group g's low). */
+AI __m512i rz_bytes8(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1)));
+}
+
+/* 16 bytes (8 rows of sub-block 2i, then of 2i+1) from each of two groups as
+ * int16 pairs per row, for vpdpwssd against an activation pair. */
+AI __m512i rz_pairs16(const uint8_t *p0, const uint8_t *p1) {
+    const __m128i s0 = _mm_loadu_si128((const __m128i *)p0), s1 = _mm_loadu_si128((const __m128i *)p1);
+    const __m128i i0 = _mm_unpacklo_epi8(s0, _mm_srli_si128(s0, 8)), i1 = _mm_unpacklo_epi8(s1, _mm_srli_si128(s1, 8));
+    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(i0), i1, 1));
+}
+
+/* Two groups (16 rows) x N tokens, lanes 8..15 the second group: r8k_tile's
+ * exact integer sums (the mins by sub-block pairs with vpdpwssd) and its
+ * float steps per lane. Scales and mins are 6-bit, so signed widening is safe. */
+AI void r8kz_tile(int q5, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                  float *y, size_t ys) {
+    const int64_t nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    const size_t sb = q5 ? R8K5_SB : R8K_SB;
+    __m512 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o0 = w + (size_t)b * 8 * sb, *o1 = o0 + gs;
+        for (size_t p = 0; p < 8 * sb; p += 256) {
+            _mm_prefetch((const char *)o0 + 8 * sb + p, _MM_HINT_T0);
+            _mm_prefetch((const char *)o1 + 8 * sb + p, _MM_HINT_T0);
+        }
+        __m512i isum[4], imin[4];
+        {
+            __m512i mnp[4];
+            UNROLL
+            for (int i = 0; i < 4; i++) mnp[i] = rz_pairs16(o0 + 96 + 16 * i, o1 + 96 + 16 * i);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
+                imin[t] = isum[t] = _mm512_setzero_si512();
+                UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t s0 = (uint16_t)(bs[4 * i] + bs[4 * i + 1]), s1 = (uint16_t)(bs[4 * i + 2] + bs[4 * i + 3]);
+                    imin[t] = _mm512_dpwssd_epi32(imin[t], mnp[i], _mm512_set1_epi32((int32_t)(s0 | s1 << 16)));
+                }
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            __m512i lo[4], hi[4];
+            UNROLL
+            for (int t = 0; t < N; t++) lo[t] = hi[t] = _mm512_setzero_si512();
+            UNROLL8
+            for (int k = 0; k < 8; k++) {
+                const size_t at = 160 + 32 * (8 * (size_t)i + (size_t)k);
+                const __m512i v = rz_load2(o0 + at, o1 + at);
+                __m512i ul = _mm512_and_si512(v, m4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) {
+                    const size_t hat = 8 * R8K_SB + 32 * (size_t)k;
+                    const __m512i hs = _mm512_srl_epi16(rz_load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * i));
+                    ul = _mm512_or_si512(ul, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m16));
+                    uh = _mm512_or_si512(uh, _mm512_and_si512(_mm512_slli_epi16(hs, 3), m16));
+                }
+                UNROLL
+                for (int t = 0; t < N; t++) {
+                    const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
+                    int32_t al, ah;
+                    memcpy(&al, qs + 64 * i + 4 * k, 4);
+                    memcpy(&ah, qs + 64 * i + 32 + 4 * k, 4);
+                    lo[t] = _mm512_dpbusd_epi32(lo[t], ul, _mm512_set1_epi32(al));
+                    hi[t] = _mm512_dpbusd_epi32(hi[t], uh, _mm512_set1_epi32(ah));
+                }
+            }
+            const __m512i sl = rz_bytes8(o0 + 32 + 16 * i, o1 + 32 + 16 * i);
+            const __m512i sh = rz_bytes8(o0 + 40 + 16 * i, o1 + 40 + 16 * i);
+            UNROLL
+            for (int t = 0; t < N; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl), _mm512_mullo_epi32(hi[t], sh)));
+        }
+        const __m512 dw = rz_halves(o0, o1, 0), dm = rz_halves(o0, o1, 16);
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+            const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(da));
+            const __m512 dmn = _mm512_xor_ps(_mm512_mul_ps(dm, _mm512_set1_ps(da)), _mm512_set1_ps(-0.0f));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), d, acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[t]), dmn, acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys, acc[t], nr);
+}
+#endif
+
 AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                           size_t ys) {
     const uint8_t *w = vw, *a = va;
@@ -483,6 +575,16 @@ AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const voi
         int g = 0;
         if (tn == 1)
             for (; g + 2 <= ng; g += 2) r8k_tile(q5, 2, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+#if R8_ZMM
+        else
+            for (; g + 2 <= ng; g += 2) {
+                switch (tn) {
+                case 2: r8kz_tile(q5, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+                case 3: r8kz_tile(q5, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+                default: r8kz_tile(q5, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+                }
+            }
+#endif
         for (; g < ng; g++) {
             switch (tn) {
             case 1: r8k_tile(q5, 1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
@@ -578,13 +680,106 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
     }
 }
 
+#if R8_ZMM
+/* Two groups (16 rows) x N tokens: lanes 8..15 are the second group. The
+ * integer sums are r8q6_tile's (exact, so their order is free); the offset's
+ * sum_s sc_s * bsum_s is taken by sub-block pairs with vpdpwssd. The float
+ * steps per lane are r8q6_tile's. */
+AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as, float *y,
+                   size_t ys) {
+    const int64_t nb = n / QK_K;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o0 = w + (size_t)b * 8 * R8Q6_SB, *o1 = o0 + gs;
+        for (int p = 0; p < 8 * R8Q6_SB; p += 256) {
+            _mm_prefetch((const char *)o0 + 8 * R8Q6_SB + p, _MM_HINT_T0);
+            _mm_prefetch((const char *)o1 + 8 * R8Q6_SB + p, _MM_HINT_T0);
+        }
+        __m512i isum[4];
+        {
+            /* int16 pairs (sc of sub-blocks 2j and 2j+1) per row of both groups */
+            __m512i scp[8];
+            UNROLL8
+            for (int j = 0; j < 8; j++) scp[j] = rz_pairs16(o0 + 16 + 16 * j, o1 + 16 + 16 * j);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
+                __m512i bias = _mm512_setzero_si512();
+                UNROLL8
+                for (int j = 0; j < 8; j++) {
+                    int32_t pr;
+                    memcpy(&pr, bs + 2 * j, 4);
+                    bias = _mm512_dpwssd_epi32(bias, scp[j], _mm512_set1_epi32(pr));
+                }
+                isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int x = 0; x < 4; x++)
+                for (int half = 0; half < 2; half++) {
+                    __m512i d[4];
+                    UNROLL
+                    for (int t = 0; t < N; t++) d[t] = _mm512_setzero_si512();
+                    UNROLL
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int k = 4 * half + kk;
+                        const size_t lo_at = 144 + 32 * (8 * (2 * h + (x & 1)) + k), hi_at = 144 + 1024 + 32 * (8 * h + k);
+                        const __m512i L = rz_load2(o0 + lo_at, o1 + lo_at), H = rz_load2(o0 + hi_at, o1 + hi_at);
+                        const __m512i lo = x < 2 ? _mm512_and_si512(L, m4) : _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+                        const __m512i hb = x == 0   ? _mm512_slli_epi16(H, 4)
+                                           : x == 1 ? _mm512_slli_epi16(H, 2)
+                                           : x == 2 ? H
+                                                    : _mm512_srli_epi16(H, 2);
+                        const __m512i u = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+                        UNROLL
+                        for (int t = 0; t < N; t++) {
+                            const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
+                            int32_t av;
+                            memcpy(&av, qs + 128 * h + 32 * x + 4 * k, 4);
+                            d[t] = _mm512_dpbusd_epi32(d[t], u, _mm512_set1_epi32(av));
+                        }
+                    }
+                    const int sb = 8 * h + 2 * x + half;
+                    const __m512i sc = rz_bytes8(o0 + 16 + 8 * sb, o1 + 16 + 8 * sb);
+                    UNROLL
+                    for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[t], sc));
+                }
+        const __m512 dw = rz_halves(o0, o1, 0);
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys, acc[t], nr);
+}
+#endif
+
 static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                       size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
+    const int ng = (nr + 7) / 8;
     for (int t0 = 0; t0 < nt; t0 += 4) {
         const int tn = nt - t0 < 4 ? nt - t0 : 4;
-        for (int g = 0; g < (nr + 7) / 8; g++) {
+        int g0 = 0;
+#if R8_ZMM
+        if (tn > 1)
+            for (; g0 + 2 <= ng; g0 += 2) {
+                const uint8_t *wg = w + g0 * gs, *at = a + (size_t)t0 * as;
+                float *yt = y + (size_t)t0 * ys + 8 * g0;
+                switch (tn) {
+                case 2: r8q6z_tile(2, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+                case 3: r8q6z_tile(3, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+                default: r8q6z_tile(4, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+                }
+            }
+#endif
+        for (int g = g0; g < ng; g++) {
             const uint8_t *wg = w + g * gs, *at = a + (size_t)t0 * as;
             float *yt = y + (size_t)t0 * ys + 8 * g;
             switch (tn) {

@@ -35,6 +35,14 @@ static inline simde__m512i emu_cvtepu16_epi32(__m256i h) {
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32(h) emu_cvtepu16_epi32(h)
 
+static inline simde__m512i emu_cvtepi8_epi32(__m128i v) {
+    const __m256i lo = _mm256_cvtepi8_epi32(v);
+    const __m256i hi = _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8));
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32(v) emu_cvtepi8_epi32(v)
+
 static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
     const __m256i z = _mm256_cmpeq_epi8(_mm256_and_si256(a, b), _mm256_setzero_si256());
     return ~(uint32_t)_mm256_movemask_epi8(z);
