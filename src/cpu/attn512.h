@@ -18,6 +18,35 @@ AI float attn512_max16(__m512 v) {
     return _mm256_cvtss_f32(m);
 }
 
+/* exp of 16 lanes: tl_expf_fast's steps (mathfn.c's expf8) on 512 bits,
+ * inline, so the softmax needs no call and no trip through memory. */
+AI __m512 attn512_exp(__m512 x) {
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __m512i e = _mm512_slli_epi32(_mm512_castps_si512(z), 23);
+    const __m512 k = _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_castps_si512(_mm512_set1_ps(1))));
+    const __m512 absn = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_castps_si512(_mm512_set1_ps(-0.0f)),
+                                                                _mm512_castps_si512(n)));
+    const __mmask16 c = _mm512_cmp_ps_mask(absn, _mm512_set1_ps(126), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_mul_ps(_mm512_set1_ps(0x1.ffffecp-1f), b));
+    const __m512 normal = _mm512_fmadd_ps(j, k, k);
+    if (!c) return normal;
+    const __m512i g = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                             _mm512_set1_epi32((int)0x82000000u));
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_add_epi32(g, _mm512_set1_epi32(0x7f000000)));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_sub_epi32(e, g));
+    const __mmask16 d = _mm512_cmp_ps_mask(absn, _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 big = _mm512_mul_ps(_mm512_fmadd_ps(s2, j, s2), s1);
+    return _mm512_mask_blend_ps(d, _mm512_mask_blend_ps(c, normal, big), _mm512_mul_ps(s1, s1));
+}
+
 /* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
  * V loads, W (16, 32 or 64) dimensions per pass from c0 on. */
 AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
@@ -112,20 +141,23 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
     float sc[8 * 16];
     attn512_scores_call(hd, R, q, kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
-    float t[8][16], al[8];
+    float t[8][16], al[16], dm[16] = {0}, mn[8];
     const float *p[8];
+    __m512 s[8];
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) {
-        const __m512 s = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_loadu_ps(sc + 16 * r),
-                                            _mm512_set1_ps(a->scale));
-        const float mb = attn512_max16(s);
-        const float mn = mb > *m[r] ? mb : *m[r];
-        al[r] = *m[r] == -INFINITY ? 0.0f : tl_attn_exp1(*m[r] - mn);
-        *m[r] = mn;
-        float x[16];
-        _mm512_storeu_ps(x, _mm512_mask_blend_ps(live, _mm512_set1_ps(mn), s));
-        tl_attn_exp16(x, mn, t[r]);
-        const __m512 pv = _mm512_maskz_mov_ps(live, _mm512_loadu_ps(t[r]));
+        s[r] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_loadu_ps(sc + 16 * r),
+                                  _mm512_set1_ps(a->scale));
+        const float mb = attn512_max16(s[r]);
+        mn[r] = mb > *m[r] ? mb : *m[r];
+        dm[r] = *m[r] == -INFINITY ? 0.0f : *m[r] - mn[r];
+    }
+    _mm512_storeu_ps(al, attn512_exp(_mm512_loadu_ps(dm))); /* every row's alpha = exp(m - mn) at once */
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) {
+        if (*m[r] == -INFINITY) al[r] = 0.0f;
+        *m[r] = mn[r];
+        const __m512 pv = _mm512_maskz_mov_ps(live, attn512_exp(_mm512_maskz_sub_ps(live, s[r], _mm512_set1_ps(mn[r]))));
         _mm512_storeu_ps(t[r], pv);
         const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1));
         *l[r] = *l[r] * al[r] + hsum_f8(v); /* the tree ((0+4)+(2+6)) + ((1+5)+(3+7)) */
