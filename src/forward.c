@@ -317,7 +317,7 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
 /* The fast numerics: runs of up to ATT_TILE consecutive tokens of one
  * sequence against one KV head, the query heads that share it together
  * (tl_attn_online); a token's result does not depend on its run. */
-#define ATT_TILE 16
+#define ATT_TILE 64
 
 /* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens. */
 static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch) {
