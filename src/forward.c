@@ -24,7 +24,8 @@ struct tl_ctx {
     int n_ctx, n_batch, n_seq, n_logits_max;
     int q_dim, kv_dim;
     tl_kv *kv;          /* blocks, block tables, prefix cache */
-    uint8_t *kc, *vc;   /* per layer [n_blocks][TL_KV_BLOCK] rows of kv_rb bytes (kvf) */
+    uint8_t *kc, *vc;   /* per layer [n_blocks][TL_KV_BLOCK] rows of kv_rb bytes (kvf); with
+                         * fast_attn a K block is kept transposed: element i of slot s at i*16+s */
     const tl_kv_format *kvf; /* what a cache element is */
     size_t kv_rb, kv_hb; /* bytes of a K/V row (kv_dim elements) and of one head's part */
     size_t layer_stride;/* cache bytes per layer */
@@ -324,13 +325,14 @@ static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, flo
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
     const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
+    const size_t kbase = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb * TL_KV_BLOCK; /* K transposed */
     tl_attn_rows a = {
         .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
         .q = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
-        /* f16 rows (kvf->fast_attn) */
-        .k = (const uint16_t *)(const void *)(c->kc + base), .v = (const uint16_t *)(const void *)(c->vc + base),
-        .kv_stride = c->kv_rb / sizeof(uint16_t),
+        /* f16 (kvf->fast_attn): V rows, K transposed per block */
+        .k = (const uint16_t *)(const void *)(c->kc + kbase), .v = (const uint16_t *)(const void *)(c->vc + base),
+        .kv_stride = c->kv_rb / sizeof(uint16_t), .k_tr = 1,
         .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
         .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
@@ -439,8 +441,13 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
             c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
         }
         const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
-        size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
-        c->kvf->store(&c->kern.math, k, c->kc + at, c->kv_dim);
+        const size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
+        if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
+            c->kvf->store_tr(&c->kern.math, k,
+                             c->kc + (size_t)il * c->layer_stride + (size_t)blk[c->tpos[t] / TL_KV_BLOCK] * TL_KV_BLOCK * c->kv_rb,
+                             c->tpos[t] % TL_KV_BLOCK, TL_KV_BLOCK, c->kv_dim);
+        else
+            c->kvf->store(&c->kern.math, k, c->kc + at, c->kv_dim);
         c->kvf->store(&c->kern.math, v, c->vc + at, c->kv_dim);
     }
 }

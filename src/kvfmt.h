@@ -19,6 +19,10 @@ typedef struct tl_kv_format {
     size_t (*row_bytes)(int64_t n);
     /* x[0..n) rounded into a row with the level's conversions; the cache's only write */
     void (*store)(const tl_mathfn *m, const float *x, void *row, int64_t n);
+    /* The same into slot `slot` of a block of bs rows kept transposed
+     * (element i at i*bs + slot): the fast attention's K layout, where one
+     * vector load gives a dimension of all the block's keys. */
+    void (*store_tr)(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n);
     /* The exact attention's q.k and p.V (llama.cpp's f16 dots) read it. */
     int exact_attn;
     /* The fast attention widens it (tl_attn_online reads f16 rows). */

@@ -443,11 +443,17 @@ static size_t kv_row_at(const tl_attn_rows *a, int p) {
 }
 
 /* The block at b0: K transposed for its live slot groups, V rows ws..we. */
+/* Position p's dimension d of K, in either layout. */
+static size_t k_at(const tl_attn_rows *a, int p, int d) {
+    if (a->k_tr) return (size_t)a->blk[p / a->bs] * a->bs * a->kv_stride + (size_t)d * a->bs + (size_t)(p % a->bs);
+    return kv_row_at(a, p) + (size_t)d;
+}
+
 static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
     for (int p = ws; p <= we; p++) {
         const size_t row = kv_row_at(a, p);
         for (int d = 0; d < a->hd; d++) {
-            kt[d * SLOTS + (p - b0)] = tl_fp16_to_fp32(a->k[row + d]);
+            kt[d * SLOTS + (p - b0)] = tl_fp16_to_fp32(a->k[k_at(a, p, d)]);
             vf[(size_t)(p - b0) * a->hd + d] = tl_fp16_to_fp32(a->v[row + d]);
         }
     }
@@ -462,8 +468,19 @@ static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float
 __attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we,
                                                                    float *kt, float *vf) {
     const int hd = a->hd;
-    for (int sg = 0; sg < SLOTS && b0 + sg <= we; sg += 8) {
+    if (a->k_tr && a->bs == SLOTS) { /* one conversion per dimension: all the block's keys */
+        const uint16_t *kb = a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->kv_stride;
+        for (int d = 0; d < hd; d++)
+            for (int i = 0; i < SLOTS; i += 8)
+                _mm256_storeu_ps(kt + d * SLOTS + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kb + d * SLOTS + i))));
+    }
+    for (int sg = 0; sg < SLOTS && b0 + sg <= we && !(a->k_tr && a->bs == SLOTS); sg += 8) {
         if (b0 + sg + 7 < ws) continue;
+        if (a->k_tr) { /* a shorter block: slot by slot */
+            for (int i = 0; i < 8 && b0 + sg + i < b0 + a->bs; i++)
+                for (int d = 0; d < hd; d++) kt[d * SLOTS + sg + i] = tl_fp16_to_fp32(a->k[k_at(a, b0 + sg + i, d)]);
+            continue;
+        }
         const uint16_t *kr[8];
         for (int i = 0; i < 8; i++) {
             const int p = b0 + sg + i < b0 + a->bs ? b0 + sg + i : b0 + a->bs - 1;

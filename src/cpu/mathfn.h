@@ -63,6 +63,9 @@ typedef struct tl_attn_rows {
     float scale;
     const uint16_t *k, *v;   /* position p's row: (blk[p/bs]*bs + p%bs) * kv_stride */
     size_t kv_stride;
+    int k_tr;                /* K kept transposed per block: position p's element d at
+                              * blk[p/bs]*bs*kv_stride + d*bs + p%bs (k at the head's
+                              * first element, head h's at h*hd*bs) */
     const int32_t *blk;
     int pos0, n_swa;         /* n_swa 0: no window */
     float *out;              /* like q: out + i*out_tok + h*out_stride */

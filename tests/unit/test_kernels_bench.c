@@ -613,6 +613,25 @@ static void check_attn(const tl_kernels *k, rng *r) {
             k->math.attn_online(&a);
             CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention hd=%d G=%d T=%d pos0=%d swa=%d scale=%g: "
                   "not the reference's bits", k->name, hd, G, T, pos0, swa, (double)a.scale);
+            /* the same keys kept transposed per block (the fast path's cache layout) */
+            uint16_t *ktr = malloc((size_t)NB * BS * kvd * 2);
+            CHECK(ktr != NULL, "alloc");
+            if (ktr) {
+                for (int b = 0; b < NB; b++)
+                    for (int sl = 0; sl < BS; sl++)
+                        for (int i = 0; i < kvd; i++)
+                            ktr[((size_t)b * BS * kvd) + (size_t)i * BS + sl] = kc[((size_t)b * BS + sl) * kvd + i];
+                a.k = ktr + (size_t)hd * BS;
+                a.k_tr = 1;
+                for (int lvl = 0; lvl < 2; lvl++) {
+                    memset(o2, 0, (size_t)T * G * hd * 4);
+                    if (lvl) k->math.attn_online(&a);
+                    else tl_attn_online(&a, 0);
+                    CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention, K transposed (%s) hd=%d G=%d T=%d "
+                          "pos0=%d: not the row layout's bits", k->name, lvl ? "level" : "scalar", hd, G, T, pos0);
+                }
+                free(ktr);
+            }
         }
         free(kc), free(vc), free(q), free(o1), free(o2), free(scr);
     }
