@@ -6,6 +6,8 @@
 #include "forward.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -542,10 +544,31 @@ static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error 
 
 /* --------------------------------------------------------------- context */
 
+/* Zeroed buffers starting on a cache line: calloc's large blocks start 16
+ * bytes past a page, so every 512-bit access to activations, attention
+ * outputs and the KV cache crossed a line. calloc keeps their pages lazily
+ * zeroed; the raw pointer sits just before the aligned one for xfree. */
 static void *xcalloc(size_t n, size_t size, int *fail) {
-    void *p = calloc(n ? n : 1, size);
-    if (!p) *fail = 1;
+    if (!n) n = 1;
+    if (size && n > ((size_t)PTRDIFF_MAX - 128) / size) {
+        *fail = 1;
+        return NULL;
+    }
+    uint8_t *raw = calloc(n * size + 64 + sizeof(void *), 1);
+    if (!raw) {
+        *fail = 1;
+        return NULL;
+    }
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63);
+    memcpy(p - sizeof(void *), &raw, sizeof raw);
     return p;
+}
+
+static void xfree(void *p) {
+    if (!p) return;
+    void *raw;
+    memcpy(&raw, (uint8_t *)p - sizeof(void *), sizeof raw);
+    free(raw);
 }
 
 int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
@@ -641,7 +664,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
     c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
     c->fast_attn = want_fast_attn;
-    c->ascr_n = tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE);
+    /* whole cache lines per thread */
+    c->ascr_n = (tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE) + 15) & ~(size_t)15;
     if (c->fast_attn) {
         c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
         c->att_run = xcalloc((size_t)nb + 1, sizeof(int), &fail);
@@ -666,32 +690,32 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
-    free(c->wide);
+    xfree(c->wide);
     tl_pool_free(c->pool);
-    free(c->kc);
-    free(c->vc);
+    xfree(c->kc);
+    xfree(c->vc);
     tl_kv_free(c->kv);
-    free(c->tpos);
-    free(c->tseq);
-    free(c->lrow);
-    free(c->seq_cnt);
-    free(c->x);
-    free(c->xb);
-    free(c->q);
-    free(c->q16);
-    free(c->att);
-    free(c->k);
-    free(c->v);
-    free(c->hb);
-    free(c->hb2);
-    free(c->xa);
-    free(c->scores);
-    free(c->vacc);
-    free(c->ascr);
-    free(c->att_run);
-    free(c->rope_cs);
-    free(c->rope_cs_swa);
-    free(c->gelu);
+    xfree(c->tpos);
+    xfree(c->tseq);
+    xfree(c->lrow);
+    xfree(c->seq_cnt);
+    xfree(c->x);
+    xfree(c->xb);
+    xfree(c->q);
+    xfree(c->q16);
+    xfree(c->att);
+    xfree(c->k);
+    xfree(c->v);
+    xfree(c->hb);
+    xfree(c->hb2);
+    xfree(c->xa);
+    xfree(c->scores);
+    xfree(c->vacc);
+    xfree(c->ascr);
+    xfree(c->att_run);
+    xfree(c->rope_cs);
+    xfree(c->rope_cs_swa);
+    xfree(c->gelu);
     free(c->logits);
     free(c);
 }
