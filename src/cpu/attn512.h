@@ -10,12 +10,29 @@
 
 #include "cpu/mathfn.h"
 
-AI float attn512_max16(__m512 v) {
-    __m256 m = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
-    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4e));
-    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
-    return _mm256_cvtss_f32(m);
+/* The maxima of eight 8-lane rows, row r in lane r. */
+AI __m256 attn512_max8x8(const __m256 *h) {
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = _mm256_max_ps(_mm256_unpacklo_ps(h[2 * i], h[2 * i + 1]), _mm256_unpackhi_ps(h[2 * i], h[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        b[i] = _mm256_max_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xee));
+    return _mm256_max_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+
+/* The sums of eight 8-lane rows, row r in lane r, each by the tree
+ * ((0+4)+(2+6)) + ((1+5)+(3+7)) that hsum_f8 uses: the same pairs added in
+ * the same order, eight rows at a time. */
+AI __m256 attn512_sum8x8(const __m256 *h) {
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; i++) /* (row 2i lanes i+(i+4) | row 2i+1's) */
+        a[i] = _mm256_add_ps(_mm256_permute2f128_ps(h[2 * i], h[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(h[2 * i], h[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++) /* (0+4)+(2+6) and (1+5)+(3+7) of rows 4i, 4i+2 | 4i+1, 4i+3 */
+        b[i] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xee));
+    /* lanes (0, 2, 4, 6 | 1, 3, 5, 7) */
+    const __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], 0x88), _mm256_shuffle_ps(b[0], b[1], 0xdd));
+    return _mm256_permutevar8x32_ps(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /* exp of 16 lanes: tl_expf_fast's steps (mathfn.c's expf8) on 512 bits,
@@ -141,27 +158,45 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
     float sc[8 * 16];
     attn512_scores_call(hd, R, q, kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
-    float t[8][16], al[16], dm[16] = {0}, mn[8];
+    float t[8][16], al[8], mn[8], mo[8], lo[8];
     const float *p[8];
     __m512 s[8];
+    __m256 h[8];
     _Pragma("GCC unroll 8")
-    for (int r = 0; r < R; r++) {
-        s[r] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_loadu_ps(sc + 16 * r),
-                                  _mm512_set1_ps(a->scale));
-        const float mb = attn512_max16(s[r]);
-        mn[r] = mb > *m[r] ? mb : *m[r];
-        dm[r] = *m[r] == -INFINITY ? 0.0f : *m[r] - mn[r];
+    for (int r = 0; r < 8; r++) {
+        const int rr = r < R ? r : 0; /* rows past R repeat row 0; their results are dropped */
+        if (r < R) s[r] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_loadu_ps(sc + 16 * r),
+                                             _mm512_set1_ps(a->scale));
+        mo[r] = *m[rr];
+        lo[r] = *l[rr];
+        h[r] = _mm256_max_ps(_mm512_castps512_ps256(s[rr]), _mm512_extractf32x8_ps(s[rr], 1));
     }
-    _mm512_storeu_ps(al, attn512_exp(_mm512_loadu_ps(dm))); /* every row's alpha = exp(m - mn) at once */
+    /* the rows' block maxima as one vector (max is exact in any order), then
+     * mn = max(m, block max) and alpha = exp(m - mn) (0 for a first block) */
+    const __m256 mold = _mm256_loadu_ps(mo), mv = _mm256_max_ps(attn512_max8x8(h), mold);
+    const __mmask8 first = _mm256_cmp_ps_mask(mold, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    const __m256 dm = _mm256_mask_blend_ps(first, _mm256_sub_ps(mold, mv), _mm256_setzero_ps());
+    const __m256 alv = _mm256_mask_blend_ps(first, _mm512_castps512_ps256(attn512_exp(_mm512_castps256_ps512(dm))),
+                                            _mm256_setzero_ps());
+    _mm256_storeu_ps(al, alv);
+    _mm256_storeu_ps(mn, mv);
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) {
+        const int rr = r < R ? r : 0;
+        const __m512 pv = _mm512_maskz_mov_ps(live, attn512_exp(_mm512_maskz_sub_ps(live, s[rr], _mm512_set1_ps(mn[r]))));
+        if (r < R) {
+            _mm512_storeu_ps(t[r], pv);
+            p[r] = t[r] + st;
+        }
+        h[r] = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1)); /* slots j + j+8 */
+    }
+    /* l = l*alpha + each row's sum by the tree ((0+4)+(2+6)) + ((1+5)+(3+7)) */
+    float ln[8];
+    _mm256_storeu_ps(ln, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(lo), alv), attn512_sum8x8(h)));
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) {
-        if (*m[r] == -INFINITY) al[r] = 0.0f;
         *m[r] = mn[r];
-        const __m512 pv = _mm512_maskz_mov_ps(live, attn512_exp(_mm512_maskz_sub_ps(live, s[r], _mm512_set1_ps(mn[r]))));
-        _mm512_storeu_ps(t[r], pv);
-        const __m256 v = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1));
-        *l[r] = *l[r] * al[r] + hsum_f8(v); /* the tree ((0+4)+(2+6)) + ((1+5)+(3+7)) */
-        p[r] = t[r] + st;
+        *l[r] = ln[r];
     }
     const int n = en - st + 1;
     const float *vs = vf + (size_t)st * hd;
