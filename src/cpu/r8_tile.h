@@ -768,16 +768,17 @@ static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *
         const int tn = nt - t0 < 4 ? nt - t0 : 4;
         int g0 = 0;
 #if R8_ZMM
-        if (tn > 1)
-            for (; g0 + 2 <= ng; g0 += 2) {
-                const uint8_t *wg = w + g0 * gs, *at = a + (size_t)t0 * as;
-                float *yt = y + (size_t)t0 * ys + 8 * g0;
-                switch (tn) {
-                case 2: r8q6z_tile(2, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
-                case 3: r8q6z_tile(3, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
-                default: r8q6z_tile(4, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
-                }
+        /* decode too: the 256-bit tile read Q6_K at half Q4_0's rate */
+        for (; g0 + 2 <= ng; g0 += 2) {
+            const uint8_t *wg = w + g0 * gs, *at = a + (size_t)t0 * as;
+            float *yt = y + (size_t)t0 * ys + 8 * g0;
+            switch (tn) {
+            case 1: r8q6z_tile(1, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+            case 2: r8q6z_tile(2, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+            case 3: r8q6z_tile(3, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
+            default: r8q6z_tile(4, n, wg, gs, nr - 8 * g0, at, as, yt, ys); break;
             }
+        }
 #endif
         for (int g = g0; g < ng; g++) {
             const uint8_t *wg = w + g * gs, *at = a + (size_t)t0 * as;

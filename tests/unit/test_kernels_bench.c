@@ -472,7 +472,7 @@ static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
             check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 64, hshapes[sh][0], hshapes[sh][1], r);
             check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 200, hshapes[sh][0], hshapes[sh][1], r);
         }
-    static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}, {13, 3}, {24, 3}, {21, 6}, {32, 2}};
+    static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}, {13, 3}, {24, 3}, {21, 6}, {32, 2}, {24, 1}, {40, 1}};
     for (size_t sh = 0; sh < sizeof qshapes / sizeof *qshapes; sh++) {
         check_r8q6_case(k, ref, 256, qshapes[sh][0], qshapes[sh][1], r);
         check_r8q6_case(k, ref, 2048, qshapes[sh][0], qshapes[sh][1], r);
