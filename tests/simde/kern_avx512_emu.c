@@ -43,6 +43,13 @@ static inline simde__m512i emu_cvtepi8_epi32(__m128i v) {
 #undef _mm512_cvtepi8_epi32
 #define _mm512_cvtepi8_epi32(v) emu_cvtepi8_epi32(v)
 
+/* Shifts by a count the unrolled native build sees as a constant but this
+ * one (loops not unrolled) does not: SIMDe's immediate forms reject it under clang. */
+#undef _mm512_slli_epi16
+#define _mm512_slli_epi16(a, n) simde_mm512_sll_epi16(a, _mm_cvtsi32_si128(n))
+#undef _mm512_srli_epi16
+#define _mm512_srli_epi16(a, n) simde_mm512_srl_epi16(a, _mm_cvtsi32_si128(n))
+
 static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
     const __m256i z = _mm256_cmpeq_epi8(_mm256_and_si256(a, b), _mm256_setzero_si256());
     return ~(uint32_t)_mm256_movemask_epi8(z);
