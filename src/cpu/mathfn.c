@@ -152,12 +152,6 @@ __attribute__((target("avx2,fma,f16c"))) static void attn_pv_avx2(int n, int hd,
 /* ---- RMSNorm and f16 rows ---- */
 
 /* ggml's order: (float)(x*x) added in one double chain. */
-void tl_rmsnorm_exact(float *out, const float *x, const float *w, int n, float eps) {
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
 
 /* The fast order's sum of squares: ggml's float squares, added in 16 double
  * lanes (lane i % 16), then lanes i and i+8, i+4, i+2, i+1 added. Only the
@@ -175,6 +169,12 @@ static void rmsnorm_finish(float *out, const float *x, const float *w, int n, fl
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
+void tl_rmsnorm_exact(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    rmsnorm_finish(out, x, w, n, eps, sum);
+}
+
 void tl_rmsnorm_fast(float *out, const float *x, const float *w, int n, float eps) {
     double l[16] = {0};
     for (int i = 0; i < n; i++) l[i & 15] += (double)(x[i] * x[i]);
@@ -186,6 +186,17 @@ void tl_f16_row(const float *x, uint16_t *y, int64_t n) {
 }
 
 #ifdef TL_X86
+/* rmsnorm_finish, eight at a time (two multiplies each, as the scalar). */
+__attribute__((target("avx2"))) static void rmsnorm_finish_avx2(float *out, const float *x, const float *w, int n,
+                                                               float eps, double sum) {
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    const __m256 s8 = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s8), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
 __attribute__((target("avx2,fma"))) static void rmsnorm_fast_avx2(float *out, const float *x, const float *w,
                                                                    int n, float eps) {
     __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
@@ -198,24 +209,14 @@ __attribute__((target("avx2,fma"))) static void rmsnorm_fast_avx2(float *out, co
     double l[16];
     for (int q = 0; q < 4; q++) _mm256_storeu_pd(l + 4 * q, a[q]);
     for (; i < n; i++) l[i & 15] += (double)(x[i] * x[i]);
-    const float scale = 1.0f / sqrtf((float)(sumsq_tree(l) / n) + eps);
-    const __m256 s8 = _mm256_set1_ps(scale);
-    i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s8), _mm256_loadu_ps(w + i)));
-    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    rmsnorm_finish_avx2(out, x, w, n, eps, sumsq_tree(l));
 }
 
 __attribute__((target("avx2,f16c"))) static void rmsnorm_exact_avx2(float *out, const float *x, const float *w,
                                                                     int n, float eps) {
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-    const __m256 s8 = _mm256_set1_ps(scale);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s8), _mm256_loadu_ps(w + i)));
-    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    rmsnorm_finish_avx2(out, x, w, n, eps, sum);
 }
 
 /* vcvtps2ph rounds to nearest even as tl_fp32_to_fp16 does (NaN payloads aside). */
@@ -695,16 +696,6 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
     (void)avx2;
     tl_attn_drive(a, 4, widen_block_ref, rows_block_ref);
 }
-
-#ifdef TL_X86
-__attribute__((target("avx2,fma"))) float tl_attn_exp1(float x) { return _mm256_cvtss_f32(expf8(_mm256_set1_ps(x))); }
-
-__attribute__((target("avx2,fma"))) void tl_attn_exp16(const float *s, float mn, float *p) {
-    const __m256 mv = _mm256_set1_ps(mn);
-    _mm256_storeu_ps(p, expf8(_mm256_sub_ps(_mm256_loadu_ps(s), mv)));
-    _mm256_storeu_ps(p + 8, expf8(_mm256_sub_ps(_mm256_loadu_ps(s + 8), mv)));
-}
-#endif
 
 /* ---- bound to a level (tl_mathfn_bind) ---- */
 

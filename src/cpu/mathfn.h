@@ -89,10 +89,6 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 widening (for levels above AVX2 too). */
 void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
-/* exp(x), the bits of tl_expf_fast (AVX2, no libm call). */
-float tl_attn_exp1(float x);
-/* p[j] = exp(s[j] - mn) for 16 values, the bits of tl_expf_fast (AVX2). */
-void tl_attn_exp16(const float *s, float mn, float *p);
 #endif
 
 /* RMSNorm of one row: out[i] = (x[i] * scale) * w[i], scale = 1/sqrt(mean of
