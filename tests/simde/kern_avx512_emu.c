@@ -50,6 +50,21 @@ static inline simde__m512i emu_cvtepi8_epi32(__m128i v) {
 #undef _mm512_srli_epi16
 #define _mm512_srli_epi16(a, n) simde_mm512_srl_epi16(a, _mm_cvtsi32_si128(n))
 
+/* 32-bit lane add and subtract wrap on the hardware; SIMDe 0.7.4 spells them
+ * as signed int arithmetic, which UBSan (rightly) reports when the exp's
+ * exponent tricks wrap. Two native 256-bit halves wrap as the hardware does. */
+static inline simde__m512i emu_epi32_op(simde__m512i a, simde__m512i b, int sub) {
+    const __m256i al = simde_mm512_castsi512_si256(a), ah = simde_mm512_extracti64x4_epi64(a, 1);
+    const __m256i bl = simde_mm512_castsi512_si256(b), bh = simde_mm512_extracti64x4_epi64(b, 1);
+    const __m256i lo = sub ? _mm256_sub_epi32(al, bl) : _mm256_add_epi32(al, bl);
+    const __m256i hi = sub ? _mm256_sub_epi32(ah, bh) : _mm256_add_epi32(ah, bh);
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(lo), hi, 1);
+}
+#undef _mm512_add_epi32
+#define _mm512_add_epi32(a, b) emu_epi32_op(a, b, 0)
+#undef _mm512_sub_epi32
+#define _mm512_sub_epi32(a, b) emu_epi32_op(a, b, 1)
+
 static inline uint32_t emu_test_epi8_mask(__m256i a, __m256i b) {
     const __m256i z = _mm256_cmpeq_epi8(_mm256_and_si256(a, b), _mm256_setzero_si256());
     return ~(uint32_t)_mm256_movemask_epi8(z);
