@@ -131,7 +131,8 @@ int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out,
 void tl_ctx_free(tl_ctx *ctx);
 int tl_ctx_n_ctx(const tl_ctx *ctx);
 int tl_ctx_n_past(const tl_ctx *ctx);
-/* Forgets positions >= n_past (0 clears the sequence). */
+/* Forgets positions >= n_past (0 clears the sequence): tl_seq_truncate on
+ * the implicit sequence 0. */
 int tl_ctx_truncate(tl_ctx *ctx, int n_past, tl_error *err);
 
 /* Appends tokens at positions n_past.. and runs the model over them (in
@@ -182,16 +183,32 @@ int tl_seq_reuse_prefix(tl_ctx *ctx, int seq, const int32_t *tokens, size_t n, s
 int tl_seq_len(const tl_ctx *ctx, int seq);
 /* Closes the sequence; its full blocks stay in the prefix cache. */
 void tl_seq_close(tl_ctx *ctx, int seq);
+/* Forgets positions >= len of an open sequence (0: the implicit one), and
+ * whatever is pending. Blocks wholly past len are released (those in the
+ * prefix cache stay cached); a block len falls inside that the prefix cache or
+ * another sequence shares is first copied, so their bits never change.
+ * TL_ERR_CONTEXT_FULL when no block is free for that copy. */
+int tl_seq_truncate(tl_ctx *ctx, int seq, int len, tl_error *err);
+/* After a tl_ctx_decode with pending set: keeps the first n of the positions
+ * it wrote for seq (they join the sequence and, once a block fills, the
+ * prefix cache) and drops the rest. */
+int tl_seq_commit(tl_ctx *ctx, int seq, int n, tl_error *err);
+/* Positions written but not committed (-1: not open). */
+int tl_seq_pending(const tl_ctx *ctx, int seq);
 
 /* One forward call over tokens of any open sequences. Each token is appended
  * to its sequence, in batch order (a sequence's tokens in order). logits[i]
  * nonzero keeps token i's logits row (NULL: none). n <= n_batch, rows kept
- * <= n_logits_max, and every sequence stays within n_ctx and the blocks free. */
+ * <= n_logits_max, and every sequence stays within n_ctx and the blocks free.
+ * With pending set, the positions are written but not yet part of their
+ * sequences: tl_seq_commit keeps the accepted ones (speculative decoding),
+ * and the next call writes over the rest. */
 typedef struct tl_batch {
     int n;
     const int32_t *token;
     const int32_t *seq;
     const uint8_t *logits;
+    int pending;
 } tl_batch;
 int tl_ctx_decode(tl_ctx *ctx, const tl_batch *batch, tl_error *err);
 /* Row i of the logits the last tl_ctx_decode kept, in batch order; NULL if
@@ -320,6 +337,31 @@ int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_
 size_t tl_gen_flush(tl_gen *g, const char **text);
 /* Tokens pushed so far. */
 int tl_gen_count(const tl_gen *g);
+
+/* One sequence's token loop between forward calls, the same for tl_generate
+ * and the server: what the sequence feeds next, sampling from the rows that
+ * come back, the output rules above, the context limit (prompt + completion
+ * never exceed n_ctx), and committing to the KV cache only the positions
+ * that stay. params->on_token receives every emitted token. The sampler
+ * stays the caller's; tokens already in the sequence (the prompt) should be
+ * in its penalty history (tl_sampler_accept). */
+typedef struct tl_step tl_step;
+#define TL_STEP_MAX_FEED 17 /* tokens one step feeds at most */
+int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *params, tl_step **out,
+                tl_error *err);
+void tl_step_free(tl_step *st);
+/* The tokens to put in the next tl_ctx_decode (with pending set), each with
+ * a logits row, in this order. 0 before the first tl_step_take or once
+ * stopped. cap >= 1. */
+int tl_step_feed(tl_step *st, int32_t *tok, int cap);
+/* Takes the logits rows of the tokens fed (or, the first time, the one row of
+ * the prompt's last token). Samples, emits, commits what stays; returns why
+ * generation stopped (TL_STOP_NONE: go on), or a negative status. */
+int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *err);
+/* Once stopped: the text still held back (tl_gen_flush). */
+size_t tl_step_flush(tl_step *st, const char **text);
+int tl_step_count(const tl_step *st);   /* tokens emitted */
+int tl_step_stopped(const tl_step *st); /* the stop reason so far */
 
 /* Appends prompt tokens to the context, then samples and appends until a stop
  * condition. Text goes to the callback as it becomes final. */

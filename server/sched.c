@@ -1,7 +1,9 @@
 /* sched: the scheduler thread. It owns the tl_ctx (weights, paged KV, prefix
  * cache), admits queued requests into sequences, and runs every live sequence
- * in one tl_ctx_decode per step (decode tokens first, then chunked prefill),
- * turning each kept logits row into events on its request. */
+ * in one tl_ctx_decode per step (decode tokens first, then chunked prefill).
+ * A generating sequence's loop is a tl_step, the same as the CLI's: it says
+ * what the sequence feeds, samples from its rows and commits its KV; the
+ * scheduler turns what it emits into events on the request. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,15 +20,15 @@
 #define PIECE_CAP 256
 
 typedef struct slot {
+    srv_sched *owner;
     srv_req *r;
     int seq;
     tl_sampler *smp;
-    tl_gen *gen;
+    tl_step *step;      /* the token loop, once the prompt's last row came */
     int n_fed;          /* prompt tokens in the sequence (reused ones included) */
+    int n_take;         /* prompt tokens in the current step's batch */
     int prompt_lp;      /* echo with logprobs: a row for every prompt token */
     int need_blocks;    /* blocks the sequence may hold at its longest */
-    int32_t pending;    /* sampled token still to be fed (-1: none) */
-    int n_gen;
     double t_last;      /* when the last token was sampled (inter-token latency) */
     uint64_t order;     /* admission order: prefill goes oldest first */
 } slot;
@@ -100,11 +102,11 @@ static void push_error(srv_req *r, const char *msg) {
 
 static void slot_clear(srv_sched *s, slot *sl) {
     if (sl->seq > 0) tl_seq_close(s->ctx, sl->seq);
+    tl_step_free(sl->step);
     tl_sampler_free(sl->smp);
-    tl_gen_free(sl->gen);
     srv_req *r = sl->r;
     memset(sl, 0, sizeof *sl);
-    sl->pending = -1;
+    sl->owner = s;
     if (r) {
         srv_req_release(r);
         pthread_mutex_lock(&s->mu);
@@ -125,13 +127,14 @@ static void slot_done(srv_sched *s, slot *sl, int reason) {
     ev.kind = SRV_EV_DONE;
     const char *tail = "";
     size_t n = 0;
-    if (sl->gen && reason != TL_STOP_STRING) n = tl_gen_flush(sl->gen, &tail);
+    if (sl->step && reason != TL_STOP_STRING) n = tl_step_flush(sl->step, &tail);
     ev.text = dup_text(tail, n);
     ev.text_len = ev.text ? n : 0;
     ev.finish_reason = (reason == TL_STOP_EOG || reason == TL_STOP_STRING) ? "stop" : "length";
     r->prompt_tokens = r->n_prompt;
-    r->completion_tokens = sl->n_gen;
-    srv_metrics_tokens(s->mx, r->n_prompt, sl->n_gen, r->cached_tokens);
+    int n_gen = sl->step ? tl_step_count(sl->step) : 0;
+    r->completion_tokens = n_gen;
+    srv_metrics_tokens(s->mx, r->n_prompt, n_gen, r->cached_tokens);
     push_event(r, &ev);
     slot_clear(s, sl);
 }
@@ -148,16 +151,41 @@ static int blocks_reserved(srv_sched *s) {
     return n;
 }
 
+/* A token the slot's step emitted: an event on the request. */
+static int slot_token(const tl_gen_event *ge, void *user) {
+    slot *sl = user;
+    srv_sched *s = sl->owner;
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_TOKEN;
+    ev.token = ge->token;
+    ev.chosen = ge->chosen;
+    ev.n_top = ge->n_top < SRV_MAX_TOP ? ge->n_top : SRV_MAX_TOP;
+    if (ev.n_top > 0) memcpy(ev.top, ge->top, (size_t)ev.n_top * sizeof *ev.top);
+    double t = now_s();
+    if (tl_step_count(sl->step) == 1) srv_metrics_ttft(s->mx, t - sl->r->t_arrival);
+    else srv_metrics_itl(s->mx, t - sl->t_last);
+    sl->t_last = t;
+    ev.text = dup_text(ge->text ? ge->text : "", ge->text ? ge->text_len : 0);
+    ev.text_len = ev.text && ge->text ? ge->text_len : 0;
+    push_event(sl->r, &ev);
+    return 0;
+}
+
 static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     int rc = tl_sampler_new(&r->sp, s->n_vocab, &sl->smp, err);
     if (rc) return rc;
+    /* the prompt is in the penalty history, as with the CLI and llama.cpp */
+    for (int i = 0; i < r->n_prompt; i++) tl_sampler_accept(sl->smp, r->prompt[i]);
     tl_gen_params gp;
     memset(&gp, 0, sizeof gp);
     gp.n_predict = r->max_tokens;
     gp.stop = (const char *const *)r->stop;
     gp.n_stop = r->n_stop;
-    gp.n_top = r->top_logprobs;
-    return tl_gen_new(s->m, &gp, &sl->gen, err);
+    gp.n_top = r->logprobs ? r->top_logprobs : 0;
+    gp.on_token = slot_token;
+    gp.user = sl;
+    return tl_step_new(s->ctx, sl->seq, sl->smp, &gp, &sl->step, err);
 }
 
 static void emit_first_prompt_token(srv_sched *s, srv_req *r) {
@@ -198,9 +226,9 @@ static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
         return 1;
     }
     memset(sl, 0, sizeof *sl);
+    sl->owner = s;
     sl->r = r;
     sl->seq = seq;
-    sl->pending = -1;
     sl->n_fed = reused;
     sl->prompt_lp = prompt_lp;
     sl->need_blocks = need;
@@ -311,10 +339,14 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
     int n = 0, n_rows = 0;
     /* Only a -c smaller than -np makes the call too small for every decode
      * token; the rest then wait a step. */
+    int32_t feed[TL_STEP_MAX_FEED];
     for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
         slot *sl = &s->slots[i];
-        if (sl->r && sl->pending >= 0)
-            batch_add(s, &n, sl->pending, sl->seq, 1, &n_rows, i, -1);
+        sl->n_take = 0;
+        if (!sl->r || !sl->step) continue; /* feeds nothing while prefilling */
+        int room = s->n_batch - n < s->max_rows - n_rows ? s->n_batch - n : s->max_rows - n_rows;
+        int k = tl_step_feed(sl->step, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
+        for (int t = 0; t < k; t++) batch_add(s, &n, feed[t], sl->seq, 1, &n_rows, i, -1);
     }
     int budget = s->chunk < s->n_batch - n ? s->chunk : s->n_batch - n;
     int *idx = s->order_idx;
@@ -330,6 +362,7 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
         } else if (sl->n_fed + take == r->n_prompt && n_rows >= s->max_rows) {
             take--; /* the last token needs a row: leave it for the next step */
         }
+        sl->n_take = take;
         for (int t = 0; t < take; t++) {
             int pos = sl->n_fed + t;
             int keep = sl->prompt_lp || pos == r->n_prompt - 1;
@@ -359,42 +392,12 @@ static void emit_prompt_row(srv_sched *s, slot *sl, const float *lg, int pos) {
     push_event(r, &ev);
 }
 
-/* Samples the next token from a row; finishes the request if it stops. */
-static void sample_row(srv_sched *s, slot *sl, const float *lg) {
-    srv_req *r = sl->r;
-    if (r->max_tokens == 0) {
-        slot_done(s, sl, TL_STOP_LENGTH);
-        return;
-    }
-    srv_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = SRV_EV_TOKEN;
-    int n_top = r->logprobs ? r->top_logprobs : 0;
-    int32_t tok = tl_sampler_sample(sl->smp, lg, &ev.chosen, r->logprobs ? ev.top : NULL, n_top);
-    if (tok < 0 || tok >= s->n_vocab) {
-        slot_fail(s, sl, "sampling failed");
-        return;
-    }
-    tl_sampler_accept(sl->smp, tok);
-    ev.n_top = n_top < s->n_vocab ? n_top : s->n_vocab;
-    ev.token = tok;
-    sl->n_gen++;
-    double t = now_s();
-    if (sl->n_gen == 1) srv_metrics_ttft(s->mx, t - r->t_arrival);
-    else srv_metrics_itl(s->mx, t - sl->t_last);
-    sl->t_last = t;
-    tl_gen_event ge;
-    memset(&ge, 0, sizeof ge);
-    int stop = tl_gen_push(sl->gen, tok, &ev.chosen, ev.top, ev.n_top, &ge);
-    ev.text = dup_text(ge.text ? ge.text : "", ge.text ? ge.text_len : 0);
-    ev.text_len = ev.text && ge.text ? ge.text_len : 0;
-    push_event(r, &ev);
-    /* Prompt + completion never exceed -c (as with an explicit max_tokens,
-     * which submit bounds the same way): the sampled token would take the
-     * last position. */
-    if (stop == TL_STOP_NONE && tl_seq_len(s->ctx, sl->seq) + 1 >= s->n_ctx) stop = TL_STOP_CONTEXT;
-    if (stop != TL_STOP_NONE) slot_done(s, sl, stop);
-    else sl->pending = tok;
+/* Gives a generating slot its rows; finishes the request if it stops. */
+static void step_rows(srv_sched *s, slot *sl, const float *const *rows, int n) {
+    tl_error err = {0};
+    int stop = tl_step_take(sl->step, rows, n, &err);
+    if (stop < 0) slot_fail(s, sl, err.msg[0] ? err.msg : "sampling failed");
+    else if (stop != TL_STOP_NONE) slot_done(s, sl, stop);
 }
 
 static void fail_batch(srv_sched *s, int n, const char *msg) {
@@ -411,34 +414,43 @@ static void fail_batch(srv_sched *s, int n, const char *msg) {
 }
 
 static void run_batch(srv_sched *s, int n, int n_rows) {
-    tl_batch b = {n, s->b_tok, s->b_seq, s->b_lg};
+    tl_batch b = {.n = n, .token = s->b_tok, .seq = s->b_seq, .logits = s->b_lg, .pending = 1};
     tl_error err = {0};
     if (tl_ctx_decode(s->ctx, &b, &err) != 0) {
         fail_batch(s, n, err.msg[0] ? err.msg : "decode failed");
         return;
     }
-    /* Advance first, so sample_row sees the sequence's true length. */
-    for (int t = 0; t < n; t++) {
-        for (int i = 0; i < s->np; i++) {
-            slot *sl = &s->slots[i];
-            if (sl->r && sl->seq == s->b_seq[t]) {
-                if (sl->pending >= 0) sl->pending = -1;
-                else sl->n_fed++;
-                break;
-            }
+    /* Prompt tokens stay whole; a generating slot's step commits its own. */
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->r || !sl->n_take) continue;
+        if (tl_seq_commit(s->ctx, sl->seq, sl->n_take, &err) != 0) {
+            slot_fail(s, sl, err.msg);
+            continue;
         }
+        sl->n_fed += sl->n_take;
     }
-    for (int k = 0; k < n_rows; k++) {
-        slot *sl = &s->slots[s->rows[k].slot];
-        if (!sl->r) continue; /* finished by an earlier row */
-        const float *lg = tl_ctx_batch_logits(s->ctx, k);
-        if (!lg) {
+    const float *rows[TL_STEP_MAX_FEED];
+    for (int k = 0; k < n_rows;) {
+        const int si = s->rows[k].slot, pos = s->rows[k].pos;
+        slot *sl = &s->slots[si];
+        int run = 1; /* a step's rows come together */
+        while (pos < 0 && k + run < n_rows && s->rows[k + run].slot == si && run < TL_STEP_MAX_FEED) run++;
+        if (!sl->r) { /* finished by an earlier row */
+            k += run;
+            continue;
+        }
+        for (int j = 0; j < run; j++) rows[j] = tl_ctx_batch_logits(s->ctx, k + j);
+        k += run;
+        if (!rows[0] || !rows[run - 1]) {
             slot_fail(s, sl, "missing logits row");
             continue;
         }
-        int pos = s->rows[k].pos;
-        if (pos >= 0 && pos < sl->r->n_prompt - 1) emit_prompt_row(s, sl, lg, pos);
-        else sample_row(s, sl, lg);
+        if (pos >= 0 && pos < sl->r->n_prompt - 1) {
+            emit_prompt_row(s, sl, rows[0], pos);
+            continue;
+        }
+        step_rows(s, sl, rows, run); /* the prompt's last row starts the loop */
     }
 }
 
@@ -520,7 +532,7 @@ static int sched_alloc(srv_sched *s, tl_error *err) {
         err->status = TL_ERR_NOMEM;
         return TL_ERR_NOMEM;
     }
-    for (int i = 0; i < s->np; i++) s->slots[i].pending = -1;
+    for (int i = 0; i < s->np; i++) s->slots[i].owner = s;
     return 0;
 }
 

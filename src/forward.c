@@ -57,6 +57,8 @@ struct tl_ctx {
     size_t logits_cap;  /* floats */
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
     int blogits_n;      /* rows held by the last tl_ctx_decode */
+    int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
+    uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
 };
 
@@ -643,6 +645,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->tseq = xcalloc((size_t)nb, sizeof(int), &fail);
     c->lrow = xcalloc((size_t)nb, sizeof(int), &fail);
     c->seq_cnt = xcalloc((size_t)c->n_seq, sizeof(int), &fail);
+    c->bseq0 = xcalloc((size_t)nb, sizeof(int32_t), &fail);
+    c->blg = xcalloc((size_t)nb, 1, &fail);
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
@@ -699,6 +703,8 @@ void tl_ctx_free(tl_ctx *c) {
     xfree(c->tseq);
     xfree(c->lrow);
     xfree(c->seq_cnt);
+    xfree(c->bseq0);
+    xfree(c->blg);
     xfree(c->x);
     xfree(c->xb);
     xfree(c->q);
@@ -739,13 +745,41 @@ int tl_numerics_parse(const char *name) {
 }
 const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
 
-int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) {
-    int have = tl_ctx_n_past(c);
-    if (n_past < 0 || n_past > have)
-        return tl_fail(err, TL_ERR_ARG, "cannot truncate to %d (have %d)", n_past, have);
-    tl_kv_seq_truncate(c->kv, 0, n_past);
+int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) { return tl_seq_truncate(c, 0, n_past, err); }
+
+int tl_seq_truncate(tl_ctx *c, int seq, int len, tl_error *err) {
+    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
+    if (!sq) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
+    if (len < 0 || len > sq->len)
+        return tl_fail(err, TL_ERR_ARG, "cannot truncate sequence %d to %d (it holds %d)", seq, len, sq->len);
+    int32_t from, to;
+    if (tl_kv_seq_truncate(c->kv, seq, len, &from, &to))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block to copy a shared one into");
+    if (from >= 0) { /* the kept part of a shared block: every layer's K and V */
+        const size_t bb = (size_t)TL_KV_BLOCK * c->kv_rb;
+        for (int il = 0; il < c->m->hp.n_layer; il++) {
+            uint8_t *k = c->kc + (size_t)il * c->layer_stride, *v = c->vc + (size_t)il * c->layer_stride;
+            memcpy(k + (size_t)to * bb, k + (size_t)from * bb, bb);
+            memcpy(v + (size_t)to * bb, v + (size_t)from * bb, bb);
+        }
+    }
     c->logits_n = c->blogits_n = 0;
     return TL_OK;
+}
+
+int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
+    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
+    if (!sq) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
+    if (n < 0 || n > sq->pend)
+        return tl_fail(err, TL_ERR_ARG, "cannot commit %d positions of sequence %d (%d pending)", n, seq,
+                       sq->pend);
+    tl_kv_seq_commit(c->kv, seq, sq->len + n);
+    return TL_OK;
+}
+
+int tl_seq_pending(const tl_ctx *c, int seq) {
+    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
+    return sq ? sq->pend : -1;
 }
 
 static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
@@ -758,6 +792,10 @@ static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
     return TL_OK;
 }
 
+/* Runs a batch whose rows go to out (at most max_rows), then commits each
+ * sequence's new positions or leaves them pending. */
+static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);
+
 int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
     int nv = c->m->hp.n_vocab, past = tl_ctx_n_past(c);
     c->logits_n = c->blogits_n = 0;
@@ -767,24 +805,19 @@ int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_e
                        n, c->n_ctx);
     int st = check_tokens(c, tokens, (int)n, err);
     if (st || (st = logits_room(c, all_logits ? n : 1, err))) return st;
+    /* every block up front: a full pool fails before anything is written */
     if (tl_kv_seq_grow(c->kv, 0, past + (int)n))
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
-    tl_kv_seq *sq = tl_kv_seq_get(c->kv, 0);
     for (size_t done = 0; done < n;) {
         int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
         int last = done + (size_t)nb == n;
-        int first = all_logits ? 0 : (last ? nb - 1 : nb);
-        for (int t = 0; t < nb; t++) {
-            c->tpos[t] = sq->len + t;
-            c->tseq[t] = 0;
-            sq->tok[sq->len + t] = tokens[done + (size_t)t];
-        }
-        for (int t = first; t < nb; t++) c->lrow[t - first] = t;
+        for (int t = 0; t < nb; t++) c->blg[t] = (uint8_t)(all_logits || (last && t == nb - 1));
+        tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
         float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
-        forward(c, tokens + done, nb, c->lrow, nb - first, out);
-        tl_kv_seq_commit(c->kv, 0, sq->len + nb);
+        if ((st = decode_into(c, &b, nb, out, err))) return st;
         done += (size_t)nb;
     }
+    c->blogits_n = 0; /* the rows are tl_ctx_logits', not tl_ctx_batch_logits' */
     c->logits_first = all_logits ? 0 : (int)n - 1;
     c->logits_n = all_logits ? (int)n : 1;
     return TL_OK;
@@ -826,8 +859,9 @@ void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     out->block_bytes = 2 * (size_t)c->m->hp.n_layer * TL_KV_BLOCK * c->kv_rb;
 }
 
-/* Checks a batch and gives each token its position; blocks are allocated. */
-static int batch_prepare(tl_ctx *c, const tl_batch *b, tl_error *err) {
+/* Checks a batch and gives each token its position (from its sequence's
+ * committed length: what was pending is written over); blocks are allocated. */
+static int batch_prepare(tl_ctx *c, const tl_batch *b, int max_rows, tl_error *err) {
     if (!b || b->n <= 0 || b->n > c->n_batch || !b->token || !b->seq)
         return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (1..%d)", b ? b->n : 0, c->n_batch);
     int st = check_tokens(c, b->token, b->n, err);
@@ -841,8 +875,8 @@ static int batch_prepare(tl_ctx *c, const tl_batch *b, tl_error *err) {
         c->seq_cnt[id]++;
         nl += b->logits && b->logits[t];
     }
-    if (nl > c->n_logits_max)
-        return tl_fail(err, TL_ERR_ARG, "batch keeps %d logits rows (max %d)", nl, c->n_logits_max);
+    if (nl > max_rows)
+        return tl_fail(err, TL_ERR_ARG, "batch keeps %d logits rows (max %d)", nl, max_rows);
     nl = 0;
     for (int t = 0; t < b->n; t++)
         if (b->logits && b->logits[t]) c->lrow[nl++] = t;
@@ -866,18 +900,26 @@ static int batch_prepare(tl_ctx *c, const tl_batch *b, tl_error *err) {
     return TL_OK;
 }
 
-int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
-    c->logits_n = c->blogits_n = 0;
-    int st = logits_room(c, (size_t)c->n_logits_max, err);
-    if (st || (st = batch_prepare(c, b, err))) {
+static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
+    int st = batch_prepare(c, b, max_rows, err);
+    if (st) {
         c->blogits_n = 0;
         return st;
     }
-    forward(c, b->token, b->n, c->lrow, c->blogits_n, c->logits);
-    for (int id = 0; id < c->n_seq; id++)
-        if (c->seq_cnt[id])
-            tl_kv_seq_commit(c->kv, id, tl_kv_seq_peek(c->kv, id)->len + c->seq_cnt[id]);
+    forward(c, b->token, b->n, c->lrow, c->blogits_n, out);
+    for (int id = 0; id < c->n_seq; id++) {
+        if (!c->seq_cnt[id]) continue;
+        tl_kv_seq *sq = tl_kv_seq_get(c->kv, id);
+        if (b->pending) sq->pend = c->seq_cnt[id];
+        else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
+    }
     return TL_OK;
+}
+
+int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
+    c->logits_n = c->blogits_n = 0;
+    int st = logits_room(c, (size_t)c->n_logits_max, err);
+    return st ? st : decode_into(c, b, c->n_logits_max, c->logits, err);
 }
 
 const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {

@@ -62,7 +62,8 @@ int tl_kv_new(int n_blocks, int n_seq, int n_ctx, tl_kv **out) {
     for (int i = 0; !fail && i < n_seq; i++) {
         kv->seq[i].blk = malloc((size_t)kv->max_blk * sizeof(int32_t));
         kv->seq[i].tok = malloc((size_t)n_ctx * sizeof(int32_t));
-        fail = !kv->seq[i].blk || !kv->seq[i].tok;
+        kv->seq[i].chains = malloc((size_t)kv->max_blk * sizeof(uint64_t));
+        fail = !kv->seq[i].blk || !kv->seq[i].tok || !kv->seq[i].chains;
     }
     if (fail) {
         tl_kv_free(kv);
@@ -84,6 +85,7 @@ void tl_kv_free(tl_kv *kv) {
     for (int i = 0; kv->seq && i < kv->n_seq; i++) {
         free(kv->seq[i].blk);
         free(kv->seq[i].tok);
+        free(kv->seq[i].chains);
     }
     free(kv->seq);
     free(kv->b);
@@ -179,21 +181,39 @@ int tl_kv_seq_open(tl_kv *kv, int cache) {
             tl_kv_seq *s = &kv->seq[id];
             s->open = 1;
             s->cache = cache;
-            s->len = s->n_blk = s->n_reg = 0;
+            s->len = s->n_blk = s->n_reg = s->pend = 0;
             s->chain = 0;
             return id;
         }
     return -1;
 }
 
-void tl_kv_seq_truncate(tl_kv *kv, int id, int len) {
+int tl_kv_seq_truncate(tl_kv *kv, int id, int len, int32_t *copy_from, int32_t *copy_to) {
+    *copy_from = *copy_to = -1;
     tl_kv_seq *s = tl_kv_seq_get(kv, id);
-    /* only a sequence that never shares blocks may rewind: the kept partial
-     * block is then its own and can be written again */
-    if (!s || s->cache || len < 0 || len > s->len) return;
+    if (!s || len < 0 || len > s->len) return -1;
     int keep = (len + B - 1) / B;
+    if (len % B) {
+        /* The block that will be written again from len on must be ours
+         * alone: a registered block's bits answer for its key, a shared one
+         * for its other holders. Both keep their bits; we take a copy. */
+        int32_t i = s->blk[keep - 1];
+        if (kv->b[i].ref > 1 || kv->b[i].serial) {
+            int32_t fresh = block_alloc(kv);
+            if (fresh < 0) return -1;
+            s->blk[keep - 1] = fresh;
+            *copy_from = i;
+            *copy_to = fresh;
+            block_release(kv, i);
+        }
+    }
+    /* tail first, as in close */
     while (s->n_blk > keep) block_release(kv, s->blk[--s->n_blk]);
     s->len = len;
+    s->pend = 0;
+    if (s->n_reg > len / B) s->n_reg = len / B;
+    s->chain = s->n_reg ? s->chains[s->n_reg - 1] : 0;
+    return 0;
 }
 
 void tl_kv_seq_close(tl_kv *kv, int id) {
@@ -201,7 +221,7 @@ void tl_kv_seq_close(tl_kv *kv, int id) {
     if (!s) return;
     /* tail first: a prefix's last blocks are evicted before its shared head */
     while (s->n_blk > 0) block_release(kv, s->blk[--s->n_blk]);
-    s->len = s->n_reg = 0;
+    s->len = s->n_reg = s->pend = 0;
     s->chain = 0;
     if (id != 0) s->open = 0;
 }
@@ -221,7 +241,8 @@ void tl_kv_seq_commit(tl_kv *kv, int id, int len) {
     tl_kv_seq *s = tl_kv_seq_get(kv, id);
     if (!s || len < s->len) return;
     s->len = len;
-    for (; s->cache && s->n_reg < len / B; s->n_reg++) {
+    s->pend = 0;
+    for (; s->cache && s->n_reg < len / B; s->chains[s->n_reg++] = s->chain) {
         const int32_t *tok = s->tok + (size_t)s->n_reg * B;
         int32_t have = lookup(kv, s->chain, tok);
         if (have >= 0) { /* someone computed the same prefix: its bits are ours */
@@ -258,6 +279,7 @@ int tl_kv_seq_reuse(tl_kv *kv, int id, const int32_t *tok, size_t n, size_t max_
         if (kv->b[i].ref++ == 0) lru_unlink(kv, i);
         s->blk[s->n_blk++] = i;
         chain = kv->b[i].serial;
+        s->chains[got] = chain;
     }
     memcpy(s->tok, tok, (size_t)got * B * sizeof *tok);
     s->len = got * B;

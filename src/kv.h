@@ -18,7 +18,9 @@ typedef struct tl_kv_seq {
     int len;          /* positions written */
     int n_blk;        /* blocks in blk[] (may run ahead of len) */
     int n_reg;        /* full blocks already offered to the prefix cache */
+    int pend;         /* positions written past len, not yet committed */
     uint64_t chain;   /* serial of the prefix through block n_reg - 1 (0: none) */
+    uint64_t *chains; /* [max_blocks] chain after each registered block (truncation) */
     int32_t *blk;     /* [max_blocks] */
     int32_t *tok;     /* [n_ctx] the tokens at each position */
 } tl_kv_seq;
@@ -33,13 +35,17 @@ const tl_kv_seq *tl_kv_seq_peek(const tl_kv *kv, int id);
 int tl_kv_seq_open(tl_kv *kv, int cache);
 /* Releases every block (full ones stay cached) and closes (id 0 stays open). */
 void tl_kv_seq_close(tl_kv *kv, int id);
-/* Drops positions >= len of a sequence that does not cache (blocks wholly
- * past it are released). */
-void tl_kv_seq_truncate(tl_kv *kv, int id, int len);
+/* Drops positions >= len (and anything pending). Blocks wholly past len are
+ * released (registered ones stay cached). When len falls inside a block that
+ * is shared or registered, that block is replaced by a private one: *copy_from
+ * and *copy_to name the blocks whose K/V the caller must copy (else both -1).
+ * -1 when len is out of range or no block is free for the copy. */
+int tl_kv_seq_truncate(tl_kv *kv, int id, int len, int32_t *copy_from, int32_t *copy_to);
 /* Makes blocks cover positions < len; -1 when the pool is exhausted. */
 int tl_kv_seq_grow(tl_kv *kv, int id, int len);
 /* After positions [seq->len, len) were written (their tokens already in
- * seq->tok): advances len and offers newly full blocks to the prefix cache. */
+ * seq->tok): advances len and offers newly full blocks to the prefix cache.
+ * Whatever was pending past len is dropped. */
 void tl_kv_seq_commit(tl_kv *kv, int id, int len);
 /* Maps cached blocks matching tok[0..n) (at most max_reuse positions) into
  * an empty sequence; returns positions reused. */

@@ -15,9 +15,10 @@ export TL_VOCAB_DIR
 run_one() { # name, command...
     local name=$1; shift
     echo "== $name"
-    local out rc
+    local out rc t0=$SECONDS
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -n 40
+    echo "   ($name: $((SECONDS - t0)) s)"
     local line p f
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
     if [ -z "$line" ]; then

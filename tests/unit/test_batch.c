@@ -65,7 +65,7 @@ static void interleaved(tl_model *m, int32_t *const *ids, const int *n, float *c
                 nb++;
             }
         }
-        tl_batch b = {nb, tok, sid, want};
+        tl_batch b = {nb, tok, sid, want, 0};
         if (tl_ctx_decode(c, &b, &err)) {
             CHECK(0, "%s: decode: %s", what, err.msg);
             break;
@@ -99,7 +99,7 @@ static void prefix_reuse(tl_model *m, const int32_t *ids, int n, const float *re
     CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
     CHECK(tl_seq_reuse_prefix(c, a, ids, (size_t)n, (size_t)n - 1) == 0, "empty cache gave a hit");
     for (int i = 0; i < n; i++) sid[i] = a;
-    tl_batch bt = {n, ids, sid, want};
+    tl_batch bt = {n, ids, sid, want, 0};
     CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
     tl_seq_close(c, a);
     tl_kv_stats st;
@@ -112,7 +112,7 @@ static void prefix_reuse(tl_model *m, const int32_t *ids, int n, const float *re
         CHECK(got == expect && tl_seq_len(c, b) == got, "reused %d, expected %d", got, expect);
         int rest = cut - got;
         for (int i = 0; i < rest; i++) sid[i] = b, want[i] = 1;
-        tl_batch b2 = {rest, ids + got, sid, want};
+        tl_batch b2 = {rest, ids + got, sid, want, 0};
         CHECK(tl_ctx_decode(c, &b2, &err) == 0, "%s", err.msg);
         int bad = 0;
         for (int i = 0; i < rest; i++)
@@ -150,7 +150,7 @@ static void errors(tl_model *m, const int32_t *text, int n_text) {
     int32_t sid[64];
     uint8_t want[64];
     for (int i = 0; i < 64; i++) sid[i] = a, want[i] = 1;
-    tl_batch bt = {3, ids, sid, want};
+    tl_batch bt = {3, ids, sid, want, 0};
     CHECK(tl_ctx_decode(c, &bt, &err) == TL_ERR_ARG, "3 logits rows with a limit of 2");
     bt.logits = NULL;
     sid[1] = 7;
@@ -213,7 +213,7 @@ static void gemma(void) {
         for (int done = 0; done < n;) {
             int nb = n - done < 512 ? n - done : 512;
             want[nb - 1] = done + nb == n;
-            tl_batch bt = {nb, ids + done, sid, want};
+            tl_batch bt = {nb, ids + done, sid, want, 0};
             CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
             want[nb - 1] = 0;
             done += nb;
@@ -225,7 +225,7 @@ static void gemma(void) {
         CHECK(got == (n - 1) / TL_KV_BLOCK * TL_KV_BLOCK, "gemma reused %d", got);
         for (int i = 0; i < n - got; i++) sid[i] = b;
         want[n - got - 1] = 1;
-        tl_batch bt = {n - got, ids + got, sid, want};
+        tl_batch bt = {n - got, ids + got, sid, want, 0};
         CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
         CHECK(!memcmp(cold, tl_ctx_batch_logits(c, 0), (size_t)nv * sizeof *cold),
               "gemma: logits after a cached prefix past the window differ from cold");

@@ -2,7 +2,8 @@
  * shared blocks, least-recently-used eviction released tail first, prefixes
  * registered under their parents, two sequences computing the same prefix,
  * the n - 1 cap of a lookup, running out of blocks, the statistics, and the
- * implicit sequence 0 that rewinds. */
+ * implicit sequence 0 that rewinds, and caching sequences that rewind
+ * (copy on write of a registered or shared block). */
 #include <stdio.h>
 #include <string.h>
 
@@ -98,12 +99,55 @@ int main(void) {
           (unsigned long long)st.hit_tokens);
 
     /* the implicit sequence 0 never caches and can rewind */
+    int32_t from, to;
     CHECK(feed(kv, 0, t, 2 * B + 3) == 0, "sequence 0");
-    tl_kv_seq_truncate(kv, 0, B + 1);
+    CHECK(tl_kv_seq_truncate(kv, 0, B + 1, &from, &to) == 0 && from < 0 && to < 0, "rewind, no copy");
     CHECK(tl_kv_seq_peek(kv, 0)->len == B + 1 && tl_kv_seq_peek(kv, 0)->n_blk == 2, "rewound");
+    CHECK(tl_kv_seq_truncate(kv, 0, B + 2, &from, &to) == -1, "cannot truncate forward");
     tl_kv_seq_close(kv, 0);
     st = stats(kv);
     CHECK(st.n_used == 0 && st.n_free == 10 && tl_kv_seq_peek(kv, 0) != NULL, "sequence 0 cleared, still open");
+
+    /* a caching sequence rewinds too: the registered block it cuts into is
+     * copied (it keeps answering for its tokens), the chain goes back, and
+     * committing other tokens registers them under the right parent */
+    a = tl_kv_seq_open(kv, 1);
+    CHECK(feed(kv, a, t, 3 * B) == 0, "a: 3 full blocks");
+    int32_t blk1 = tl_kv_seq_peek(kv, a)->blk[1];
+    CHECK(tl_kv_seq_truncate(kv, a, B + 4, &from, &to) == 0 && from == blk1 && to >= 0 && to != blk1,
+          "cut into a registered block: copy %d -> %d", from, to);
+    const tl_kv_seq *sa = tl_kv_seq_peek(kv, a);
+    CHECK(sa->len == B + 4 && sa->n_blk == 2 && sa->n_reg == 1 && sa->blk[1] == to, "rewound to B + 4");
+    st = stats(kv);
+    CHECK(st.n_used == 2 && st.n_free == 8, "a holds 2 blocks (used %d)", st.n_used);
+    int32_t alt[2 * B];
+    memcpy(alt, t + B, 4 * sizeof *t);
+    for (int i = 4; i < 2 * B; i++) alt[i] = 7000 + i;
+    tl_kv_seq *sw = tl_kv_seq_get(kv, a);
+    CHECK(tl_kv_seq_grow(kv, a, 3 * B) == 0, "grow again");
+    memcpy(sw->tok + B + 4, alt + 4, (size_t)(2 * B - 4) * sizeof *t);
+    tl_kv_seq_commit(kv, a, 3 * B);
+    b = tl_kv_seq_open(kv, 1);
+    CHECK(tl_kv_seq_reuse(kv, b, t, 3 * B, 3 * B) == 3 * B, "the original 3 blocks still cached");
+    tl_kv_seq_close(kv, b);
+    int32_t both[3 * B];
+    memcpy(both, t, B * sizeof *t);
+    memcpy(both + B, alt, 2 * B * sizeof *t);
+    b = tl_kv_seq_open(kv, 1);
+    CHECK(tl_kv_seq_reuse(kv, b, both, 3 * B, 3 * B) == 3 * B, "the rewritten tail registered under block 0");
+    /* b shares all of a's blocks now: cutting b copies, a keeps its bits */
+    int32_t shared = tl_kv_seq_peek(kv, b)->blk[2];
+    CHECK(tl_kv_seq_truncate(kv, b, 2 * B + 1, &from, &to) == 0 && from == shared && to != shared,
+          "cut into a shared block: copy");
+    CHECK(tl_kv_seq_peek(kv, a)->blk[2] == shared, "a keeps its block");
+    /* pending positions: committed ones stay, the rest are dropped */
+    tl_kv_seq *sb = tl_kv_seq_get(kv, b);
+    sb->pend = 3;
+    CHECK(tl_kv_seq_truncate(kv, b, 2 * B + 1, &from, &to) == 0 && sb->pend == 0 && from < 0, "pending dropped");
+    tl_kv_seq_close(kv, a);
+    tl_kv_seq_close(kv, b);
+    st = stats(kv);
+    CHECK(st.n_used == 0 && st.n_free == 10, "no block leaked (used %d free %d)", st.n_used, st.n_free);
     tl_kv_free(kv);
     return tl_test_summary();
 }

@@ -9,7 +9,6 @@
 #include "tokenloop.h"
 #include "util.h"
 
-#define MAX_TOP 20
 /* Longest token piece passed on whole; longer ones are truncated (none of the
  * supported vocabularies comes near). +16 leaves room for held UTF-8 bytes. */
 #define PIECE_CAP 1024
@@ -162,58 +161,50 @@ size_t tl_gen_flush(tl_gen *g, const char **text) {
     return g->len;
 }
 
-/* ---- the whole loop, for the CLI and the tests ---------------------------------- */
-
-/* Feeds the callback one pushed token; returns the loop's stop reason. */
-static int deliver(const tl_gen_params *gp, int why, const tl_gen_event *ev) {
-    int cb = gp->on_token ? gp->on_token(ev, gp->user) : 0;
-    if (why == TL_STOP_EOG || why == TL_STOP_STRING) return why;
-    return cb ? TL_STOP_CALLBACK : why; /* a callback stop outranks the length cap */
-}
+/* ---- the whole loop on sequence 0, for the CLI and the tests -------------------- */
 
 int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_prompt,
                 const tl_gen_params *gp, tl_gen_stats *stats, tl_error *err) {
     tl_gen_stats st = {0};
     double t0 = tl_now();
     if (n_prompt == 0) return tl_fail(err, TL_ERR_ARG, "empty prompt");
-    tl_gen *g;
-    int rc = tl_gen_new(tl_ctx_model(ctx), gp, &g, err);
+    tl_step *sp;
+    int rc = tl_step_new(ctx, 0, smp, gp, &sp, err);
     if (rc) return rc;
     if ((rc = tl_ctx_eval(ctx, prompt, n_prompt, 0, err))) {
-        tl_gen_free(g);
+        tl_step_free(sp);
         return rc;
     }
     st.n_prompt = (int)n_prompt;
     st.prefill_s = tl_now() - t0;
     for (size_t i = 0; i < n_prompt; i++) tl_sampler_accept(smp, prompt[i]);
 
-    tl_token_prob top[MAX_TOP];
-    int n_top = gp->n_top < 0 ? 0 : (gp->n_top > MAX_TOP ? MAX_TOP : gp->n_top);
-    double t_first = 0;
-    int stop = TL_STOP_NONE;
-    while (!stop) {
-        tl_token_prob chosen;
-        int32_t tok = tl_sampler_sample(smp, tl_ctx_logits(ctx, -1), &chosen, n_top ? top : NULL, n_top);
-        if (st.n_gen++ == 0) {
-            t_first = tl_now();
-            st.ttft_s = t_first - t0;
-        }
-        tl_sampler_accept(smp, tok);
-        tl_gen_event ev;
-        int why = tl_gen_push(g, tok, &chosen, top, n_top, &ev);
-        stop = deliver(gp, why, &ev);
-        if (!stop && tl_ctx_n_past(ctx) >= tl_ctx_n_ctx(ctx)) stop = TL_STOP_CONTEXT;
-        if (!stop && (rc = tl_ctx_eval(ctx, &tok, 1, 0, err))) break;
+    const float *rows[TL_STEP_MAX_FEED];
+    int32_t tok[TL_STEP_MAX_FEED], seq[TL_STEP_MAX_FEED] = {0};
+    uint8_t keep[TL_STEP_MAX_FEED];
+    memset(keep, 1, sizeof keep);
+    rows[0] = tl_ctx_logits(ctx, -1);
+    int stop = tl_step_take(sp, rows, 1, err);
+    double t_first = tl_now();
+    st.ttft_s = t_first - t0;
+    while (stop == TL_STOP_NONE) {
+        int n = tl_step_feed(sp, tok, TL_STEP_MAX_FEED);
+        tl_batch b = {.n = n, .token = tok, .seq = seq, .logits = keep, .pending = 1};
+        if ((rc = tl_ctx_decode(ctx, &b, err))) break;
+        for (int i = 0; i < n; i++) rows[i] = tl_ctx_batch_logits(ctx, i);
+        stop = tl_step_take(sp, rows, n, err);
     }
+    if (stop < 0) rc = stop;
     const char *rest = NULL;
-    size_t n_rest = rc ? 0 : tl_gen_flush(g, &rest); /* what was held back is final now */
+    size_t n_rest = rc ? 0 : tl_step_flush(sp, &rest); /* what was held back is final now */
     if (n_rest) {
         tl_gen_event ev = {.token = -1, .text = rest, .text_len = n_rest};
         if (gp->on_token) gp->on_token(&ev, gp->user);
     }
-    tl_gen_free(g);
+    st.n_gen = tl_step_count(sp);
+    tl_step_free(sp);
     st.decode_s = st.n_gen ? tl_now() - t_first : 0;
-    st.stop = stop;
+    st.stop = stop > 0 ? stop : TL_STOP_NONE;
     if (stats) *stats = st;
     return rc;
 }

@@ -1,0 +1,118 @@
+/* step: one sequence's token loop, the one both tl_generate and the server
+ * run. It owns what happens between two forward calls: which tokens the
+ * sequence feeds next (its last sampled token, later drafts), sampling from
+ * the rows that come back, recording tokens for the penalties, the output
+ * rules (tl_gen: text, stop strings, end tokens, the length cap), the context
+ * limit, and committing to the KV cache only the positions that stay.
+ *
+ * The rules, stated once: a sampled token is emitted, then generation stops
+ * if it ends it (end token, stop string, n_predict, the callback) or if the
+ * prompt and the completion fill the context (the token just sampled would
+ * take the last position). A stopped sequence's last token is never fed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward.h"
+#include "tokenloop.h"
+#include "util.h"
+
+#define MAX_TOP 20
+
+struct tl_step {
+    tl_ctx *ctx;
+    int seq, n_ctx, n_vocab;
+    tl_sampler *smp; /* the caller's */
+    tl_gen *gen;
+    tl_gen_callback on_token;
+    void *user;
+    int n_predict, n_top;
+    int32_t feed[TL_STEP_MAX_FEED]; /* what the last tl_step_feed handed out */
+    int n_feed;
+    int32_t last;    /* the last sampled token (-1 before the first) */
+    int stop;
+    tl_token_prob top[MAX_TOP];
+};
+
+int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, tl_step **out,
+                tl_error *err) {
+    *out = NULL;
+    if (!ctx || !smp || !gp) return tl_fail(err, TL_ERR_ARG, "tl_step_new: missing context, sampler or params");
+    if (tl_seq_len(ctx, seq) < 0) return tl_fail(err, TL_ERR_ARG, "tl_step_new: sequence %d is not open", seq);
+    tl_step *st = calloc(1, sizeof *st);
+    if (!st) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    int rc = tl_gen_new(tl_ctx_model(ctx), gp, &st->gen, err);
+    if (rc) {
+        free(st);
+        return rc;
+    }
+    st->ctx = ctx;
+    st->seq = seq;
+    st->n_ctx = tl_ctx_n_ctx(ctx);
+    st->n_vocab = tl_model_n_vocab(tl_ctx_model(ctx));
+    st->smp = smp;
+    st->on_token = gp->on_token;
+    st->user = gp->user;
+    st->n_predict = gp->n_predict;
+    st->n_top = gp->n_top < 0 ? 0 : (gp->n_top > MAX_TOP ? MAX_TOP : gp->n_top);
+    if (st->n_top > st->n_vocab) st->n_top = st->n_vocab;
+    st->last = -1;
+    *out = st;
+    return TL_OK;
+}
+
+void tl_step_free(tl_step *st) {
+    if (!st) return;
+    tl_gen_free(st->gen);
+    free(st);
+}
+
+int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
+int tl_step_stopped(const tl_step *st) { return st->stop; }
+
+int tl_step_feed(tl_step *st, int32_t *tok, int cap) {
+    st->n_feed = 0;
+    if (st->stop || st->last < 0 || cap < 1) return 0;
+    st->feed[st->n_feed++] = st->last;
+    memcpy(tok, st->feed, (size_t)st->n_feed * sizeof *tok);
+    return st->n_feed;
+}
+
+/* Emits one sampled token; returns why generation stops after it. */
+static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top) {
+    tl_gen_event ev;
+    int why = tl_gen_push(st->gen, tok, chosen, n_top ? st->top : NULL, n_top, &ev);
+    int cb = st->on_token ? st->on_token(&ev, st->user) : 0;
+    if (why == TL_STOP_EOG || why == TL_STOP_STRING) return why;
+    return cb ? TL_STOP_CALLBACK : why; /* a callback stop outranks the length cap */
+}
+
+int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *err) {
+    if (st->stop) return st->stop;
+    const int fed = st->n_feed;
+    if (fed ? n_rows != fed : n_rows != 1)
+        return tl_fail(err, TL_ERR_ARG, "tl_step_take: %d rows for %d fed tokens", n_rows, fed);
+    st->n_feed = 0;
+    if (st->n_predict == 0) return st->stop = TL_STOP_LENGTH;
+    const int len0 = tl_seq_len(st->ctx, st->seq);
+    int keep = 0, stop = TL_STOP_NONE;
+    for (int j = 0; j < n_rows; j++) {
+        if (!rows[j]) return tl_fail(err, TL_ERR_ARG, "tl_step_take: logits row %d missing", j);
+        tl_token_prob chosen;
+        int32_t tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
+        if (tok < 0 || tok >= st->n_vocab) return tl_fail(err, TL_ERR_ARG, "sampling failed");
+        tl_sampler_accept(st->smp, tok);
+        if (fed) keep = j + 1; /* row j came after fed tokens 0..j, all of them right */
+        st->last = tok;
+        stop = emit(st, tok, &chosen, st->n_top);
+        if (!stop && len0 + keep + 1 >= st->n_ctx)
+            stop = TL_STOP_CONTEXT;
+        if (stop || j + 1 >= n_rows || st->feed[j + 1] != tok) break;
+    }
+    if (fed) {
+        int rc = tl_seq_commit(st->ctx, st->seq, keep, err);
+        if (rc) return rc;
+    }
+    return st->stop = stop;
+}
+
+size_t tl_step_flush(tl_step *st, const char **text) { return tl_gen_flush(st->gen, text); }
