@@ -26,6 +26,14 @@ int cli_numerics(const char *opt, const char *v, int *out);
     "      --numerics MODE     fast (default) or exact: bitwise llama.cpp's CPU kernels\n" \
     "                          (docs/NUMERICS.md); $TL_NUMERICS sets the default\n"
 
+/* --spec off|auto|ngram -> TL_SPEC_*; prints the error and returns -1 otherwise. */
+int cli_spec(const char *opt, const char *v, int *out);
+#define CLI_SPEC_HELP \
+    "      --spec MODE         speculative decoding: auto (default: guesses from the text\n" \
+    "                          so far, verified in the same forward call, used only while\n" \
+    "                          the measured cost says they pay), ngram (always when a\n" \
+    "                          match exists), off. The output is the same in every mode.\n"
+
 /* The default model: $TOKENLOOP_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
  * relative to the current directory or to the binary's directory. */
 const char *cli_default_model(char *buf, size_t cap);

@@ -14,7 +14,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *system;
     const char *stop[MAX_STOPS];
     int n_stop;
-    int n_predict, n_ctx, n_threads, n_batch, numerics;
+    int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
     int chat, show_probs, print_ids, ignore_eos;
     tl_sampler_params sp;
 } run_opts;
@@ -32,6 +32,7 @@ static const char RUN_HELP[] =
     "  -t, --threads N         threads (default: all CPUs)\n"
     "  -b, --batch-size N      max tokens per forward call (default 512)\n"
     CLI_NUMERICS_HELP
+    CLI_SPEC_HELP
     "      --temp T            temperature (default 0.8; 0 = greedy argmax)\n"
     "      --top-k K           top-k (default 40; 0 = off)\n"
     "      --top-p P           top-p (default 0.95; 1 = off)\n"
@@ -55,6 +56,7 @@ static const char RUN_HELP[] =
 static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     memset(o, 0, sizeof *o);
     o->n_predict = -1;
+    o->spec = TL_SPEC_AUTO;
     o->sp = tl_sampler_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -80,6 +82,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->n_batch)) return -1;
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if (!strcmp(a, "--spec")) {
+            VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--temp")) {
             VAL(); if (cli_float(a, v, &o->sp.temp)) return -1;
         } else if (!strcmp(a, "--top-k")) {
@@ -239,11 +243,11 @@ static void print_stats(const tl_gen_stats *st, const tl_ctx *ctx) {
                                     "context full", "callback"};
     fprintf(stderr,
             "\n[prompt %d tokens, prefill %.1f ms (%.1f tok/s), first token %.1f ms | "
-            "generated %d tokens, %.1f tok/s | stop: %s | %s, %s numerics]\n",
+            "generated %d tokens, %.1f tok/s | speculative: %d drafted, %d accepted | stop: %s | %s, %s numerics]\n",
             st->n_prompt, st->prefill_s * 1e3, st->prefill_s > 0 ? st->n_prompt / st->prefill_s : 0,
             st->ttft_s * 1e3, st->n_gen,
-            st->decode_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0,
-            reasons[st->stop], tl_ctx_backend(ctx), tl_ctx_numerics(ctx));
+            st->decode_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0, st->n_drafted,
+            st->n_accepted, reasons[st->stop], tl_ctx_backend(ctx), tl_ctx_numerics(ctx));
     if (st->stop == TL_STOP_CONTEXT)
         fprintf(stderr, "tokenloop: warning: the context is full (%d tokens); raise -c to go on\n",
                 tl_ctx_n_ctx(ctx));
@@ -287,7 +291,7 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
     tl_error err = {0};
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
                         .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
-                        .on_token = on_token, .user = os};
+                        .on_token = on_token, .user = os, .spec = o->spec};
     int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
     if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
     if (os->oom) {

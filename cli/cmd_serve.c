@@ -34,6 +34,7 @@ static const char SERVE_HELP[] =
     "      --max-queue N       requests waiting beyond -np before 503 + Retry-After (default 64)\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
     CLI_NUMERICS_HELP
+    CLI_SPEC_HELP
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
     "\n"
@@ -73,6 +74,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if (!strcmp(a, "--spec")) {
+            VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--prefill-chunk")) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->prefill_chunk)) return -1;
         } else if (!strcmp(a, "--drain-timeout")) {
@@ -186,7 +189,7 @@ static int serve(srv_opts *o, sigs *sg) {
 
 int cmd_serve(int argc, char **argv) {
     char buf[4096];
-    srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .max_queue = 64,
+    srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
                   .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30,
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);

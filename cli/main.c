@@ -81,6 +81,16 @@ int cli_numerics(const char *opt, const char *v, int *out) {
     return 0;
 }
 
+int cli_spec(const char *opt, const char *v, int *out) {
+    const int m = tl_spec_parse(v);
+    if (m < 0) {
+        cli_error("%s: '%s' is not a speculation mode (auto, ngram, off)", opt, v);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
 int cli_u64(const char *opt, const char *v, uint64_t *out) {
     char *end;
     errno = 0;

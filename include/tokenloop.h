@@ -195,6 +195,9 @@ int tl_seq_truncate(tl_ctx *ctx, int seq, int len, tl_error *err);
 int tl_seq_commit(tl_ctx *ctx, int seq, int n, tl_error *err);
 /* Positions written but not committed (-1: not open). */
 int tl_seq_pending(const tl_ctx *ctx, int seq);
+/* The tokens at the sequence's committed positions (*n of them); valid until
+ * the next call that changes the sequence. NULL if not open. */
+const int32_t *tl_seq_tokens(const tl_ctx *ctx, int seq, int *n);
 
 /* One forward call over tokens of any open sequences. Each token is appended
  * to its sequence, in batch order (a sequence's tokens in order). logits[i]
@@ -214,6 +217,10 @@ int tl_ctx_decode(tl_ctx *ctx, const tl_batch *batch, tl_error *err);
 /* Row i of the logits the last tl_ctx_decode kept, in batch order; NULL if
  * out of range. */
 const float *tl_ctx_batch_logits(const tl_ctx *ctx, int i);
+/* Seconds a tl_ctx_decode of n tokens takes on this context, from the calls
+ * measured so far (an average where n was seen, a line through the sizes
+ * seen otherwise); 0 before any call. Speculation weighs its drafts by it. */
+double tl_ctx_decode_cost(const tl_ctx *ctx, int n);
 
 typedef struct tl_kv_stats {
     int block_size;      /* TL_KV_BLOCK */
@@ -300,6 +307,17 @@ typedef struct tl_gen_event {
 /* Return nonzero to stop. */
 typedef int (*tl_gen_callback)(const tl_gen_event *ev, void *user);
 
+/* Speculative decoding: guessed tokens verified in the same forward call,
+ * kept only when the token sampled at their position equals them, so the
+ * output never depends on it (docs/DESIGN.md). */
+typedef enum tl_spec_mode {
+    TL_SPEC_OFF = 0,
+    TL_SPEC_AUTO = 1,  /* guess only while the measured cost says it pays */
+    TL_SPEC_NGRAM = 2, /* prompt lookup whenever it finds a match */
+} tl_spec_mode;
+/* "off", "auto", "ngram"; -1 for anything else. */
+int tl_spec_parse(const char *name);
+
 typedef struct tl_gen_params {
     int n_predict;             /* max new tokens; < 0: until the context is full */
     const char *const *stop;   /* stop strings */
@@ -308,6 +326,8 @@ typedef struct tl_gen_params {
     int ignore_eog;            /* keep going past end-of-generation tokens (benchmarks) */
     tl_gen_callback on_token;
     void *user;
+    int spec;                  /* tl_spec_mode (0: off) */
+    int spec_max;              /* most guesses per step; 0: TL_STEP_MAX_FEED - 1 */
 } tl_gen_params;
 
 typedef struct tl_gen_stats {
@@ -316,6 +336,8 @@ typedef struct tl_gen_stats {
     double prefill_s;    /* time to evaluate the prompt */
     double ttft_s;       /* from call to first token sampled */
     double decode_s;     /* time after the first token */
+    int n_drafted;       /* speculative guesses verified */
+    int n_accepted;      /* of those, kept */
     tl_stop_reason stop;
 } tl_gen_stats;
 
@@ -351,9 +373,11 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *para
                 tl_error *err);
 void tl_step_free(tl_step *st);
 /* The tokens to put in the next tl_ctx_decode (with pending set), each with
- * a logits row, in this order. 0 before the first tl_step_take or once
- * stopped. cap >= 1. */
-int tl_step_feed(tl_step *st, int32_t *tok, int cap);
+ * a logits row, in this order: the last sampled token, then any guesses.
+ * n_other: rows the other sequences put in the same call (0 alone), which
+ * speculation weighs. 0 before the first tl_step_take or once stopped.
+ * cap >= 1. */
+int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap);
 /* Takes the logits rows of the tokens fed (or, the first time, the one row of
  * the prompt's last token). Samples, emits, commits what stays; returns why
  * generation stopped (TL_STOP_NONE: go on), or a negative status. */
@@ -362,6 +386,8 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
 size_t tl_step_flush(tl_step *st, const char **text);
 int tl_step_count(const tl_step *st);   /* tokens emitted */
 int tl_step_stopped(const tl_step *st); /* the stop reason so far */
+/* Speculative guesses verified and kept so far. */
+void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted);
 
 /* Appends prompt tokens to the context, then samples and appends until a stop
  * condition. Text goes to the callback as it becomes final. */

@@ -43,7 +43,7 @@ struct srv_sched {
     const tl_model *m;
     srv_metrics *mx;
     tl_ctx *ctx;
-    int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows;
+    int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
 
     pthread_t th;
     int th_started;
@@ -185,6 +185,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.n_top = r->logprobs ? r->top_logprobs : 0;
     gp.on_token = slot_token;
     gp.user = sl;
+    gp.spec = s->spec;
     return tl_step_new(s->ctx, sl->seq, sl->smp, &gp, &sl->step, err);
 }
 
@@ -340,12 +341,14 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
     /* Only a -c smaller than -np makes the call too small for every decode
      * token; the rest then wait a step. */
     int32_t feed[TL_STEP_MAX_FEED];
+    int n_gen = 0; /* generating sequences: each feeds at least a row */
+    for (int i = 0; i < s->np; i++) n_gen += s->slots[i].r && s->slots[i].n_fed >= s->slots[i].r->n_prompt;
     for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
         slot *sl = &s->slots[i];
         sl->n_take = 0;
         if (!sl->r || !sl->step) continue; /* feeds nothing while prefilling */
         int room = s->n_batch - n < s->max_rows - n_rows ? s->n_batch - n : s->max_rows - n_rows;
-        int k = tl_step_feed(sl->step, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
+        int k = tl_step_feed(sl->step, n_gen - 1, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
         for (int t = 0; t < k; t++) batch_add(s, &n, feed[t], sl->seq, 1, &n_rows, i, -1);
     }
     int budget = s->chunk < s->n_batch - n ? s->chunk : s->n_batch - n;
@@ -597,6 +600,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     s->m = m;
     s->mx = mx;
     s->np = o->n_parallel;
+    s->spec = o->spec;
     s->max_rows = s->np > SCHED_MAX_ROWS ? s->np : SCHED_MAX_ROWS;
     /* kv_bytes 0 lets the engine size the pool for np full sequences: enough
      * for every admitted request, and whatever they leave unused caches. */

@@ -27,6 +27,7 @@ typedef struct srv_opts {
     int max_queue;         /* --max-queue: waiting requests before 503 (64) */
     int n_threads;         /* -t (0 = all cores) */
     int numerics;          /* --numerics (tl_numerics; 0 = $TL_NUMERICS, else fast) */
+    int spec;              /* --spec (tl_spec_mode) */
     int n_batch;           /* tokens per forward call (512) */
     int prefill_chunk;     /* --prefill-chunk: prompt tokens per step (256) */
     int drain_timeout_s;   /* --drain-timeout (30) */

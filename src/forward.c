@@ -19,6 +19,11 @@
 #include "packed.h"
 #include "util.h"
 
+/* Call sizes tl_ctx_decode times (speculation's cost model) and the weight
+ * of a new measurement. */
+#define COST_N 64
+#define COST_ALPHA 0.2
+
 struct tl_ctx {
     const tl_model *m;
     tl_kernels kern;
@@ -58,6 +63,8 @@ struct tl_ctx {
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
     int blogits_n;      /* rows held by the last tl_ctx_decode */
     int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
+    double cost[COST_N + 1]; /* tl_ctx_decode's seconds per call of n tokens (EMA) */
+    int cost_seen[COST_N + 1];
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
 };
@@ -777,6 +784,12 @@ int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
     return TL_OK;
 }
 
+const int32_t *tl_seq_tokens(const tl_ctx *c, int seq, int *n) {
+    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
+    *n = sq ? sq->len : 0;
+    return sq ? sq->tok : NULL;
+}
+
 int tl_seq_pending(const tl_ctx *c, int seq) {
     const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
     return sq ? sq->pend : -1;
@@ -919,7 +932,34 @@ static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, t
 int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
     c->logits_n = c->blogits_n = 0;
     int st = logits_room(c, (size_t)c->n_logits_max, err);
-    return st ? st : decode_into(c, b, c->n_logits_max, c->logits, err);
+    if (st) return st;
+    double t0 = tl_now();
+    if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
+    if (b->n <= COST_N) {
+        double t = tl_now() - t0;
+        c->cost[b->n] = c->cost_seen[b->n]++ ? c->cost[b->n] + COST_ALPHA * (t - c->cost[b->n]) : t;
+    }
+    return TL_OK;
+}
+
+double tl_ctx_decode_cost(const tl_ctx *c, int n) {
+    if (n < 1 || n > COST_N) return 0;
+    if (c->cost_seen[n]) return c->cost[n];
+    /* least squares through the sizes seen; with one size, a row costs a
+     * quarter of that call (a guess on the dear side) */
+    double sn = 0, st = 0, snn = 0, snt = 0;
+    int k = 0, n1 = 0;
+    for (int i = 1; i <= COST_N; i++)
+        if (c->cost_seen[i]) {
+            sn += i, st += c->cost[i], snn += (double)i * i, snt += i * c->cost[i];
+            k++, n1 = i;
+        }
+    if (k == 0) return 0;
+    if (k == 1) return c->cost[n1] * (1.0 + 0.25 * (n - n1));
+    double slope = (k * snt - sn * st) / (k * snn - sn * sn), icpt = (st - slope * sn) / k;
+    if (slope < 0) slope = 0;
+    double t = icpt + slope * n;
+    return t > 0 ? t : st / k;
 }
 
 const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {

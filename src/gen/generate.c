@@ -161,6 +161,14 @@ size_t tl_gen_flush(tl_gen *g, const char **text) {
     return g->len;
 }
 
+int tl_spec_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "off")) return TL_SPEC_OFF;
+    if (!strcmp(name, "auto")) return TL_SPEC_AUTO;
+    if (!strcmp(name, "ngram")) return TL_SPEC_NGRAM;
+    return -1;
+}
+
 /* ---- the whole loop on sequence 0, for the CLI and the tests -------------------- */
 
 int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_prompt,
@@ -188,7 +196,7 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
     double t_first = tl_now();
     st.ttft_s = t_first - t0;
     while (stop == TL_STOP_NONE) {
-        int n = tl_step_feed(sp, tok, TL_STEP_MAX_FEED);
+        int n = tl_step_feed(sp, 0, tok, TL_STEP_MAX_FEED);
         tl_batch b = {.n = n, .token = tok, .seq = seq, .logits = keep, .pending = 1};
         if ((rc = tl_ctx_decode(ctx, &b, err))) break;
         for (int i = 0; i < n; i++) rows[i] = tl_ctx_batch_logits(ctx, i);
@@ -202,6 +210,7 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
         if (gp->on_token) gp->on_token(&ev, gp->user);
     }
     st.n_gen = tl_step_count(sp);
+    tl_step_spec_stats(sp, &st.n_drafted, &st.n_accepted);
     tl_step_free(sp);
     st.decode_s = st.n_gen ? tl_now() - t_first : 0;
     st.stop = stop > 0 ? stop : TL_STOP_NONE;

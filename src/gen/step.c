@@ -5,6 +5,14 @@
  * rules (tl_gen: text, stop strings, end tokens, the length cap), the context
  * limit, and committing to the KV cache only the positions that stay.
  *
+ * Speculation (spec.c) adds guesses after the last sampled token. The rows
+ * come back in order; the token sampled from row j is emitted, and row j + 1
+ * is used only if that token equals guess j + 1: the rows after a wrong guess
+ * saw a context that is not the sequence's, and their positions are not
+ * committed. Each row is sampled exactly as without guesses (same rows, by
+ * batch invariance; same sampler state, one draw per token), so the tokens
+ * and their probabilities are those of plain decoding, at any temperature.
+ *
  * The rules, stated once: a sampled token is emitted, then generation stops
  * if it ends it (end token, stop string, n_predict, the callback) or if the
  * prompt and the completion fill the context (the token just sampled would
@@ -13,6 +21,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "spec.h"
 #include "tokenloop.h"
 #include "util.h"
 
@@ -30,6 +39,8 @@ struct tl_step {
     int n_feed;
     int32_t last;    /* the last sampled token (-1 before the first) */
     int stop;
+    tl_spec_policy spec;
+    int drafted, accepted;
     tl_token_prob top[MAX_TOP];
 };
 
@@ -56,6 +67,7 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     st->n_top = gp->n_top < 0 ? 0 : (gp->n_top > MAX_TOP ? MAX_TOP : gp->n_top);
     if (st->n_top > st->n_vocab) st->n_top = st->n_vocab;
     st->last = -1;
+    tl_spec_policy_init(&st->spec, gp->spec, gp->spec_max);
     *out = st;
     return TL_OK;
 }
@@ -69,10 +81,36 @@ void tl_step_free(tl_step *st) {
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
 int tl_step_stopped(const tl_step *st) { return st->stop; }
 
-int tl_step_feed(tl_step *st, int32_t *tok, int cap) {
+void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
+    *drafted = st->drafted;
+    *accepted = st->accepted;
+}
+
+/* Guesses worth verifying after the last sampled token, into feed[1..]. */
+static int draft(tl_step *st, int n_other, int cap) {
+    if (st->spec.mode == TL_SPEC_OFF) return 0;
+    tl_hist h;
+    h.tok = tl_seq_tokens(st->ctx, st->seq, &h.n_tok);
+    h.last = st->last;
+    /* guesses that could never be emitted are not worth a row: the context
+     * limit stops at len + 1 + k >= n_ctx, the length cap after n_predict */
+    int max = st->n_ctx - h.n_tok - 2;
+    if (st->n_predict >= 0 && st->n_predict - tl_gen_count(st->gen) - 1 < max)
+        max = st->n_predict - tl_gen_count(st->gen) - 1;
+    if (cap - 1 < max) max = cap - 1;
+    if (TL_STEP_MAX_FEED - 1 < max) max = TL_STEP_MAX_FEED - 1;
+    if (!h.tok || max <= 0) return 0;
+    int match;
+    int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
+    return tl_spec_choose(&st->spec, st->ctx, n, n_other);
+}
+
+int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     st->n_feed = 0;
     if (st->stop || st->last < 0 || cap < 1) return 0;
-    st->feed[st->n_feed++] = st->last;
+    st->feed[0] = st->last;
+    st->n_feed = 1 + draft(st, n_other, cap);
+    st->drafted += st->n_feed - 1;
     memcpy(tok, st->feed, (size_t)st->n_feed * sizeof *tok);
     return st->n_feed;
 }
@@ -94,7 +132,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     st->n_feed = 0;
     if (st->n_predict == 0) return st->stop = TL_STOP_LENGTH;
     const int len0 = tl_seq_len(st->ctx, st->seq);
-    int keep = 0, stop = TL_STOP_NONE;
+    int keep = 0, stop = TL_STOP_NONE, rejected = 0;
     for (int j = 0; j < n_rows; j++) {
         if (!rows[j]) return tl_fail(err, TL_ERR_ARG, "tl_step_take: logits row %d missing", j);
         tl_token_prob chosen;
@@ -106,7 +144,15 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
         stop = emit(st, tok, &chosen, st->n_top);
         if (!stop && len0 + keep + 1 >= st->n_ctx)
             stop = TL_STOP_CONTEXT;
-        if (stop || j + 1 >= n_rows || st->feed[j + 1] != tok) break;
+        if (stop || j + 1 >= n_rows) break;
+        if (st->feed[j + 1] != tok) {
+            rejected = 1;
+            break;
+        }
+    }
+    if (fed > 1) {
+        st->accepted += keep - 1;
+        tl_spec_update(&st->spec, keep - 1, rejected);
     }
     if (fed) {
         int rc = tl_seq_commit(st->ctx, st->seq, keep, err);

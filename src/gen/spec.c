@@ -1,0 +1,87 @@
+/* spec: the prompt-lookup drafter and the policy (see spec.h). */
+#include "spec.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NGRAM_MAX 4
+/* Chance a guess is kept, before any was checked. */
+#define ACC_PRIOR 0.5
+/* Weight of one checked guess in the acceptance estimate. */
+#define ACC_ALPHA 0.1
+/* A draft must promise this much more than a plain step: the cost estimates
+ * are noisy, and losing is worse than missing a small gain. */
+#define GAIN_MIN 1.03
+/* While the policy declines guesses that exist, it still checks one every
+ * PROBE_EVERY steps, so a sequence that starts copying is noticed. */
+#define PROBE_EVERY 16
+
+static inline int32_t hist_at(const tl_hist *h, int i) { return i < h->n_tok ? h->tok[i] : h->last; }
+
+int tl_spec_ngram(const tl_hist *h, int max, int32_t *out, int *match) {
+    const int n = h->n_tok + 1;
+    *match = 0;
+    if (max <= 0 || n < 2) return 0;
+    for (int g = n - 1 < NGRAM_MAX ? n - 1 : NGRAM_MAX; g >= 1; g--) {
+        /* the latest start i < n - g whose g tokens equal the last g */
+        for (int i = n - g - 1; i >= 0; i--) {
+            int k = 0;
+            while (k < g && hist_at(h, i + k) == hist_at(h, n - g + k)) k++;
+            if (k < g) continue;
+            int c = 0;
+            for (int j = i + g; j < n && c < max; j++) out[c++] = hist_at(h, j);
+            *match = g;
+            return c;
+        }
+    }
+    return 0;
+}
+
+void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft) {
+    memset(p, 0, sizeof *p);
+    p->mode = mode;
+    if (max_draft <= 0 || max_draft > TL_STEP_MAX_FEED - 1) max_draft = TL_STEP_MAX_FEED - 1;
+    p->max_draft = max_draft;
+    p->acc = ACC_PRIOR;
+}
+
+/* Tokens a step with k guesses yields on average: 1 + a + ... + a^k. */
+static double expected_tokens(double a, int k) {
+    double e = 1.0, t = 1.0;
+    for (int i = 0; i < k; i++) e += (t *= a);
+    return e;
+}
+
+int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other) {
+    if (n_avail > p->max_draft) n_avail = p->max_draft;
+    if (p->mode == TL_SPEC_OFF || n_avail <= 0) return 0;
+    if (p->mode != TL_SPEC_AUTO) return n_avail;
+    /* The batch makes (others + E(k)) tokens in a call of (others + 1 + k)
+     * rows; without guesses, (others + 1) in one of (others + 1) rows. */
+    const int b0 = n_other + 1;
+    const double t0 = tl_ctx_decode_cost(ctx, b0);
+    if (!(t0 > 0)) return 0; /* a plain step first: it measures */
+    const double base = (double)b0 / t0;
+    int best = 0;
+    double best_rate = base * GAIN_MIN;
+    for (int k = 1; k <= n_avail; k++) {
+        const double tk = tl_ctx_decode_cost(ctx, b0 + k);
+        if (!(tk > 0)) break;
+        const double rate = ((double)n_other + expected_tokens(p->acc, k)) / tk;
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    if (best == 0 && ++p->idle >= PROBE_EVERY) {
+        p->idle = 0;
+        return 1;
+    }
+    if (best) p->idle = 0;
+    return best;
+}
+
+void tl_spec_update(tl_spec_policy *p, int n_kept, int rejected) {
+    for (int i = 0; i < n_kept; i++) p->acc += ACC_ALPHA * (1.0 - p->acc);
+    if (rejected) p->acc -= ACC_ALPHA * p->acc;
+}

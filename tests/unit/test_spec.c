@@ -1,0 +1,260 @@
+/* Speculative decoding (src/gen/spec.c, step.c) on the real SmolLM2 model:
+ * with guesses verified in the forward call, the tokens, their log
+ * probabilities and the text are bitwise those of plain decoding, greedy and
+ * sampled (with penalties), for every draft length, with a stop string, a
+ * length cap and the context limit falling inside drafts. On a prefix-cache
+ * sequence, many rejected guesses leave no block behind and no wrong block
+ * registered. Also the prompt-lookup drafter on fixed histories. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/spec.h"
+#include "tl_test.h"
+#include "tokenloop.h"
+
+#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAXT 400
+
+typedef struct trace {
+    int32_t ids[MAXT];
+    float lp[MAXT];
+    int n;
+    char text[16384];
+    size_t len;
+} trace;
+
+static int record(const tl_gen_event *ev, void *user) {
+    trace *t = user;
+    if (ev->token >= 0 && t->n < MAXT) {
+        t->ids[t->n] = ev->token;
+        t->lp[t->n++] = ev->chosen.logprob;
+    }
+    if (ev->text_len && t->len + ev->text_len < sizeof t->text) {
+        memcpy(t->text + t->len, ev->text, ev->text_len);
+        t->len += ev->text_len;
+    }
+    return 0;
+}
+
+typedef struct run_cfg {
+    int n_ctx, spec, spec_max, n_predict;
+    float temp;
+    const char *stop;
+} run_cfg;
+
+static int gen(tl_model *m, const int32_t *ids, int n, const run_cfg *c, trace *t, tl_gen_stats *st, int *n_past) {
+    memset(t, 0, sizeof *t);
+    tl_error err = {0};
+    tl_ctx_params cp = {.n_ctx = c->n_ctx, .n_threads = 2};
+    tl_ctx *ctx = NULL;
+    tl_sampler *s = NULL;
+    tl_sampler_params sp = tl_sampler_default_params();
+    sp.temp = c->temp;
+    sp.seed = 1234;
+    sp.repeat_penalty = 1.05f;
+    int rc = tl_ctx_new(m, &cp, &ctx, &err);
+    if (!rc) rc = tl_sampler_new(&sp, tl_model_n_vocab(m), &s, &err);
+    const char *stops[1] = {c->stop};
+    tl_gen_params gp = {.n_predict = c->n_predict, .stop = stops, .n_stop = c->stop ? 1 : 0,
+                        .on_token = record, .user = t, .spec = c->spec, .spec_max = c->spec_max};
+    if (!rc) rc = tl_generate(ctx, s, ids, (size_t)n, &gp, st, &err);
+    CHECK(rc == 0, "generate: %s", err.msg);
+    *n_past = ctx ? tl_ctx_n_past(ctx) : -1;
+    tl_sampler_free(s);
+    tl_ctx_free(ctx);
+    return rc;
+}
+
+static int same(const trace *a, const trace *b) {
+    return a->n == b->n && !memcmp(a->ids, b->ids, (size_t)a->n * sizeof *a->ids) &&
+           !memcmp(a->lp, b->lp, (size_t)a->n * sizeof *a->lp) && a->len == b->len &&
+           !memcmp(a->text, b->text, a->len);
+}
+
+static void check_ngram(void) {
+    const int32_t h1[] = {1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2};
+    tl_hist h = {h1, 13, 3};
+    int32_t out[8];
+    int match;
+    int n = tl_spec_ngram(&h, 8, out, &match);
+    /* suffix 1 2 3: the latest earlier occurrence is at 6, followed by 7 8 1 2 3 */
+    CHECK(match == 3 && n == 5 && out[0] == 7 && out[1] == 8 && out[4] == 3, "latest longest match: n %d match %d", n, match);
+    n = tl_spec_ngram(&h, 2, out, &match);
+    CHECK(n == 2 && out[0] == 7 && out[1] == 8, "capped at 2");
+    tl_hist h2 = {h1, 5, 42};
+    CHECK(tl_spec_ngram(&h2, 8, out, &match) == 0 && match == 0, "no match");
+    const int32_t h3[] = {5, 6, 5, 6, 5};
+    tl_hist h4 = {h3, 5, 6};
+    n = tl_spec_ngram(&h4, 8, out, &match);
+    CHECK(match == 4 && n == 2 && out[0] == 5 && out[1] == 6, "overlapping match: n %d match %d", n, match);
+}
+
+/* The server's path: a prefix-cache sequence stepped with guesses. */
+static void check_cache(tl_model *m, const int32_t *ids, int n) {
+    tl_error err = {0};
+    tl_ctx_params cp = {.n_ctx = 512, .n_threads = 2, .n_seq_max = 2};
+    tl_ctx *ctx = NULL;
+    tl_sampler *s = NULL;
+    tl_sampler_params sp = tl_sampler_default_params();
+    sp.temp = 0;
+    if (tl_ctx_new(m, &cp, &ctx, &err) || tl_sampler_new(&sp, tl_model_n_vocab(m), &s, &err)) {
+        CHECK(0, "%s", err.msg);
+        tl_ctx_free(ctx);
+        return;
+    }
+    int a = 0;
+    CHECK(tl_seq_open(ctx, &a, &err) == 0, "%s", err.msg);
+    int32_t seq[TL_STEP_MAX_FEED];
+    uint8_t keep[TL_STEP_MAX_FEED];
+    static uint8_t lg[512];
+    static int32_t sq[512];
+    for (int i = 0; i < n; i++) sq[i] = a, lg[i] = i == n - 1;
+    tl_batch pb = {.n = n, .token = ids, .seq = sq, .logits = lg};
+    CHECK(tl_ctx_decode(ctx, &pb, &err) == 0, "prompt: %s", err.msg);
+    tl_step *st = NULL;
+    trace *t = calloc(1, sizeof *t);
+    tl_gen_params gp = {.n_predict = 160, .on_token = record, .user = t, .spec = TL_SPEC_NGRAM, .spec_max = 6};
+    CHECK(t && tl_step_new(ctx, a, s, &gp, &st, &err) == 0, "step: %s", err.msg);
+    const float *rows[TL_STEP_MAX_FEED] = {tl_ctx_batch_logits(ctx, 0)};
+    int stop = st ? tl_step_take(st, rows, 1, &err) : -1;
+    int32_t tok[TL_STEP_MAX_FEED];
+    for (int i = 0; i < TL_STEP_MAX_FEED; i++) seq[i] = a, keep[i] = 1;
+    while (stop == TL_STOP_NONE) {
+        int k = tl_step_feed(st, 0, tok, TL_STEP_MAX_FEED);
+        tl_batch b = {.n = k, .token = tok, .seq = seq, .logits = keep, .pending = 1};
+        if (tl_ctx_decode(ctx, &b, &err)) break;
+        for (int i = 0; i < k; i++) rows[i] = tl_ctx_batch_logits(ctx, i);
+        stop = tl_step_take(st, rows, k, &err);
+    }
+    CHECK(stop > 0, "stepped to the end: %d %s", stop, err.msg);
+    int drafted = 0, accepted = 0;
+    if (st) tl_step_spec_stats(st, &drafted, &accepted);
+    CHECK(drafted > accepted && accepted > 0, "guesses both kept and rejected (%d drafted, %d kept)", drafted, accepted);
+    int n_all = 0;
+    const int32_t *all = tl_seq_tokens(ctx, a, &n_all);
+    CHECK(n_all == n + (t ? t->n : 0) - 1, "the sequence holds the prompt and the fed tokens (%d)", n_all);
+    int32_t *copy = malloc((size_t)(n_all + 1) * sizeof *copy);
+    if (copy && all) memcpy(copy, all, (size_t)n_all * sizeof *copy);
+    tl_step_free(st);
+    tl_seq_close(ctx, a);
+    tl_kv_stats kv;
+    tl_ctx_kv_stats(ctx, &kv);
+    CHECK(kv.n_used == 0 && kv.n_free == kv.n_blocks, "no block leaked (used %d)", kv.n_used);
+    /* a second sequence with the same tokens maps the cached blocks; its
+     * last row equals plain evaluation of those tokens on sequence 0 */
+    int b = 0;
+    CHECK(tl_seq_open(ctx, &b, &err) == 0, "%s", err.msg);
+    int reused = copy ? tl_seq_reuse_prefix(ctx, b, copy, (size_t)n_all, (size_t)n_all - 1) : 0;
+    CHECK(reused >= (n_all - 1) / TL_KV_BLOCK * TL_KV_BLOCK - TL_KV_BLOCK && reused > n,
+          "the generated blocks are cached (%d of %d)", reused, n_all);
+    int rest = n_all - reused;
+    for (int i = 0; i < rest; i++) sq[i] = b, lg[i] = i == rest - 1;
+    tl_batch rb = {.n = rest, .token = copy + reused, .seq = sq, .logits = lg};
+    CHECK(rest > 0 && tl_ctx_decode(ctx, &rb, &err) == 0, "rest: %s", err.msg);
+    const float *cached = tl_ctx_batch_logits(ctx, 0);
+    int nv = tl_model_n_vocab(m);
+    float *row = cached ? malloc((size_t)nv * sizeof *row) : NULL;
+    if (row) memcpy(row, cached, (size_t)nv * sizeof *row);
+    CHECK(copy && tl_ctx_eval(ctx, copy, (size_t)n_all, 0, &err) == 0, "eval: %s", err.msg);
+    const float *plain = tl_ctx_logits(ctx, -1);
+    CHECK(row && plain && !memcmp(row, plain, (size_t)nv * sizeof *row),
+          "logits over the cached blocks differ from plain evaluation");
+    free(row);
+    free(copy);
+    free(t);
+    tl_seq_close(ctx, b);
+    tl_sampler_free(s);
+    tl_ctx_free(ctx);
+}
+
+int main(void) {
+    check_ngram();
+    tl_model *m = NULL;
+    tl_error err = {0};
+    if (tl_model_load(MODEL, &m, &err)) {
+        CHECK(0, "%s: %s (run make models)", MODEL, err.msg);
+        return tl_test_summary();
+    }
+    /* a copy-heavy prompt: the answer repeats much of it */
+    const char *doc =
+        "static int blocks_for(int positions) {\n    return (positions + TL_KV_BLOCK - 1) / TL_KV_BLOCK;\n}\n"
+        "static void slot_clear(srv_sched *s, slot *sl) {\n    if (sl->seq > 0) tl_seq_close(s->ctx, sl->seq);\n"
+        "    tl_sampler_free(sl->smp);\n    memset(sl, 0, sizeof *sl);\n}\n";
+    char text[2048];
+    snprintf(text, sizeof text,
+             "<|im_start|>user\nRewrite this C code with the variable sl renamed to slot:\n%s<|im_end|>\n"
+             "<|im_start|>assistant\n",
+             doc);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(tl_tokenize(m, text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, &err) == 0, "%s", err.msg);
+    trace *ref = calloc(1, sizeof *ref), *got = calloc(1, sizeof *got);
+    tl_gen_stats st, st2;
+    int past_ref, past;
+    const float temps[2] = {0.0f, 0.8f};
+    /* under the sanitizers (10x slower) a subset: greedy, three lengths */
+    const int asan = getenv("TL_ASAN") != NULL;
+    for (int ti = 0; ti < (asan ? 1 : 2) && ref && got; ti++) {
+        run_cfg c = {.n_ctx = 1024, .n_predict = 160, .temp = temps[ti]};
+        gen(m, ids, (int)n, &c, ref, &st, &past_ref);
+        CHECK(ref->n > 20, "reference generated %d tokens", ref->n);
+        const int lens[] = {1, 2, 3, 5, 8, 16};
+        for (int li = 0; li < 6; li++) {
+            if ((ti == 1 || asan) && (li % 2)) continue;
+            c.spec = TL_SPEC_NGRAM;
+            c.spec_max = lens[li];
+            gen(m, ids, (int)n, &c, got, &st2, &past);
+            CHECK(same(ref, got) && past == past_ref, "temp %.1f, up to %d guesses: output differs (%d vs %d tokens)",
+                  temps[ti], lens[li], got->n, ref->n);
+            CHECK(st2.n_drafted > 0 && st2.n_accepted > 0 && st2.stop == st.stop,
+                  "temp %.1f, up to %d guesses: %d drafted, %d kept", temps[ti], lens[li], st2.n_drafted,
+                  st2.n_accepted);
+        }
+        c.spec = TL_SPEC_AUTO;
+        c.spec_max = 0;
+        gen(m, ids, (int)n, &c, got, &st2, &past);
+        CHECK(same(ref, got), "temp %.1f, auto: output differs", temps[ti]);
+        /* a stop string, a length cap and the context limit inside drafts */
+        if (ref->len > 120) {
+            static char stop[8];
+            memcpy(stop, ref->text + 100, 5);
+            stop[5] = 0;
+            run_cfg cs = c;
+            cs.stop = stop;
+            for (int k = 0; k < 2; k++) {
+                cs.spec = k ? TL_SPEC_NGRAM : TL_SPEC_OFF;
+                gen(m, ids, (int)n, &cs, k ? got : ref, k ? &st2 : &st, k ? &past : &past_ref);
+            }
+            CHECK(same(ref, got) && st.stop == TL_STOP_STRING && st2.stop == TL_STOP_STRING,
+                  "stop string '%s': outputs differ (stops %d %d)", stop, st.stop, st2.stop);
+        }
+        for (int cap = 37; cap <= (asan ? 37 : 41); cap += 2) {
+            run_cfg cl = c;
+            cl.n_predict = cap;
+            for (int k = 0; k < 2; k++) {
+                cl.spec = k ? TL_SPEC_NGRAM : TL_SPEC_OFF;
+                gen(m, ids, (int)n, &cl, k ? got : ref, k ? &st2 : &st, k ? &past : &past_ref);
+            }
+            CHECK(same(ref, got) && past == past_ref && got->n <= cap, "n_predict %d: outputs differ", cap);
+        }
+        for (int extra = 30; extra <= (asan ? 30 : 33); extra++) {
+            run_cfg cc = c;
+            cc.n_ctx = (int)n + extra;
+            cc.n_predict = -1;
+            for (int k = 0; k < 2; k++) {
+                cc.spec = k ? TL_SPEC_NGRAM : TL_SPEC_OFF;
+                gen(m, ids, (int)n, &cc, k ? got : ref, k ? &st2 : &st, k ? &past : &past_ref);
+            }
+            CHECK(same(ref, got) && past == past_ref, "n_ctx %d: outputs differ", cc.n_ctx);
+            CHECK(st.stop != TL_STOP_CONTEXT || (int)n + ref->n == cc.n_ctx,
+                  "prompt + completion fill the context exactly (%zu + %d vs %d)", n, ref->n, cc.n_ctx);
+        }
+    }
+    check_cache(m, ids, (int)n);
+    free(ref);
+    free(got);
+    tl_free(ids);
+    tl_model_free(m);
+    return tl_test_summary();
+}
