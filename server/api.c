@@ -761,16 +761,29 @@ static int echo_text(const api_ctx *a, const srv_req *r, api_buf *b) {
     return api_buf_add(b, tmp, n < sizeof tmp ? n : sizeof tmp - 1);
 }
 
+/* OpenAI's usage, plus "speculative": {drafted, accepted} (a field of our
+ * own beside theirs: clients that do not know it ignore it). */
 static json_t *usage_json(const srv_req *r) {
     int pt = r->prompt_tokens ? r->prompt_tokens : r->n_prompt;
-    json_t *u = json_object(), *d = json_object();
-    if (!u || !d || jset(u, "prompt_tokens", json_integer(pt)) ||
+    json_t *u = json_object(), *d = json_object(), *sp = json_object();
+    if (!u || !d || !sp || jset(u, "prompt_tokens", json_integer(pt)) ||
         jset(u, "completion_tokens", json_integer(r->completion_tokens)) ||
         jset(u, "total_tokens", json_integer(pt + r->completion_tokens)) ||
         jset(d, "cached_tokens", json_integer(r->cached_tokens)) ||
-        json_object_set_new(u, "prompt_tokens_details", d)) {
+        jset(sp, "drafted", json_integer(r->spec_drafted)) ||
+        jset(sp, "accepted", json_integer(r->spec_accepted))) {
         json_decref(u);
         json_decref(d);
+        json_decref(sp);
+        return NULL;
+    }
+    if (json_object_set_new(u, "prompt_tokens_details", d)) { /* d is taken either way */
+        json_decref(sp);
+        json_decref(u);
+        return NULL;
+    }
+    if (json_object_set_new(u, "speculative", sp)) {
+        json_decref(u);
         return NULL;
     }
     return u;

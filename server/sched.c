@@ -134,7 +134,9 @@ static void slot_done(srv_sched *s, slot *sl, int reason) {
     r->prompt_tokens = r->n_prompt;
     int n_gen = sl->step ? tl_step_count(sl->step) : 0;
     r->completion_tokens = n_gen;
+    if (sl->step) tl_step_spec_stats(sl->step, &r->spec_drafted, &r->spec_accepted);
     srv_metrics_tokens(s->mx, r->n_prompt, n_gen, r->cached_tokens);
+    srv_metrics_spec(s->mx, r->spec_drafted, r->spec_accepted);
     push_event(r, &ev);
     slot_clear(s, sl);
 }

@@ -88,6 +88,7 @@ typedef struct srv_req {
 
     /* Written by the scheduler before DONE. */
     int prompt_tokens, completion_tokens, cached_tokens;
+    int spec_drafted, spec_accepted; /* speculative guesses verified, kept */
 } srv_req;
 
 /* Allocates a zeroed request with mu/cv/efd ready and refs = 1. */
@@ -125,6 +126,7 @@ srv_metrics *srv_metrics_new(void);
 void srv_metrics_free(srv_metrics *mx);
 void srv_metrics_request(srv_metrics *mx, const char *endpoint, int code);
 void srv_metrics_tokens(srv_metrics *mx, int prompt, int generated, int cached);
+void srv_metrics_spec(srv_metrics *mx, int drafted, int accepted);
 void srv_metrics_ttft(srv_metrics *mx, double seconds);
 void srv_metrics_itl(srv_metrics *mx, double seconds);
 /* Gauges, set by the scheduler each step. */
