@@ -29,10 +29,14 @@ int cli_numerics(const char *opt, const char *v, int *out);
 /* --spec off|auto|ngram -> TL_SPEC_*; prints the error and returns -1 otherwise. */
 int cli_spec(const char *opt, const char *v, int *out);
 #define CLI_SPEC_HELP \
-    "      --spec MODE         speculative decoding: auto (default: guesses from the text\n" \
-    "                          so far, verified in the same forward call, used only while\n" \
-    "                          the measured cost says they pay), ngram (always when a\n" \
-    "                          match exists), off. The output is the same in every mode.\n"
+    "      --spec MODE         speculative decoding: auto (default: guesses from the text so\n" \
+    "                          far, or from --draft's model, verified in the same forward\n" \
+    "                          call and used only while the measured cost says they pay),\n" \
+    "                          ngram (prompt lookup whenever it finds a match), draft (the\n" \
+    "                          draft model, every step), off. The output is the same in\n" \
+    "                          every mode.\n" \
+    "      --draft FILE        a small GGUF model with the same vocabulary that guesses\n" \
+    "                          tokens for the model (e.g. a Q4_0 of it: tokenloop quantize)\n"
 
 /* The default model: $TOKENLOOP_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
  * relative to the current directory or to the binary's directory. */

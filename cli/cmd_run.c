@@ -11,7 +11,7 @@
 #define MAX_STOPS 16
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *system;
+    const char *model, *prompt, *prompt_file, *system, *draft;
     const char *stop[MAX_STOPS];
     int n_stop;
     int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
@@ -72,6 +72,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); o->prompt_file = v;
         } else if (!strcmp(a, "--system")) {
             VAL(); o->system = v;
+        } else if (!strcmp(a, "--draft")) {
+            VAL(); o->draft = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VAL(); if (cli_int(a, v, -1, 1 << 30, &o->n_predict)) return -1;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
@@ -254,13 +256,15 @@ static void print_stats(const tl_gen_stats *st, const tl_ctx *ctx) {
 }
 
 typedef struct session {
-    tl_model *m;
-    tl_ctx *ctx;
+    tl_model *m, *dm;
+    tl_ctx *ctx, *dctx; /* dctx: the draft model's, on ctx's threads */
     tl_sampler *smp;
 } session;
 
 static void session_free(session *s) {
     tl_sampler_free(s->smp);
+    tl_ctx_free(s->dctx); /* before ctx: it runs on ctx's thread pool */
+    tl_model_free(s->dm);
     tl_ctx_free(s->ctx);
     tl_model_free(s->m);
 }
@@ -282,6 +286,21 @@ static int session_open(session *s, const run_opts *o) {
         session_free(s);
         return -1;
     }
+    if (o->spec == TL_SPEC_DRAFT && !o->draft) {
+        cli_error("--spec draft needs --draft FILE");
+        session_free(s);
+        return -1;
+    }
+    if (o->draft && o->spec != TL_SPEC_OFF && o->spec != TL_SPEC_NGRAM) {
+        tl_ctx_params dp = {.n_ctx = tl_ctx_n_ctx(s->ctx), .n_batch = o->n_batch, .numerics = o->numerics,
+                            .share_threads = s->ctx};
+        if (tl_model_load(o->draft, &s->dm, &err) || tl_spec_check_draft(s->m, s->dm, &err) ||
+            tl_ctx_new(s->dm, &dp, &s->dctx, &err)) {
+            cli_error("--draft %s: %s", o->draft, err.msg);
+            session_free(s);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -291,7 +310,7 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
     tl_error err = {0};
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
                         .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
-                        .on_token = on_token, .user = os, .spec = o->spec};
+                        .on_token = on_token, .user = os, .spec = o->spec, .draft_ctx = s->dctx};
     int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
     if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
     if (os->oom) {

@@ -76,6 +76,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
+        } else if (!strcmp(a, "--draft")) {
+            VAL(); o->draft_path = v;
         } else if (!strcmp(a, "--prefill-chunk")) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->prefill_chunk)) return -1;
         } else if (!strcmp(a, "--drain-timeout")) {
@@ -161,11 +163,15 @@ static int serve(srv_opts *o, sigs *sg) {
     }
     fprintf(stderr, "tokenloop serve: listening on http://%s:%d, loading %s\n", o->host, o->port,
             o->model_path);
-    tl_model *m = NULL;
+    tl_model *m = NULL, *dm = NULL;
     int rc = 1;
     if (tl_model_load(o->model_path, &m, &err)) {
         cli_error("%s: %s", o->model_path, err.msg);
-    } else if (srv_sched_new(m, o, app.mx, &app.sched, &err)) {
+    } else if (o->spec == TL_SPEC_DRAFT && !o->draft_path) {
+        cli_error("--spec draft needs --draft FILE");
+    } else if (o->draft_path && (tl_model_load(o->draft_path, &dm, &err) || tl_spec_check_draft(m, dm, &err))) {
+        cli_error("--draft %s: %s", o->draft_path, err.msg);
+    } else if ((o->draft = dm, srv_sched_new(m, o, app.mx, &app.sched, &err))) {
         cli_tl_error(&err);
     } else {
         app.m = m;
@@ -183,6 +189,7 @@ static int serve(srv_opts *o, sigs *sg) {
     while (atomic_load(&app.busy) > 0 && now_s() < end) usleep(10000);
     srv_http_stop(h);
     srv_metrics_free(app.mx);
+    tl_model_free(dm);
     tl_model_free(m);
     return rc;
 }

@@ -84,7 +84,7 @@ int cli_numerics(const char *opt, const char *v, int *out) {
 int cli_spec(const char *opt, const char *v, int *out) {
     const int m = tl_spec_parse(v);
     if (m < 0) {
-        cli_error("%s: '%s' is not a speculation mode (auto, ngram, off)", opt, v);
+        cli_error("%s: '%s' is not a speculation mode (auto, ngram, draft, off)", opt, v);
         return -1;
     }
     *out = m;

@@ -125,11 +125,15 @@ typedef struct tl_ctx_params {
                       * cache; 0 = room for max(1, n_seq_max) full sequences */
     int n_logits_max;/* logits rows one tl_ctx_decode may keep; 0 = 64 */
     int numerics;    /* tl_numerics; 0 = TL_NUMERICS_AUTO */
+    const tl_ctx *share_threads; /* run on this context's thread pool (n_threads is then
+                                  * its count; it must outlive the new one): a draft
+                                  * model beside its target, never fighting it for cores */
 } tl_ctx_params;
 
 int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
 void tl_ctx_free(tl_ctx *ctx);
 int tl_ctx_n_ctx(const tl_ctx *ctx);
+int tl_ctx_n_batch(const tl_ctx *ctx);
 int tl_ctx_n_past(const tl_ctx *ctx);
 /* Forgets positions >= n_past (0 clears the sequence): tl_seq_truncate on
  * the implicit sequence 0. */
@@ -314,9 +318,13 @@ typedef enum tl_spec_mode {
     TL_SPEC_OFF = 0,
     TL_SPEC_AUTO = 1,  /* guess only while the measured cost says it pays */
     TL_SPEC_NGRAM = 2, /* prompt lookup whenever it finds a match */
+    TL_SPEC_DRAFT = 3, /* a draft model's greedy guesses, spec_max of them every step */
 } tl_spec_mode;
-/* "off", "auto", "ngram"; -1 for anything else. */
+/* "off", "auto", "ngram", "draft"; -1 for anything else. */
 int tl_spec_parse(const char *name);
+/* TL_OK if draft can guess for model: the same vocabulary (the count and
+ * every token's bytes); TL_ERR_ARG with the first difference otherwise. */
+int tl_spec_check_draft(const tl_model *model, const tl_model *draft, tl_error *err);
 
 typedef struct tl_gen_params {
     int n_predict;             /* max new tokens; < 0: until the context is full */
@@ -328,6 +336,9 @@ typedef struct tl_gen_params {
     void *user;
     int spec;                  /* tl_spec_mode (0: off) */
     int spec_max;              /* most guesses per step; 0: TL_STEP_MAX_FEED - 1 */
+    tl_ctx *draft_ctx;         /* a draft model's context (tl_spec_check_draft passed): auto
+                                * and draft guess with it; NULL: prompt lookup */
+    int draft_seq;             /* the sequence of draft_ctx this loop owns (0 or tl_seq_open's) */
 } tl_gen_params;
 
 typedef struct tl_gen_stats {

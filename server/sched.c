@@ -24,7 +24,8 @@ typedef struct slot {
     srv_req *r;
     int seq;
     tl_sampler *smp;
-    tl_step *step;      /* the token loop, once the prompt's last row came */
+    tl_step *step;      /* the token loop (feeds nothing until the prompt's last row) */
+    int dseq;           /* its sequence in the draft context (0: none) */
     int n_fed;          /* prompt tokens in the sequence (reused ones included) */
     int n_take;         /* prompt tokens in the current step's batch */
     int prompt_lp;      /* echo with logprobs: a row for every prompt token */
@@ -43,6 +44,7 @@ struct srv_sched {
     const tl_model *m;
     srv_metrics *mx;
     tl_ctx *ctx;
+    tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
 
     pthread_t th;
@@ -102,6 +104,7 @@ static void push_error(srv_req *r, const char *msg) {
 
 static void slot_clear(srv_sched *s, slot *sl) {
     if (sl->seq > 0) tl_seq_close(s->ctx, sl->seq);
+    if (sl->dseq > 0) tl_seq_close(s->dctx, sl->dseq);
     tl_step_free(sl->step);
     tl_sampler_free(sl->smp);
     srv_req *r = sl->r;
@@ -188,6 +191,10 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.on_token = slot_token;
     gp.user = sl;
     gp.spec = s->spec;
+    if (s->dctx && tl_seq_open(s->dctx, &sl->dseq, err) == 0) { /* without one it guesses from the text */
+        gp.draft_ctx = s->dctx;
+        gp.draft_seq = sl->dseq;
+    }
     return tl_step_new(s->ctx, sl->seq, sl->smp, &gp, &sl->step, err);
 }
 
@@ -549,6 +556,7 @@ static void sched_release_mem(srv_sched *s) {
     free(s->b_lg);
     free(s->rows);
     free(s->order_idx);
+    tl_ctx_free(s->dctx); /* before ctx: it runs on ctx's threads */
     tl_ctx_free(s->ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -621,6 +629,14 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     if (rc) {
         sched_release_mem(s);
         return rc;
+    }
+    if (o->draft && o->spec != TL_SPEC_OFF && o->spec != TL_SPEC_NGRAM) {
+        tl_ctx_params dp = {.n_ctx = tl_ctx_n_ctx(s->ctx), .n_seq_max = s->np, .numerics = o->numerics,
+                            .share_threads = s->ctx};
+        if ((rc = tl_ctx_new(o->draft, &dp, &s->dctx, err))) {
+            sched_release_mem(s);
+            return rc;
+        }
     }
     s->n_ctx = tl_ctx_n_ctx(s->ctx);
     /* The engine caps a call at the context length. */

@@ -28,6 +28,8 @@ typedef struct srv_opts {
     int n_threads;         /* -t (0 = all cores) */
     int numerics;          /* --numerics (tl_numerics; 0 = $TL_NUMERICS, else fast) */
     int spec;              /* --spec (tl_spec_mode) */
+    const char *draft_path;     /* --draft FILE */
+    const tl_model *draft;      /* that model, loaded (and checked) by the caller; NULL: none */
     int n_batch;           /* tokens per forward call (512) */
     int prefill_chunk;     /* --prefill-chunk: prompt tokens per step (256) */
     int drain_timeout_s;   /* --drain-timeout (30) */

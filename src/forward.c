@@ -28,6 +28,7 @@ struct tl_ctx {
     const tl_model *m;
     tl_kernels kern;
     tl_pool *pool;
+    int own_pool;       /* 0: borrowed from another context (tl_ctx_params.share_threads) */
     int n_ctx, n_batch, n_seq, n_logits_max;
     int q_dim, kv_dim;
     tl_kv *kv;          /* blocks, block tables, prefix cache */
@@ -590,6 +591,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
     if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
+    if (p.share_threads) p.n_threads = tl_pool_size(p.share_threads->pool);
     if (p.n_threads == 0) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         p.n_threads = nc > 0 ? (int)nc : 1;
@@ -639,10 +641,14 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->kv_rb = kv_rb;
     c->kv_hb = kvf->row_bytes(hp->head_dim);
     tl_kernels_init(&c->kern, tl_cpu_choose(), p.numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
-    int st = tl_pool_new(p.n_threads, &c->pool, err);
-    if (st) {
+    int st = TL_OK;
+    if (p.share_threads) {
+        c->pool = p.share_threads->pool;
+    } else if ((st = tl_pool_new(p.n_threads, &c->pool, err))) {
         free(c);
         return st;
+    } else {
+        c->own_pool = 1;
     }
     int fail = 0, nb = p.n_batch, nt = p.n_threads;
     if (tl_kv_new((int)n_blocks, c->n_seq, c->n_ctx, &c->kv)) fail = 1;
@@ -702,7 +708,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
     xfree(c->wide);
-    tl_pool_free(c->pool);
+    if (c->own_pool) tl_pool_free(c->pool);
     xfree(c->kc);
     xfree(c->vc);
     tl_kv_free(c->kv);
@@ -734,6 +740,7 @@ void tl_ctx_free(tl_ctx *c) {
 }
 
 int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
+int tl_ctx_n_batch(const tl_ctx *c) { return c->n_batch; }
 int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
 const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
 const char *tl_ctx_numerics(const tl_ctx *c) { return c->kern.mode == TL_NUM_EXACT ? "exact" : "fast"; }

@@ -166,6 +166,7 @@ int tl_spec_parse(const char *name) {
     if (!strcmp(name, "off")) return TL_SPEC_OFF;
     if (!strcmp(name, "auto")) return TL_SPEC_AUTO;
     if (!strcmp(name, "ngram")) return TL_SPEC_NGRAM;
+    if (!strcmp(name, "draft")) return TL_SPEC_DRAFT;
     return -1;
 }
 

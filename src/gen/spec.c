@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "util.h"
+
 #define NGRAM_MAX 4
 /* Chance a guess is kept, before any was checked. */
 #define ACC_PRIOR 0.5
@@ -37,6 +39,20 @@ int tl_spec_ngram(const tl_hist *h, int max, int32_t *out, int *match) {
     return 0;
 }
 
+int tl_spec_check_draft(const tl_model *m, const tl_model *d, tl_error *err) {
+    const int nm = tl_model_n_vocab(m), nd = tl_model_n_vocab(d);
+    if (nm != nd)
+        return tl_fail(err, TL_ERR_ARG, "the draft model's vocabulary differs: %d tokens, the model has %d", nd, nm);
+    char a[256], b[256];
+    for (int i = 0; i < nm; i++) {
+        size_t la = tl_token_piece(m, i, 1, a, sizeof a), lb = tl_token_piece(d, i, 1, b, sizeof b);
+        if (la != lb || memcmp(a, b, la < sizeof a ? la : sizeof a))
+            return tl_fail(err, TL_ERR_ARG, "the draft model's vocabulary differs at token %d ('%.*s' vs '%.*s')", i,
+                           (int)(lb < 40 ? lb : 40), b, (int)(la < 40 ? la : 40), a);
+    }
+    return TL_OK;
+}
+
 void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft) {
     memset(p, 0, sizeof *p);
     p->mode = mode;
@@ -52,7 +68,7 @@ static double expected_tokens(double a, int k) {
     return e;
 }
 
-int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other) {
+int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s) {
     if (n_avail > p->max_draft) n_avail = p->max_draft;
     if (p->mode == TL_SPEC_OFF || n_avail <= 0) return 0;
     if (p->mode != TL_SPEC_AUTO) return n_avail;
@@ -67,7 +83,7 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     for (int k = 1; k <= n_avail; k++) {
         const double tk = tl_ctx_decode_cost(ctx, b0 + k);
         if (!(tk > 0)) break;
-        const double rate = ((double)n_other + expected_tokens(p->acc, k)) / tk;
+        const double rate = ((double)n_other + expected_tokens(p->acc, k)) / (tk + k * guess_s);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;

@@ -17,6 +17,7 @@
  * if it ends it (end token, stop string, n_predict, the callback) or if the
  * prompt and the completion fill the context (the token just sampled would
  * take the last position). A stopped sequence's last token is never fed. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,12 @@ struct tl_step {
     int stop;
     tl_spec_policy spec;
     int drafted, accepted;
+    /* the draft model: its context and sequence, a batch's worth of that
+     * sequence id, and its logits flags (the last row of a catch-up) */
+    tl_ctx *dctx;
+    int dseq, dbatch;
+    int32_t *dseqv;
+    uint8_t *dlg;
     tl_token_prob top[MAX_TOP];
 };
 
@@ -68,6 +75,18 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     if (st->n_top > st->n_vocab) st->n_top = st->n_vocab;
     st->last = -1;
     tl_spec_policy_init(&st->spec, gp->spec, gp->spec_max);
+    if (gp->draft_ctx && gp->spec != TL_SPEC_OFF && gp->spec != TL_SPEC_NGRAM) {
+        st->dctx = gp->draft_ctx;
+        st->dseq = gp->draft_seq;
+        st->dbatch = tl_ctx_n_batch(st->dctx);
+        st->dseqv = malloc((size_t)st->dbatch * sizeof *st->dseqv);
+        st->dlg = calloc((size_t)st->dbatch, 1);
+        if (!st->dseqv || !st->dlg) {
+            tl_step_free(st);
+            return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+        }
+        for (int i = 0; i < st->dbatch; i++) st->dseqv[i] = st->dseq;
+    }
     *out = st;
     return TL_OK;
 }
@@ -75,6 +94,8 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
 void tl_step_free(tl_step *st) {
     if (!st) return;
     tl_gen_free(st->gen);
+    free(st->dseqv);
+    free(st->dlg);
     free(st);
 }
 
@@ -84,6 +105,63 @@ int tl_step_stopped(const tl_step *st) { return st->stop; }
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
     *drafted = st->drafted;
     *accepted = st->accepted;
+}
+
+/* The draft model's next guess: its argmax, or -1 when it is not sure
+ * enough to be worth a row (the top probability under DRAFT_P_MIN). */
+#define DRAFT_P_MIN 0.5f
+static int32_t draft_argmax(const float *lg, int n, int need_sure) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (lg[i] > lg[best]) best = i;
+    if (!need_sure) return best;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += expf(lg[i] - lg[best]);
+    return 1.0 / sum >= DRAFT_P_MIN ? best : -1;
+}
+
+/* k guesses from the draft model into feed[1..]. Its sequence is first
+ * brought to the target's tokens and the last sampled one: what it shares
+ * with them stays, the rest (last step's rejected guesses) goes. Any failure
+ * only ends the guessing: the draft never stops the generation. */
+static int draft_model(tl_step *st, const tl_hist *h, int k) {
+    tl_error err;
+    int nd = 0;
+    const int32_t *dt = tl_seq_tokens(st->dctx, st->dseq, &nd);
+    int c = 0;
+    while (c < nd && c < h->n_tok && dt[c] == h->tok[c]) c++;
+    if (c < nd && tl_seq_truncate(st->dctx, st->dseq, c, &err)) return 0;
+    /* the catch-up: tokens [c, n_tok) and the last, in chunks */
+    for (int done = c; done <= h->n_tok;) {
+        int n = h->n_tok + 1 - done < st->dbatch ? h->n_tok + 1 - done : st->dbatch;
+        const int32_t *tok = h->tok + done;
+        if (done + n > h->n_tok) { /* the chunk that ends with the last token */
+            if (n > 1) {
+                tl_batch b = {.n = n - 1, .token = tok, .seq = st->dseqv, .logits = st->dlg};
+                if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
+            }
+            const uint8_t one = 1;
+            tl_batch b = {.n = 1, .token = &h->last, .seq = st->dseqv, .logits = &one};
+            if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
+            break;
+        }
+        tl_batch b = {.n = n, .token = tok, .seq = st->dseqv, .logits = st->dlg};
+        if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
+        done += n;
+    }
+    const int nv = st->n_vocab;
+    int got = 0;
+    for (;;) {
+        const float *lg = tl_ctx_batch_logits(st->dctx, 0);
+        int32_t t = lg ? draft_argmax(lg, nv, st->spec.mode == TL_SPEC_AUTO) : -1;
+        if (t < 0) break;
+        st->feed[1 + got++] = t;
+        if (got >= k) break;
+        const uint8_t one = 1;
+        tl_batch b = {.n = 1, .token = &st->feed[got], .seq = st->dseqv, .logits = &one};
+        if (tl_ctx_decode(st->dctx, &b, &err)) break;
+    }
+    return got;
 }
 
 /* Guesses worth verifying after the last sampled token, into feed[1..]. */
@@ -100,9 +178,16 @@ static int draft(tl_step *st, int n_other, int cap) {
     if (cap - 1 < max) max = cap - 1;
     if (TL_STEP_MAX_FEED - 1 < max) max = TL_STEP_MAX_FEED - 1;
     if (!h.tok || max <= 0) return 0;
+    if (st->dctx) {
+        /* the cost decides the length before the guesses are made */
+        int k = st->spec.mode == TL_SPEC_AUTO
+                    ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
+                    : (max < st->spec.max_draft ? max : st->spec.max_draft);
+        return k > 0 ? draft_model(st, &h, k) : 0;
+    }
     int match;
     int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
-    return tl_spec_choose(&st->spec, st->ctx, n, n_other);
+    return tl_spec_choose(&st->spec, st->ctx, n, n_other, 0.0);
 }
 
 int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {

@@ -41,13 +41,14 @@ typedef struct run_cfg {
     int n_ctx, spec, spec_max, n_predict;
     float temp;
     const char *stop;
+    const tl_model *draft; /* a draft model (on the context's threads) */
 } run_cfg;
 
 static int gen(tl_model *m, const int32_t *ids, int n, const run_cfg *c, trace *t, tl_gen_stats *st, int *n_past) {
     memset(t, 0, sizeof *t);
     tl_error err = {0};
     tl_ctx_params cp = {.n_ctx = c->n_ctx, .n_threads = 2};
-    tl_ctx *ctx = NULL;
+    tl_ctx *ctx = NULL, *dctx = NULL;
     tl_sampler *s = NULL;
     tl_sampler_params sp = tl_sampler_default_params();
     sp.temp = c->temp;
@@ -55,13 +56,19 @@ static int gen(tl_model *m, const int32_t *ids, int n, const run_cfg *c, trace *
     sp.repeat_penalty = 1.05f;
     int rc = tl_ctx_new(m, &cp, &ctx, &err);
     if (!rc) rc = tl_sampler_new(&sp, tl_model_n_vocab(m), &s, &err);
+    if (!rc && c->draft) {
+        tl_ctx_params dp = {.n_ctx = c->n_ctx, .n_batch = 64, .share_threads = ctx};
+        rc = tl_ctx_new(c->draft, &dp, &dctx, &err);
+    }
     const char *stops[1] = {c->stop};
     tl_gen_params gp = {.n_predict = c->n_predict, .stop = stops, .n_stop = c->stop ? 1 : 0,
-                        .on_token = record, .user = t, .spec = c->spec, .spec_max = c->spec_max};
+                        .on_token = record, .user = t, .spec = c->spec, .spec_max = c->spec_max,
+                        .draft_ctx = dctx};
     if (!rc) rc = tl_generate(ctx, s, ids, (size_t)n, &gp, st, &err);
     CHECK(rc == 0, "generate: %s", err.msg);
     *n_past = ctx ? tl_ctx_n_past(ctx) : -1;
     tl_sampler_free(s);
+    tl_ctx_free(dctx);
     tl_ctx_free(ctx);
     return rc;
 }
@@ -215,6 +222,21 @@ int main(void) {
         c.spec_max = 0;
         gen(m, ids, (int)n, &c, got, &st2, &past);
         CHECK(same(ref, got), "temp %.1f, auto: output differs", temps[ti]);
+        /* a draft model (the model itself: greedy guesses all kept at
+         * temperature 0, many rejected when sampling), fixed and auto */
+        run_cfg cd = c;
+        cd.draft = m;
+        cd.spec = TL_SPEC_DRAFT;
+        cd.spec_max = 5;
+        gen(m, ids, (int)n, &cd, got, &st2, &past);
+        CHECK(same(ref, got) && past == past_ref && st2.n_drafted > 0 && st2.n_accepted > 0,
+              "temp %.1f, draft model: output differs (%d drafted, %d kept)", temps[ti], st2.n_drafted, st2.n_accepted);
+        CHECK(ti == 0 ? st2.n_accepted == st2.n_drafted || st2.stop != TL_STOP_LENGTH : st2.n_accepted < st2.n_drafted,
+              "temp %.1f: %d of %d draft guesses kept", temps[ti], st2.n_accepted, st2.n_drafted);
+        cd.spec = TL_SPEC_AUTO;
+        cd.spec_max = 0;
+        gen(m, ids, (int)n, &cd, got, &st2, &past);
+        CHECK(same(ref, got), "temp %.1f, auto with a draft model: output differs", temps[ti]);
         /* a stop string, a length cap and the context limit inside drafts */
         if (ref->len > 120) {
             static char stop[8];
@@ -252,6 +274,14 @@ int main(void) {
         }
     }
     check_cache(m, ids, (int)n);
+    tl_model *g = NULL;
+    if (tl_model_load_vocab("models/gemma-3-270m-q4_k_m.gguf", &g, &err) == 0) {
+        CHECK(tl_spec_check_draft(m, g, &err) == TL_ERR_ARG && strstr(err.msg, "vocabulary"),
+              "a draft with another vocabulary is refused: %s", err.msg);
+        tl_model_free(g);
+    } else {
+        CHECK(0, "gemma vocabulary: %s", err.msg);
+    }
     free(ref);
     free(got);
     tl_free(ids);
