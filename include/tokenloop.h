@@ -284,6 +284,11 @@ int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *cho
  * given text, e.g. prompt logprobs). Returns the count written to top. */
 int tl_sampler_report(tl_sampler *s, const float *logits, int32_t token, tl_token_prob *chosen,
                       tl_token_prob *top, int n_top);
+/* The distribution tl_sampler_sample draws from at this row (after bias,
+ * penalties, top-k, top-p, min-p and temperature; one token at temperature
+ * 0): up to cap entries with nonzero probability, the most probable when more
+ * remain, in no particular order. Returns the count. Draws nothing. */
+int tl_sampler_dist(tl_sampler *s, const float *logits, tl_token_prob *out, int cap);
 /* Records a token in the penalty history (prompt tokens and generated ones). */
 void tl_sampler_accept(tl_sampler *s, int32_t token);
 void tl_sampler_reset(tl_sampler *s);

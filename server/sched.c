@@ -355,9 +355,13 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
     for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
         slot *sl = &s->slots[i];
         sl->n_take = 0;
-        if (!sl->r || !sl->step) continue; /* feeds nothing while prefilling */
+        if (!sl->r || !sl->step || sl->n_fed < sl->r->n_prompt) continue; /* still prefilling */
         int room = s->n_batch - n < s->max_rows - n_rows ? s->n_batch - n : s->max_rows - n_rows;
-        int k = tl_step_feed(sl->step, n_gen - 1, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
+        /* the call's other rows: those already in it (guesses included)
+         * and a row of each generating sequence still to come */
+        int others = n + (n_gen - 1 > 0 ? n_gen - 1 : 0);
+        n_gen--;
+        int k = tl_step_feed(sl->step, others, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
         for (int t = 0; t < k; t++) batch_add(s, &n, feed[t], sl->seq, 1, &n_rows, i, -1);
     }
     int budget = s->chunk < s->n_batch - n ? s->chunk : s->n_batch - n;

@@ -951,22 +951,26 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
 
 double tl_ctx_decode_cost(const tl_ctx *c, int n) {
     if (n < 1 || n > COST_N) return 0;
-    if (c->cost_seen[n]) return c->cost[n];
-    /* least squares through the sizes seen; with one size, a row costs a
-     * quarter of that call (a guess on the dear side) */
-    double sn = 0, st = 0, snn = 0, snt = 0;
+    /* A weighted least-squares line through the sizes seen, not each size's
+     * own average: those are noisy (this machine drifts), and a size that
+     * happened to run in a fast moment must not look cheaper than a smaller
+     * one. With one size seen, a row costs a quarter of that call (a guess on
+     * the dear side). */
+    double sw = 0, sn = 0, st = 0, snn = 0, snt = 0;
     int k = 0, n1 = 0;
     for (int i = 1; i <= COST_N; i++)
         if (c->cost_seen[i]) {
-            sn += i, st += c->cost[i], snn += (double)i * i, snt += i * c->cost[i];
+            const double w = c->cost_seen[i] < 16 ? c->cost_seen[i] : 16;
+            sw += w, sn += w * i, st += w * c->cost[i], snn += w * i * i, snt += w * i * c->cost[i];
             k++, n1 = i;
         }
     if (k == 0) return 0;
     if (k == 1) return c->cost[n1] * (1.0 + 0.25 * (n - n1));
-    double slope = (k * snt - sn * st) / (k * snn - sn * sn), icpt = (st - slope * sn) / k;
+    const double den = sw * snn - sn * sn;
+    double slope = den > 0 ? (sw * snt - sn * st) / den : 0;
     if (slope < 0) slope = 0;
-    double t = icpt + slope * n;
-    return t > 0 ? t : st / k;
+    const double icpt = (st - slope * sn) / sw, t = icpt + slope * n;
+    return t > 0 ? t : st / sw;
 }
 
 const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {

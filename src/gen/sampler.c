@@ -558,6 +558,56 @@ int tl_sampler_report(tl_sampler *s, const float *logits, int32_t token, tl_toke
     return report(s, logits, token, chosen, top, n_top);
 }
 
+/* The chain up to the draw: work = logits after bias and penalties, c = the
+ * candidates the filters keep. */
+static cands filter_chain(tl_sampler *s, const float *logits) {
+    const tl_sampler_params *p = &s->p;
+    load_work(s, logits);
+    apply_bias(s);
+    if (s->penalties_on) apply_penalties(s);
+    cands c = {s->n_vocab, 0, 1};
+    if (p->top_k > 0 && p->top_k < s->n_vocab) { /* k >= n_vocab keeps all: off */
+        c.n = select_top(s->work, NULL, s->n_vocab, p->top_k, s->ids);
+        c.all = 0;
+        c.sorted = 1;
+    }
+    if (p->top_p < 1.0f) filter_top_p(s, &c);
+    if (p->min_p > 0.0f) filter_min_p(s, &c);
+    return c;
+}
+
+int tl_sampler_dist(tl_sampler *s, const float *logits, tl_token_prob *out, int cap) {
+    if (!s || !logits || !out || cap <= 0) return 0;
+    if (s->p.temp <= 0.0f) { /* greedy: all the mass on one token */
+        tl_token_prob chosen;
+        int32_t tok = tl_sampler_sample(s, logits, &chosen, NULL, 0);
+        out[0] = (tl_token_prob){.token = tok, .prob = 1.0f, .logprob = 0.0f};
+        return 1;
+    }
+    cands c = filter_chain(s, logits);
+    const int32_t *ids = c.all ? NULL : s->ids;
+    const float *v = s->work;
+    float mx = max_over(v, ids, c.n);
+    if (!(mx > -INFINITY)) return 0;
+    double sum = 0;
+    for (int i = 0; i < c.n; i++) sum += exp((double)(v[ids ? ids[i] : i] - mx) / s->p.temp);
+    int n = 0;
+    for (int i = 0; i < c.n; i++) {
+        int32_t id = ids ? ids[i] : i;
+        double pr = exp((double)(v[id] - mx) / s->p.temp) / sum;
+        if (pr <= 0) continue;
+        if (n < cap) {
+            out[n++] = (tl_token_prob){.token = id, .prob = (float)pr, .logprob = (float)log(pr)};
+        } else { /* keep the cap most probable */
+            int lo = 0;
+            for (int j = 1; j < n; j++)
+                if (out[j].prob < out[lo].prob) lo = j;
+            if (pr > out[lo].prob) out[lo] = (tl_token_prob){.token = id, .prob = (float)pr, .logprob = (float)log(pr)};
+        }
+    }
+    return n;
+}
+
 int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *chosen,
                           tl_token_prob *top, int n_top) {
     if (!s || !logits) return -1;
@@ -573,17 +623,7 @@ int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *cho
             tok = argmax(s->work, s->n_vocab);
         }
     } else {
-        load_work(s, logits);
-        apply_bias(s);
-        if (s->penalties_on) apply_penalties(s);
-        cands c = {s->n_vocab, 0, 1};
-        if (p->top_k > 0 && p->top_k < s->n_vocab) { /* k >= n_vocab keeps all: off */
-            c.n = select_top(s->work, NULL, s->n_vocab, p->top_k, s->ids);
-            c.all = 0;
-            c.sorted = 1;
-        }
-        if (p->top_p < 1.0f) filter_top_p(s, &c);
-        if (p->min_p > 0.0f) filter_min_p(s, &c);
+        cands c = filter_chain(s, logits);
         tok = draw(s, &c);
     }
     report(s, logits, tok, chosen, top, n_top);

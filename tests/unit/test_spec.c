@@ -175,6 +175,130 @@ static void check_cache(tl_model *m, const int32_t *ids, int n) {
     tl_ctx_free(ctx);
 }
 
+/* The sampled distribution with guesses against the exact one: n runs of
+ * three tokens (seeds 0..n-1, temperature 1, top-k 3) after a prompt whose
+ * continuation prompt lookup guesses, so later tokens come from verification
+ * rows; chi-square of the counts of each outcome against p(t1) p(t2|t1)
+ * p(t3|t1,t2) from tl_sampler_dist on rows computed without guesses. Cells
+ * expected under 5 are pooled. False-alarm rate 0.1% (the critical value by
+ * Wilson-Hilferty). */
+typedef struct cell {
+    int32_t t[3];
+    int len;
+    double p;
+    int seen;
+} cell;
+
+static void check_chi2(tl_model *m, int n_runs) {
+    tl_error err = {0};
+    const char *text = "one two three four one two three four one two three four one two three four one two";
+    int32_t *ids = NULL;
+    size_t n = 0;
+    tl_ctx *ctx = NULL;
+    tl_ctx_params cp = {.n_ctx = 128, .n_threads = 2};
+    if (tl_tokenize(m, text, strlen(text), 0, &ids, &n, &err) || tl_ctx_new(m, &cp, &ctx, &err)) {
+        CHECK(0, "chi2 setup: %s", err.msg);
+        tl_free(ids);
+        return;
+    }
+    const int nv = tl_model_n_vocab(m), L = (int)n;
+    float *row0 = malloc((size_t)nv * sizeof *row0);
+    tl_sampler_params sp = tl_sampler_default_params();
+    sp.temp = 1.0f, sp.top_k = 3, sp.top_p = 1.0f, sp.min_p = 0.0f, sp.seed = 1;
+    tl_sampler *s = NULL;
+    cell cells[64];
+    int nc = 0;
+    int ok = row0 && tl_sampler_new(&sp, nv, &s, &err) == 0 && tl_ctx_eval(ctx, ids, n, 0, &err) == 0;
+    if (ok) memcpy(row0, tl_ctx_logits(ctx, -1), (size_t)nv * sizeof *row0);
+    /* exact: every path of up to three tokens (an end token ends a path) */
+    tl_token_prob d1[4], d2[4], d3[4];
+    int n1 = ok ? tl_sampler_dist(s, row0, d1, 4) : 0;
+    for (int a = 0; a < n1; a++) {
+        if (tl_token_is_eog(m, d1[a].token)) {
+            cells[nc++] = (cell){{d1[a].token}, 1, d1[a].prob, 0};
+            continue;
+        }
+        int32_t pa[2] = {d1[a].token};
+        ok &= tl_ctx_truncate(ctx, L, &err) == 0 && tl_ctx_eval(ctx, pa, 1, 0, &err) == 0;
+        int n2 = ok ? tl_sampler_dist(s, tl_ctx_logits(ctx, -1), d2, 4) : 0;
+        for (int b = 0; b < n2; b++) {
+            double pab = (double)d1[a].prob * d2[b].prob;
+            if (tl_token_is_eog(m, d2[b].token)) {
+                cells[nc++] = (cell){{d1[a].token, d2[b].token}, 2, pab, 0};
+                continue;
+            }
+            pa[1] = d2[b].token;
+            ok &= tl_ctx_truncate(ctx, L, &err) == 0 && tl_ctx_eval(ctx, pa, 2, 0, &err) == 0;
+            int n3 = ok ? tl_sampler_dist(s, tl_ctx_logits(ctx, -1), d3, 4) : 0;
+            for (int c = 0; c < n3 && nc < 64; c++)
+                cells[nc++] = (cell){{d1[a].token, d2[b].token, d3[c].token}, 3, pab * d3[c].prob, 0};
+        }
+    }
+    tl_sampler_free(s);
+    s = NULL;
+    CHECK(ok && nc >= 9, "exact distribution: %d outcomes (%s)", nc, err.msg);
+    int outside = 0, drafted = 0, kept = 0;
+    int32_t tok[TL_STEP_MAX_FEED], sq[TL_STEP_MAX_FEED] = {0};
+    uint8_t lg[TL_STEP_MAX_FEED];
+    memset(lg, 1, sizeof lg);
+    for (int r = 0; ok && r < n_runs; r++) {
+        sp.seed = (uint64_t)r;
+        trace t = {0};
+        tl_step *st = NULL;
+        tl_gen_params gp = {.n_predict = 3, .on_token = record, .user = &t, .spec = TL_SPEC_NGRAM, .spec_max = 4};
+        if (tl_ctx_truncate(ctx, L, &err) || tl_sampler_new(&sp, nv, &s, &err) ||
+            tl_step_new(ctx, 0, s, &gp, &st, &err)) {
+            CHECK(0, "run %d: %s", r, err.msg);
+            tl_sampler_free(s);
+            break;
+        }
+        for (size_t i = 0; i < n; i++) tl_sampler_accept(s, ids[i]);
+        const float *rows[TL_STEP_MAX_FEED] = {row0};
+        int stop = tl_step_take(st, rows, 1, &err);
+        while (stop == TL_STOP_NONE) {
+            int k = tl_step_feed(st, 0, tok, TL_STEP_MAX_FEED);
+            tl_batch b = {.n = k, .token = tok, .seq = sq, .logits = lg, .pending = 1};
+            if (tl_ctx_decode(ctx, &b, &err)) break;
+            for (int i = 0; i < k; i++) rows[i] = tl_ctx_batch_logits(ctx, i);
+            stop = tl_step_take(st, rows, k, &err);
+        }
+        int dr, ac;
+        tl_step_spec_stats(st, &dr, &ac);
+        drafted += dr, kept += ac;
+        tl_step_free(st);
+        tl_sampler_free(s);
+        s = NULL;
+        int found = 0;
+        for (int i = 0; i < nc && !found; i++)
+            if (cells[i].len == t.n && !memcmp(cells[i].t, t.ids, (size_t)t.n * sizeof *t.ids)) cells[i].seen++, found = 1;
+        outside += !found;
+    }
+    CHECK(outside == 0, "%d runs produced an outcome the exact distribution gives no mass", outside);
+    CHECK(drafted > 0 && kept > 0 && kept < drafted, "guesses verified (%d drafted, %d kept)", drafted, kept);
+    /* pool the small cells, then chi-square */
+    double x2 = 0, pool_e = 0;
+    int pool_o = 0, bins = 0;
+    for (int i = 0; i < nc; i++) {
+        double e = cells[i].p * n_runs;
+        if (e < 5) {
+            pool_e += e, pool_o += cells[i].seen;
+            continue;
+        }
+        x2 += (cells[i].seen - e) * (cells[i].seen - e) / e;
+        bins++;
+    }
+    if (pool_e > 0) x2 += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9), bins++;
+    const int df = bins - 1;
+    const double z = 3.0902, h = 2.0 / (9.0 * df); /* the 99.9% normal quantile */
+    const double crit = df * pow(1 - h + z * sqrt(h), 3);
+    printf("chi-square %.2f over %d bins (critical %.2f at 0.1%%), %d runs, %d guesses, %d kept\n", x2, bins, crit,
+           n_runs, drafted, kept);
+    CHECK(df >= 2 && x2 < crit, "chi-square %.2f over %d bins (critical %.2f at 0.1%%)", x2, bins, crit);
+    free(row0);
+    tl_free(ids);
+    tl_ctx_free(ctx);
+}
+
 int main(void) {
     check_ngram();
     tl_model *m = NULL;
@@ -274,6 +398,7 @@ int main(void) {
         }
     }
     check_cache(m, ids, (int)n);
+    check_chi2(m, asan ? 400 : 2000);
     tl_model *g = NULL;
     if (tl_model_load_vocab("models/gemma-3-270m-q4_k_m.gguf", &g, &err) == 0) {
         CHECK(tl_spec_check_draft(m, g, &err) == TL_ERR_ARG && strstr(err.msg, "vocabulary"),
