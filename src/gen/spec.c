@@ -92,7 +92,7 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     }
     /* in a call of b0 sequences' rows each probes b0 times more rarely: the
      * probes of all of them together then cost one row every PROBE_EVERY steps */
-    if (best == 0 && ++p->idle >= PROBE_EVERY * b0) {
+    if (best == 0 && !p->no_probe && ++p->idle >= PROBE_EVERY * b0) {
         p->idle = 0;
         return 1;
     }

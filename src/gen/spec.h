@@ -31,6 +31,8 @@ typedef struct tl_spec_policy {
     int max_draft;     /* cap (TL_STEP_MAX_FEED - 1 at most) */
     double acc;        /* estimated chance that a guess is kept (EMA over guesses) */
     int idle;          /* steps since the last draft while guesses existed */
+    int no_probe;      /* never guess against the estimate (a draft model: a probe
+                        * would first have to run it over every token since) */
 } tl_spec_policy;
 
 void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft);

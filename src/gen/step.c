@@ -40,13 +40,15 @@ struct tl_step {
     int n_feed;
     int32_t last;    /* the last sampled token (-1 before the first) */
     int stop;
-    tl_spec_policy spec;
+    tl_spec_policy spec;   /* the draft model's, or prompt lookup's without one */
+    tl_spec_policy lookup; /* prompt lookup's beside a draft model (auto) */
+    int used_draft;        /* the last step's guesses came from the draft model */
     int drafted, accepted;
     /* the draft model: its context and sequence, a batch's worth of that
      * sequence id, and its logits flags (the last row of a catch-up) */
     tl_ctx *dctx;
     int dseq, dbatch;
-    int32_t *dseqv;
+    int32_t *dseqv, *dtok; /* dtok: a catch-up chunk's tokens */
     uint8_t *dlg;
     tl_token_prob top[MAX_TOP];
 };
@@ -75,17 +77,21 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     if (st->n_top > st->n_vocab) st->n_top = st->n_vocab;
     st->last = -1;
     tl_spec_policy_init(&st->spec, gp->spec, gp->spec_max);
+    tl_spec_policy_init(&st->lookup, gp->spec, gp->spec_max);
     if (gp->draft_ctx && gp->spec != TL_SPEC_OFF && gp->spec != TL_SPEC_NGRAM) {
         st->dctx = gp->draft_ctx;
         st->dseq = gp->draft_seq;
         st->dbatch = tl_ctx_n_batch(st->dctx);
         st->dseqv = malloc((size_t)st->dbatch * sizeof *st->dseqv);
+        st->dtok = malloc((size_t)st->dbatch * sizeof *st->dtok);
         st->dlg = calloc((size_t)st->dbatch, 1);
-        if (!st->dseqv || !st->dlg) {
+        if (!st->dseqv || !st->dtok || !st->dlg) {
             tl_step_free(st);
             return tl_fail(err, TL_ERR_NOMEM, "out of memory");
         }
         for (int i = 0; i < st->dbatch; i++) st->dseqv[i] = st->dseq;
+        /* once the draft model stops paying, auto leaves it for prompt lookup */
+        st->spec.no_probe = 1;
     }
     *out = st;
     return TL_OK;
@@ -95,6 +101,7 @@ void tl_step_free(tl_step *st) {
     if (!st) return;
     tl_gen_free(st->gen);
     free(st->dseqv);
+    free(st->dtok);
     free(st->dlg);
     free(st);
 }
@@ -131,22 +138,17 @@ static int draft_model(tl_step *st, const tl_hist *h, int k) {
     int c = 0;
     while (c < nd && c < h->n_tok && dt[c] == h->tok[c]) c++;
     if (c < nd && tl_seq_truncate(st->dctx, st->dseq, c, &err)) return 0;
-    /* the catch-up: tokens [c, n_tok) and the last, in chunks */
+    /* the catch-up: tokens [c, n_tok) and the last, in chunks; the last
+     * chunk (which ends with the last token) keeps its final row */
     for (int done = c; done <= h->n_tok;) {
         int n = h->n_tok + 1 - done < st->dbatch ? h->n_tok + 1 - done : st->dbatch;
-        const int32_t *tok = h->tok + done;
-        if (done + n > h->n_tok) { /* the chunk that ends with the last token */
-            if (n > 1) {
-                tl_batch b = {.n = n - 1, .token = tok, .seq = st->dseqv, .logits = st->dlg};
-                if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
-            }
-            const uint8_t one = 1;
-            tl_batch b = {.n = 1, .token = &h->last, .seq = st->dseqv, .logits = &one};
-            if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
-            break;
-        }
-        tl_batch b = {.n = n, .token = tok, .seq = st->dseqv, .logits = st->dlg};
-        if (tl_ctx_decode(st->dctx, &b, &err)) return 0;
+        const int end = done + n > h->n_tok;
+        for (int i = 0; i < n; i++) st->dtok[i] = done + i < h->n_tok ? h->tok[done + i] : h->last;
+        st->dlg[n - 1] = (uint8_t)end;
+        tl_batch b = {.n = n, .token = st->dtok, .seq = st->dseqv, .logits = st->dlg};
+        int rc = tl_ctx_decode(st->dctx, &b, &err);
+        st->dlg[n - 1] = 0;
+        if (rc) return 0;
         done += n;
     }
     const int nv = st->n_vocab;
@@ -178,16 +180,26 @@ static int draft(tl_step *st, int n_other, int cap) {
     if (cap - 1 < max) max = cap - 1;
     if (TL_STEP_MAX_FEED - 1 < max) max = TL_STEP_MAX_FEED - 1;
     if (!h.tok || max <= 0) return 0;
+    st->used_draft = 0;
     if (st->dctx) {
         /* the cost decides the length before the guesses are made */
         int k = st->spec.mode == TL_SPEC_AUTO
                     ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
                     : (max < st->spec.max_draft ? max : st->spec.max_draft);
-        return k > 0 ? draft_model(st, &h, k) : 0;
+        if (k > 0) {
+            int got = draft_model(st, &h, k);
+            /* a draft call that found nothing it was sure of cost as much as
+             * a rejected guess and yielded as little: the estimate learns it */
+            if (got == 0) tl_spec_update(&st->spec, 0, 1);
+            st->used_draft = got > 0;
+            return got;
+        }
+        if (st->spec.mode != TL_SPEC_AUTO) return 0;
     }
+    tl_spec_policy *p = st->dctx ? &st->lookup : &st->spec;
     int match;
     int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
-    return tl_spec_choose(&st->spec, st->ctx, n, n_other, 0.0);
+    return tl_spec_choose(p, st->ctx, n, n_other, 0.0);
 }
 
 int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
@@ -237,7 +249,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     }
     if (fed > 1) {
         st->accepted += keep - 1;
-        tl_spec_update(&st->spec, keep - 1, rejected);
+        tl_spec_update(st->dctx && !st->used_draft ? &st->lookup : &st->spec, keep - 1, rejected);
     }
     if (fed) {
         int rc = tl_seq_commit(st->ctx, st->seq, keep, err);
