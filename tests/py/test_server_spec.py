@@ -5,7 +5,8 @@ requests run beside it (verification rows of some sequences beside plain rows
 of others in one forward call); usage.speculative reports drafted and
 accepted guesses; /metrics carries vLLM's spec_decode counters and ours; and
 after many rejected guesses the prefix cache hands out only right blocks
-(the same request again is cached and answers the same).
+(the same request again is cached and answers the same); and a draft model
+(--draft, the model itself) gives the same tokens.
 Run: TL_BIN=./tokenloop python3 tests/py/test_server_spec.py"""
 import concurrent.futures
 import http.client
@@ -105,6 +106,18 @@ def main():
             check(metric(m, "tokenloop_spec_draft_tokens_total") == d, "our draft counter equals vLLM's")
     finally:
         on.stop()
+    # a draft model (the model itself: same vocabulary) in the server, one
+    # draft sequence per slot, beside other requests
+    dr = Server(SMOL, "-np", "4", "-t", "2", "-c", "1024", "--spec", "draft", "--draft", SMOL)
+    try:
+        if check(dr.wait_ready(), "--spec draft server ready") and "greedy" in ref:
+            same(ref["greedy"], chat(dr, COPY, max_tokens=N_TOK), "greedy: draft model vs off")
+            same(ref["seeded"], beside(dr, lambda: chat(dr, COPY, temperature=0.8, seed=7, max_tokens=N_TOK)),
+                 "seeded beside 3 other requests: draft model vs off")
+            sp = chat_usage(dr, COPY).get("speculative") or {}
+            check(sp.get("drafted", 0) > 0 and sp.get("accepted", 0) > 0, f"the draft model guessed: {sp}")
+    finally:
+        dr.stop()
     print(f"  total {time.time() - t0:.1f} s")
     tlcheck.finish()
 
