@@ -197,8 +197,6 @@ int tl_seq_truncate(tl_ctx *ctx, int seq, int len, tl_error *err);
  * it wrote for seq (they join the sequence and, once a block fills, the
  * prefix cache) and drops the rest. */
 int tl_seq_commit(tl_ctx *ctx, int seq, int n, tl_error *err);
-/* Positions written but not committed (-1: not open). */
-int tl_seq_pending(const tl_ctx *ctx, int seq);
 /* The tokens at the sequence's committed positions (*n of them); valid until
  * the next call that changes the sequence. NULL if not open. */
 const int32_t *tl_seq_tokens(const tl_ctx *ctx, int seq, int *n);
@@ -400,8 +398,7 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap);
 int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *err);
 /* Once stopped: the text still held back (tl_gen_flush). */
 size_t tl_step_flush(tl_step *st, const char **text);
-int tl_step_count(const tl_step *st);   /* tokens emitted */
-int tl_step_stopped(const tl_step *st); /* the stop reason so far */
+int tl_step_count(const tl_step *st); /* tokens emitted */
 /* Speculative guesses verified and kept so far. */
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted);
 

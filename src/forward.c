@@ -797,11 +797,6 @@ const int32_t *tl_seq_tokens(const tl_ctx *c, int seq, int *n) {
     return sq ? sq->tok : NULL;
 }
 
-int tl_seq_pending(const tl_ctx *c, int seq) {
-    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
-    return sq ? sq->pend : -1;
-}
-
 static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
     size_t need = rows * (size_t)c->m->hp.n_vocab;
     if (need <= c->logits_cap) return TL_OK;

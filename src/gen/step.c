@@ -107,7 +107,6 @@ void tl_step_free(tl_step *st) {
 }
 
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
-int tl_step_stopped(const tl_step *st) { return st->stop; }
 
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
     *drafted = st->drafted;
@@ -122,9 +121,11 @@ static int32_t draft_argmax(const float *lg, int n, int need_sure) {
     for (int i = 1; i < n; i++)
         if (lg[i] > lg[best]) best = i;
     if (!need_sure) return best;
+    /* p(best) = 1 / sum: stop summing as soon as it cannot reach P_MIN */
     double sum = 0;
-    for (int i = 0; i < n; i++) sum += expf(lg[i] - lg[best]);
-    return 1.0 / sum >= DRAFT_P_MIN ? best : -1;
+    for (int i = 0; i < n; i++)
+        if ((sum += expf(lg[i] - lg[best])) > 1.0 / DRAFT_P_MIN) return -1;
+    return best;
 }
 
 /* k guesses from the draft model into feed[1..]. Its sequence is first
