@@ -129,13 +129,18 @@ def main():
     if ok:
         if "tokenizer" in parts:
             to.test_tokenizer_file("gemma_tokenizer.json", MODEL)
-        # both numerics modes, held to the same fidelity bounds (see above)
+        # both numerics modes, held to the same fidelity bounds (see above);
+        # the sanitizer run looks for memory errors, not numbers: it runs the
+        # long greedy and perplexity checks in the default mode only (the exact
+        # kernels stay under it through the logits here and test_forward's
+        # --numerics exact run)
         for to.NUMERICS in ("exact", "fast"):
+            long_ok = not os.environ.get("TL_ASAN") or to.NUMERICS == "fast"
             if "logits" in parts:
                 test_logits()
-            if "greedy" in parts:
+            if "greedy" in parts and long_ok:
                 test_greedy()
-            if "perplexity" in parts:
+            if "perplexity" in parts and long_ok:
                 test_perplexity()
     print(f"{to.passed} passed, {to.failed} failed")
     return 1 if to.failed else 0
