@@ -14,7 +14,7 @@ LDLIBS  = -lpcre2-8 -lm -lpthread
 # The server (server/*.c) adds its HTTP and JSON libraries.
 SERVER_LIBS = -lmicrohttpd -ljansson
 
-LIB_SRC  = $(wildcard src/*.c) $(wildcard src/gen/*.c) $(wildcard src/cpu/*.c)
+LIB_SRC  = $(wildcard src/*.c) $(wildcard src/gen/*.c) $(wildcard src/grammar/*.c) $(wildcard src/cpu/*.c)
 SERVER_SRC = $(wildcard server/*.c)
 CLI_SRC  = $(wildcard cli/*.c)
 TEST_SRC = $(wildcard tests/unit/test_*.c)

@@ -11,7 +11,7 @@
 #define MAX_STOPS 16
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *system, *draft;
+    const char *model, *prompt, *prompt_file, *system, *draft, *grammar;
     const char *stop[MAX_STOPS];
     int n_stop;
     int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
@@ -42,6 +42,9 @@ static const char RUN_HELP[] =
     "      --frequency-penalty F, --presence-penalty P   (default 0 = off)\n"
     "      --seed S            RNG seed (default: random)\n"
     "      --stop STR          stop at STR (not printed); may be repeated\n"
+    "      --grammar FILE      the output follows this GBNF grammar (llama.cpp's notation,\n"
+    "                          start rule 'root'; docs/GRAMMAR.md): tokens it forbids are\n"
+    "                          never drawn\n"
     "      --chat              wrap the prompt in the model's chat template (run)\n"
     "      --system TEXT       system message for --chat and chat\n"
     "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
@@ -74,6 +77,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); o->system = v;
         } else if (!strcmp(a, "--draft")) {
             VAL(); o->draft = v;
+        } else if (!strcmp(a, "--grammar")) {
+            VAL(); o->grammar = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VAL(); if (cli_int(a, v, -1, 1 << 30, &o->n_predict)) return -1;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
@@ -259,9 +264,15 @@ typedef struct session {
     tl_model *m, *dm;
     tl_ctx *ctx, *dctx; /* dctx: the draft model's, on ctx's threads */
     tl_sampler *smp;
+    tl_grammar *grammar; /* --grammar, and its matcher over the model's vocabulary */
+    tl_vocab_trie *trie;
+    tl_matcher *matcher;
 } session;
 
 static void session_free(session *s) {
+    tl_matcher_free(s->matcher);
+    tl_vocab_trie_free(s->trie);
+    tl_grammar_free(s->grammar);
     tl_sampler_free(s->smp);
     tl_ctx_free(s->dctx); /* before ctx: it runs on ctx's thread pool */
     tl_model_free(s->dm);
@@ -291,6 +302,22 @@ static int session_open(session *s, const run_opts *o) {
         session_free(s);
         return -1;
     }
+    if (o->grammar) {
+        size_t len;
+        char *g = cli_read_file(o->grammar, &len);
+        if (!g) {
+            session_free(s);
+            return -1;
+        }
+        int rc = tl_grammar_parse(g, len, &s->grammar, &err) || tl_vocab_trie_new(s->m, &s->trie, &err) ||
+                 tl_matcher_new(s->grammar, s->trie, &s->matcher, &err);
+        free(g);
+        if (rc) {
+            cli_error("--grammar %s: %s", o->grammar, err.msg);
+            session_free(s);
+            return -1;
+        }
+    }
     if (o->draft && o->spec != TL_SPEC_OFF && o->spec != TL_SPEC_NGRAM) {
         tl_ctx_params dp = {.n_ctx = tl_ctx_n_ctx(s->ctx), .n_batch = o->n_batch, .numerics = o->numerics,
                             .share_threads = s->ctx};
@@ -310,8 +337,10 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
     tl_error err = {0};
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
                         .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
-                        .on_token = on_token, .user = os, .spec = o->spec, .draft_ctx = s->dctx};
-    int rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
+                        .on_token = on_token, .user = os, .spec = o->spec, .draft_ctx = s->dctx,
+                        .grammar = s->matcher};
+    int rc = s->matcher ? tl_matcher_reset(s->matcher, &err) : 0; /* each reply starts the grammar over */
+    if (!rc) rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
     if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
     if (os->oom) {
         fflush(stdout);

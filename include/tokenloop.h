@@ -290,6 +290,45 @@ int tl_sampler_dist(tl_sampler *s, const float *logits, tl_token_prob *out, int 
 /* Records a token in the penalty history (prompt tokens and generated ones). */
 void tl_sampler_accept(tl_sampler *s, int32_t token);
 void tl_sampler_reset(tl_sampler *s);
+/* The mask for the draws that follow: token i may be drawn only if bit i%32
+ * of bits[i/32] is set (NULL: no mask). Applied before the rest of the chain
+ * (bias, penalties, filters), at every temperature; reported probabilities
+ * stay the model's own. Not owned; the caller keeps it valid while set. With
+ * nothing allowed, tl_sampler_sample returns -1. */
+void tl_sampler_set_allowed(tl_sampler *s, const uint32_t *bits);
+
+/* ---- grammars: output that always parses ------------------------------------ */
+
+/* A compiled grammar in llama.cpp's GBNF notation (docs/GRAMMAR.md); the
+ * start rule is `root`. Immutable once made: any number of matchers, on any
+ * threads, may share it. */
+typedef struct tl_grammar tl_grammar;
+int tl_grammar_parse(const char *gbnf, size_t len, tl_grammar **out, tl_error *err);
+void tl_grammar_free(tl_grammar *g);
+
+/* The model's vocabulary as a byte trie, built once per model and shared
+ * (read-only) by its matchers. */
+typedef struct tl_vocab_trie tl_vocab_trie;
+int tl_vocab_trie_new(const tl_model *model, tl_vocab_trie **out, tl_error *err);
+void tl_vocab_trie_free(tl_vocab_trie *t);
+
+/* One output's position in a grammar. */
+typedef struct tl_matcher tl_matcher;
+int tl_matcher_new(const tl_grammar *g, const tl_vocab_trie *t, tl_matcher **out, tl_error *err);
+void tl_matcher_free(tl_matcher *m);
+/* Back to the start of the output. */
+int tl_matcher_reset(tl_matcher *m, tl_error *err);
+/* The tokens that may come next, as bits for tl_sampler_set_allowed (the end
+ * tokens when the output may end here); valid until the next call on m. NULL
+ * on error. */
+const uint32_t *tl_matcher_allowed(tl_matcher *m, tl_error *err);
+/* Follows a token (an end token: the output ends) or raw text; TL_ERR_ARG,
+ * state unchanged up to the byte that failed, when the grammar forbids it. */
+int tl_matcher_accept(tl_matcher *m, int32_t token, tl_error *err);
+int tl_matcher_accept_bytes(tl_matcher *m, const char *text, size_t len, tl_error *err);
+/* Whether the output may end here, and whether it must (nothing may follow). */
+int tl_matcher_can_end(const tl_matcher *m);
+int tl_matcher_done(const tl_matcher *m);
 
 /* ---- generation: the loop ----------------------------------------------------- */
 
@@ -321,7 +360,7 @@ typedef enum tl_spec_mode {
     TL_SPEC_OFF = 0,
     TL_SPEC_AUTO = 1,  /* guess only while the measured cost says it pays */
     TL_SPEC_NGRAM = 2, /* prompt lookup whenever it finds a match */
-    TL_SPEC_DRAFT = 3, /* a draft model's greedy guesses, spec_max of them every step */
+    TL_SPEC_DRAFT = 3, /* a draft model's greedy guesses, up to spec_max a step while its top p >= 0.5 */
 } tl_spec_mode;
 /* "off", "auto", "ngram", "draft"; -1 for anything else. */
 int tl_spec_parse(const char *name);
@@ -342,6 +381,8 @@ typedef struct tl_gen_params {
     tl_ctx *draft_ctx;         /* a draft model's context (tl_spec_check_draft passed): auto
                                 * and draft guess with it; NULL: prompt lookup */
     int draft_seq;             /* the sequence of draft_ctx this loop owns (0 or tl_seq_open's) */
+    tl_matcher *grammar;       /* the output follows this grammar (the loop masks each draw and
+                                * advances it); NULL: free text */
 } tl_gen_params;
 
 typedef struct tl_gen_stats {

@@ -30,6 +30,8 @@ struct tl_sampler {
     int32_t *count;
     int32_t *present, *present_pos;
     int n_present;
+
+    const uint32_t *allow; /* the mask for the next draw (tl_sampler_set_allowed), or NULL */
 };
 
 tl_sampler_params tl_sampler_default_params(void) {
@@ -512,6 +514,23 @@ static void load_work(tl_sampler *s, const float *logits) {
         memcpy(s->work + i, &x, sizeof x);
     }
     for (; i < n; i++) s->work[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+    if (s->allow) /* the mask first: the rest of the chain sees only what may follow */
+        for (i = 0; i < n; i += 32) {
+            const uint32_t w = s->allow[i >> 5];
+            if (w == 0xffffffffu) continue;
+            for (int j = 0; j < 32 && i + j < n; j++)
+                if (!(w >> j & 1)) s->work[i + j] = -INFINITY;
+        }
+}
+
+void tl_sampler_set_allowed(tl_sampler *s, const uint32_t *bits) { s->allow = bits; }
+
+/* Whether the mask leaves any token. */
+static int mask_empty(const tl_sampler *s) {
+    if (!s->allow) return 0;
+    for (int i = 0; i < (s->n_vocab + 31) / 32; i++)
+        if (s->allow[i]) return 0;
+    return 1;
 }
 
 static int32_t argmax(const float *v, int n) {
@@ -613,9 +632,10 @@ int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *cho
     if (!s || !logits) return -1;
     const tl_sampler_params *p = &s->p;
     int32_t tok;
+    if (mask_empty(s)) return -1;
     if (p->temp <= 0.0f) {
         /* greedy: raw logits plus bias only, so banned tokens stay banned */
-        if (p->n_logit_bias == 0) {
+        if (p->n_logit_bias == 0 && !s->allow) {
             tok = argmax(logits, s->n_vocab);
         } else {
             load_work(s, logits);
@@ -626,6 +646,7 @@ int32_t tl_sampler_sample(tl_sampler *s, const float *logits, tl_token_prob *cho
         cands c = filter_chain(s, logits);
         tok = draw(s, &c);
     }
+    if (s->allow && !(s->allow[tok >> 5] >> (tok & 31) & 1)) return -1; /* every allowed logit was -inf or NaN */
     report(s, logits, tok, chosen, top, n_top);
     return tok;
 }

@@ -27,11 +27,18 @@
 #include "util.h"
 
 #define MAX_TOP 20
+#define DRAFT_BINS 4
+#define DRAFT_ALPHA 0.1
+#define DRAFT_WINDOW 256
+/* steps and guesses of the draft model's trial under auto */
+#define DRAFT_TRIAL 8
+#define DRAFT_TRIAL_K 3
 
 struct tl_step {
     tl_ctx *ctx;
     int seq, n_ctx, n_vocab;
     tl_sampler *smp; /* the caller's */
+    tl_matcher *grammar; /* the caller's, or NULL */
     tl_gen *gen;
     tl_gen_callback on_token;
     void *user;
@@ -48,8 +55,16 @@ struct tl_step {
      * sequence id, and its logits flags (the last row of a catch-up) */
     tl_ctx *dctx;
     int dseq, dbatch;
+    int doff;              /* the target position of the draft sequence's first token */
+    int dtrial;            /* steps left of the draft model's trial (auto) */
     int32_t *dseqv, *dtok; /* dtok: a catch-up chunk's tokens */
     uint8_t *dlg;
+    /* how often the draft's guesses are kept, by its probability for them
+     * (DRAFT_BINS bins, each an average over its last guesses), and each fed
+     * guess's bin: a draft that is unsure between two tokens may still pick
+     * the one the model picks, so its probability alone says little */
+    double dkept[DRAFT_BINS];
+    uint8_t dbin[TL_STEP_MAX_FEED];
     tl_token_prob top[MAX_TOP];
 };
 
@@ -70,6 +85,7 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     st->n_ctx = tl_ctx_n_ctx(ctx);
     st->n_vocab = tl_model_n_vocab(tl_ctx_model(ctx));
     st->smp = smp;
+    st->grammar = gp->grammar;
     st->on_token = gp->on_token;
     st->user = gp->user;
     st->n_predict = gp->n_predict;
@@ -90,6 +106,8 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
             return tl_fail(err, TL_ERR_NOMEM, "out of memory");
         }
         for (int i = 0; i < st->dbatch; i++) st->dseqv[i] = st->dseq;
+        for (int i = 0; i < DRAFT_BINS; i++) st->dkept[i] = 0.5;
+        st->dtrial = gp->spec == TL_SPEC_AUTO ? DRAFT_TRIAL : 0;
         /* once the draft model stops paying, auto leaves it for prompt lookup */
         st->spec.no_probe = 1;
     }
@@ -113,35 +131,68 @@ void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
     *accepted = st->accepted;
 }
 
-/* The draft model's next guess: its argmax, or -1 when it is not sure
- * enough to be worth a row (the top probability under DRAFT_P_MIN). */
-#define DRAFT_P_MIN 0.5f
-static int32_t draft_argmax(const float *lg, int n, int need_sure) {
+/* The draft model's argmax and its probability. Logits more than 16 below
+ * the top add under 1.2e-7 each to the normaliser and are skipped: the
+ * probability only steers how far to guess. */
+static int32_t draft_argmax(const float *lg, int n, float *p) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
         if (lg[i] > lg[best]) best = i;
-    if (!need_sure) return best;
-    /* p(best) = 1 / sum: stop summing as soon as it cannot reach P_MIN */
+    const float top = lg[best], floor = top - 16.0f;
     double sum = 0;
     for (int i = 0; i < n; i++)
-        if ((sum += expf(lg[i] - lg[best])) > 1.0 / DRAFT_P_MIN) return -1;
+        if (lg[i] > floor) sum += expf(lg[i] - top);
+    *p = (float)(1.0 / sum);
     return best;
 }
 
-/* k guesses from the draft model into feed[1..]. Its sequence is first
+/* What the draft model's guessing weighs, in seconds: a plain step's time
+ * per token of the batch, a verification row's, and a draft call's. */
+typedef struct draft_costs {
+    double tok, row, call;
+} draft_costs;
+
+static draft_costs costs_of(const tl_step *st, int n_other) {
+    const int b0 = n_other + 1;
+    const double t0 = tl_ctx_decode_cost(st->ctx, b0), t1 = tl_ctx_decode_cost(st->ctx, b0 + 1);
+    draft_costs c = {t0 / b0, t1 - t0, tl_ctx_decode_cost(st->dctx, 1)};
+    return c;
+}
+
+/* Up to k guesses from the draft model into feed[1..]. Its sequence is first
  * brought to the target's tokens and the last sampled one: what it shares
- * with them stays, the rest (last step's rejected guesses) goes. Any failure
+ * with them stays, the rest (last step's rejected guesses) goes.
+ *
+ * How far to guess: the chance that guesses 1..i are all kept (cum) is the
+ * product of the rates at which guesses of their draft probability were kept
+ * so far. Guess i is worth its verification row while cum * tok > row;
+ * another draft call is worth making while the guess it makes is expected to
+ * pay for it, cum * acc * tok > call + row (acc: the share of all guesses
+ * kept). Before any call was measured, a guess needs p >= 0.5. Any failure
  * only ends the guessing: the draft never stops the generation. */
-static int draft_model(tl_step *st, const tl_hist *h, int k) {
+static int draft_bin(float p) { return p < 0.2f ? 0 : p < 0.5f ? 1 : p < 0.8f ? 2 : 3; }
+
+static int draft_model(tl_step *st, const tl_hist *h, int k, int n_other) {
     tl_error err;
     int nd = 0;
     const int32_t *dt = tl_seq_tokens(st->dctx, st->dseq, &nd);
+    /* The draft reads a window: it starts DRAFT_WINDOW tokens before the end
+     * (a long prompt would otherwise cost its whole prefill again) and starts
+     * over when its context would overflow. */
+    const int dn_ctx = tl_ctx_n_ctx(st->dctx);
+    if (nd == 0 || st->doff > h->n_tok || h->n_tok + 1 - st->doff + k > dn_ctx) {
+        const int w = DRAFT_WINDOW < dn_ctx / 2 ? DRAFT_WINDOW : dn_ctx / 2;
+        if (nd && tl_seq_truncate(st->dctx, st->dseq, 0, &err)) return 0;
+        nd = 0;
+        st->doff = h->n_tok + 1 > w ? h->n_tok + 1 - w : 0;
+        if (h->n_tok + 1 - st->doff + k > dn_ctx) return 0;
+    }
     int c = 0;
-    while (c < nd && c < h->n_tok && dt[c] == h->tok[c]) c++;
+    while (c < nd && st->doff + c < h->n_tok && dt[c] == h->tok[st->doff + c]) c++;
     if (c < nd && tl_seq_truncate(st->dctx, st->dseq, c, &err)) return 0;
-    /* the catch-up: tokens [c, n_tok) and the last, in chunks; the last
-     * chunk (which ends with the last token) keeps its final row */
-    for (int done = c; done <= h->n_tok;) {
+    /* the catch-up: tokens [doff + c, n_tok) and the last, in chunks; the
+     * last chunk (which ends with the last token) keeps its final row */
+    for (int done = st->doff + c; done <= h->n_tok;) {
         int n = h->n_tok + 1 - done < st->dbatch ? h->n_tok + 1 - done : st->dbatch;
         const int end = done + n > h->n_tok;
         for (int i = 0; i < n; i++) st->dtok[i] = done + i < h->n_tok ? h->tok[done + i] : h->last;
@@ -152,14 +203,23 @@ static int draft_model(tl_step *st, const tl_hist *h, int k) {
         if (rc) return 0;
         done += n;
     }
+    const draft_costs dc = costs_of(st, n_other);
+    const int measured = dc.tok > 0 && dc.call > 0;
     const int nv = st->n_vocab;
     int got = 0;
+    double cum = 1.0;
     for (;;) {
         const float *lg = tl_ctx_batch_logits(st->dctx, 0);
-        int32_t t = lg ? draft_argmax(lg, nv, st->spec.mode == TL_SPEC_AUTO) : -1;
-        if (t < 0) break;
+        if (!lg) break;
+        float p;
+        const int32_t t = draft_argmax(lg, nv, &p);
+        const int bin = draft_bin(p);
+        cum *= st->dkept[bin];
+        if (measured ? cum * dc.tok <= dc.row : p < 0.5f) break;
+        st->dbin[1 + got] = (uint8_t)bin;
         st->feed[1 + got++] = t;
         if (got >= k) break;
+        if (measured ? cum * st->spec.acc * dc.tok <= dc.call + dc.row : p < 0.5f) break;
         const uint8_t one = 1;
         tl_batch b = {.n = 1, .token = &st->feed[got], .seq = st->dseqv, .logits = &one};
         if (tl_ctx_decode(st->dctx, &b, &err)) break;
@@ -182,25 +242,31 @@ static int draft(tl_step *st, int n_other, int cap) {
     if (TL_STEP_MAX_FEED - 1 < max) max = TL_STEP_MAX_FEED - 1;
     if (!h.tok || max <= 0) return 0;
     st->used_draft = 0;
-    if (st->dctx) {
-        /* the cost decides the length before the guesses are made */
-        int k = st->spec.mode == TL_SPEC_AUTO
-                    ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
-                    : (max < st->spec.max_draft ? max : st->spec.max_draft);
-        if (k > 0) {
-            int got = draft_model(st, &h, k);
-            /* a draft call that found nothing it was sure of cost as much as
-             * a rejected guess and yielded as little: the estimate learns it */
-            if (got == 0) tl_spec_update(&st->spec, 0, 1);
-            st->used_draft = got > 0;
-            return got;
-        }
-        if (st->spec.mode != TL_SPEC_AUTO) return 0;
+    /* prompt lookup first under auto: its guesses cost nothing to make, so
+     * when its policy takes them (the text is being copied) the draft call
+     * is saved; the draft model catches up on its next call */
+    if (st->spec.mode == TL_SPEC_AUTO || !st->dctx) {
+        tl_spec_policy *p = st->dctx ? &st->lookup : &st->spec;
+        int match;
+        int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
+        int k = tl_spec_choose(p, st->ctx, n, n_other, 0.0);
+        if (k > 0 || !st->dctx) return k;
     }
-    tl_spec_policy *p = st->dctx ? &st->lookup : &st->spec;
-    int match;
-    int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
-    return tl_spec_choose(p, st->ctx, n, n_other, 0.0);
+    /* the cost decides the length before the guesses are made */
+    int k = st->spec.mode == TL_SPEC_AUTO
+                ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
+                : (max < st->spec.max_draft ? max : st->spec.max_draft);
+    /* under auto the draft model gets a trial of a few steps before its
+     * estimate (from a prior of one guess in two kept) may drop it for good */
+    if (k <= 0 && st->dtrial > 0) k = max < DRAFT_TRIAL_K ? max : DRAFT_TRIAL_K;
+    if (st->dtrial > 0) st->dtrial--;
+    if (k <= 0) return 0;
+    int got = draft_model(st, &h, k, n_other);
+    /* a draft call that found nothing worth a row cost as much as a rejected
+     * guess and yielded as little: the estimate learns it */
+    if (got == 0) tl_spec_update(&st->spec, 0, 1);
+    st->used_draft = got > 0;
+    return got;
 }
 
 int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
@@ -234,8 +300,19 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     for (int j = 0; j < n_rows; j++) {
         if (!rows[j]) return tl_fail(err, TL_ERR_ARG, "tl_step_take: logits row %d missing", j);
         tl_token_prob chosen;
+        if (st->grammar) { /* the grammar masks the draw and follows what is drawn */
+            const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
+            if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
+            tl_sampler_set_allowed(st->smp, bits);
+        }
         int32_t tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
-        if (tok < 0 || tok >= st->n_vocab) return tl_fail(err, TL_ERR_ARG, "sampling failed");
+        tl_sampler_set_allowed(st->smp, NULL);
+        if (tok < 0 || tok >= st->n_vocab)
+            return tl_fail(err, TL_ERR_ARG, st->grammar ? "sampling failed: no token the grammar allows" : "sampling failed");
+        if (st->grammar) {
+            int rc = tl_matcher_accept(st->grammar, tok, err);
+            if (rc) return rc;
+        }
         tl_sampler_accept(st->smp, tok);
         if (fed) keep = j + 1; /* row j came after fed tokens 0..j, all of them right */
         st->last = tok;
@@ -250,6 +327,11 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     }
     if (fed > 1) {
         st->accepted += keep - 1;
+        if (st->used_draft) /* guesses 1..keep-1 kept, guess keep rejected if `rejected` */
+            for (int j = 1; j < keep + rejected && j < fed; j++) {
+                double *r = &st->dkept[st->dbin[j]];
+                *r += DRAFT_ALPHA * ((j < keep ? 1.0 : 0.0) - *r);
+            }
         tl_spec_update(st->dctx && !st->used_draft ? &st->lookup : &st->spec, keep - 1, rejected);
     }
     if (fed) {

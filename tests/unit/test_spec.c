@@ -39,6 +39,7 @@ static int record(const tl_gen_event *ev, void *user) {
 
 typedef struct run_cfg {
     int n_ctx, spec, spec_max, n_predict;
+    int d_ctx; /* the draft context's size (0: n_ctx) */
     float temp;
     const char *stop;
     const tl_model *draft; /* a draft model (on the context's threads) */
@@ -57,7 +58,7 @@ static int gen(tl_model *m, const int32_t *ids, int n, const run_cfg *c, trace *
     int rc = tl_ctx_new(m, &cp, &ctx, &err);
     if (!rc) rc = tl_sampler_new(&sp, tl_model_n_vocab(m), &s, &err);
     if (!rc && c->draft) {
-        tl_ctx_params dp = {.n_ctx = c->n_ctx, .n_batch = 64, .share_threads = ctx};
+        tl_ctx_params dp = {.n_ctx = c->d_ctx ? c->d_ctx : c->n_ctx, .n_batch = 64, .share_threads = ctx};
         rc = tl_ctx_new(c->draft, &dp, &dctx, &err);
     }
     const char *stops[1] = {c->stop};
@@ -357,6 +358,14 @@ int main(void) {
               "temp %.1f, draft model: output differs (%d drafted, %d kept)", temps[ti], st2.n_drafted, st2.n_accepted);
         CHECK(ti == 0 ? st2.n_accepted == st2.n_drafted || st2.stop != TL_STOP_LENGTH : st2.n_accepted < st2.n_drafted,
               "temp %.1f: %d of %d draft guesses kept", temps[ti], st2.n_accepted, st2.n_drafted);
+        /* a draft context too small for the sequence: the draft starts over
+         * on the window of the last tokens, more than once */
+        cd.d_ctx = 128;
+        gen(m, ids, (int)n, &cd, got, &st2, &past);
+        CHECK(same(ref, got) && past == past_ref && st2.n_drafted > 40 && st2.n_accepted > 0,
+              "temp %.1f, draft model in a small window: output differs (%d drafted, %d kept)", temps[ti],
+              st2.n_drafted, st2.n_accepted);
+        cd.d_ctx = 0;
         cd.spec = TL_SPEC_AUTO;
         cd.spec_max = 0;
         gen(m, ids, (int)n, &cd, got, &st2, &past);

@@ -1,0 +1,274 @@
+/* The grammar engine (src/grammar): GBNF parsing and its errors, the
+ * matcher on texts whose validity is known by construction, the allowed-token
+ * sets against a brute-force check of every token of two vocabularies
+ * (SmolLM2's 49k and Gemma 3's 262k), and sampling under the mask: at any
+ * temperature every drawn token is one the grammar allows. Prints the mask
+ * cost (compile, first and cached masks) on both vocabularies. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tl_test.h"
+#include "tokenloop.h"
+
+#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static const char JSON_GBNF[] =
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "object ::=\n"
+    "  \"{\" ws (\n"
+    "            string \":\" ws value\n"
+    "    (\",\" ws string \":\" ws value)*\n"
+    "  )? \"}\" ws\n"
+    "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
+    "string ::=\n"
+    "  \"\\\"\" (\n"
+    "    [^\"\\\\\\x7F\\x00-\\x1F] |\n"
+    "    \"\\\\\" ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4}) # escapes\n"
+    "  )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9]{1,3})? ws\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static tl_grammar *parse(const char *g, tl_error *err) {
+    tl_grammar *out = NULL;
+    return tl_grammar_parse(g, strlen(g), &out, err) ? NULL : out;
+}
+
+static void check_errors(void) {
+    static const struct {
+        const char *g, *want;
+    } bad[] = {
+        {"root ::= foo\n", "'foo' is used but not defined"},
+        {"start ::= \"a\"\n", "no 'root'"},
+        {"root ::= root \"a\" | \"b\"\n", "left-recursive"},
+        {"root ::= x\nx ::= y? root \"a\"\ny ::= \"b\"\n", "left-recursive"},
+        {"root ::= \"abc\n", "newline inside"},
+        {"root ::= [a-\n", "newline inside"},
+        {"root ::= \"a\" \"\\q\"\n", "unknown escape"},
+        {"root ::= \"a\"{3,2}\n", "n < m"},
+        {"root ::= \"a\"{5000}\n", "too large"},
+        {"root ::= \"a\"\nroot ::= \"b\"\n", "defined twice"},
+        {"root = \"a\"\n", "'::='"},
+        {"root ::= [z-a]\n", "out of order"},
+        {"root ::= ( \"a\" \n", "expected ')'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tl_error err = {0};
+        tl_grammar *g = parse(bad[i].g, &err);
+        CHECK(!g && err.status == TL_ERR_ARG && strstr(err.msg, bad[i].want), "grammar %zu refused with '%s': got '%s'",
+              i, bad[i].want, g ? "(accepted)" : err.msg);
+        tl_grammar_free(g);
+    }
+}
+
+/* Whether text, whole, is an output of g (and may end there). */
+static int accepts(const tl_grammar *g, const tl_vocab_trie *t, const char *text) {
+    tl_error err = {0};
+    tl_matcher *m = NULL;
+    if (tl_matcher_new(g, t, &m, &err)) return -1;
+    int ok = tl_matcher_accept_bytes(m, text, strlen(text), &err) == 0 && tl_matcher_can_end(m);
+    tl_matcher_free(m);
+    return ok;
+}
+
+static void check_texts(const tl_vocab_trie *t) {
+    tl_error err = {0};
+    tl_grammar *json = parse(JSON_GBNF, &err);
+    CHECK(json != NULL, "JSON grammar: %s", err.msg);
+    static const char *good[] = {
+        "{}", "{\"a\": 1}", "{\"a\": [1, 2.5, -3e10, true, false, null, \"x\"]}",
+        "{\"k\": {\"n\": {\"m\": []}}}", "{\"s\": \"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \\u00e9\\n\"}",
+        "{\n  \"a\": 0\n}",
+    };
+    static const char *badj[] = {
+        "", "{", "{\"a\"}", "{\"a\": 01}", "{'a': 1}", "{\"a\": tru}", "[1, 2]", "{\"a\": 1,}",
+        "{\"s\": \"\x01\"}", "{\"s\": \"\xff\"}", "{\"s\": \"\xc3\"}", "{\"s\": \"\\x\"}",
+        "{\"s\": \"\xed\xa0\x80\"}", /* a surrogate, not a character */
+        "{\"s\": \"\xe0\x80\xab\"}", /* an overlong form */
+    };
+    for (size_t i = 0; json && i < sizeof good / sizeof *good; i++)
+        CHECK(accepts(json, t, good[i]) == 1, "JSON accepts %s", good[i]);
+    for (size_t i = 0; json && i < sizeof badj / sizeof *badj; i++)
+        CHECK(accepts(json, t, badj[i]) == 0, "JSON refuses case %zu (%s)", i, badj[i]);
+    tl_grammar_free(json);
+    /* repetition bounds, classes, any character, nesting through rules */
+    static const struct {
+        const char *g, *text;
+        int ok;
+    } cases[] = {
+        {"root ::= \"a\"{2,4}\n", "a", 0},    {"root ::= \"a\"{2,4}\n", "aa", 1},
+        {"root ::= \"a\"{2,4}\n", "aaaa", 1}, {"root ::= \"a\"{2,4}\n", "aaaaa", 0},
+        {"root ::= \"ab\"{2,}\n", "ababab", 1}, {"root ::= \"ab\"{2,}\n", "ab", 0},
+        {"root ::= \"ab\"+ \"c\"?\n", "ababc", 1}, {"root ::= \"ab\"+ \"c\"?\n", "c", 0},
+        {"root ::= [^a-c]*\n", "xyz\xc3\xa9", 1}, {"root ::= [^a-c]*\n", "xbz", 0},
+        {"root ::= . . .\n", "\xe2\x82\xac" "ab", 1}, {"root ::= . .\n", "\xe2\x82\xac", 0},
+        {"root ::= p\np ::= \"(\" p \")\" | \"\"\n", "((()))", 1},
+        {"root ::= p\np ::= \"(\" p \")\" | \"\"\n", "(()", 0},
+        {"root ::= [\\u00e0-\\u00ff]+ # latin\n", "\xc3\xa9\xc3\xa0", 1},
+        {"root ::= [\\u00e0-\\u00ff]+\n", "\xc3\x80", 0},
+        {"root ::= \"x\" (\"y\" | \"z\")* \"!\"\n", "xyzzy!", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tl_grammar *g = parse(cases[i].g, &err);
+        CHECK(g != NULL, "case %zu parses: %s", i, err.msg);
+        if (g) CHECK(accepts(g, t, cases[i].text) == cases[i].ok, "case %zu: %s on '%s'", i, cases[i].g, cases[i].text);
+        tl_grammar_free(g);
+    }
+}
+
+/* After each prefix, the allowed set equals what accepting each token does. */
+static void check_masks(const tl_model *model, const tl_vocab_trie *t, const char *label) {
+    tl_error err = {0};
+    double t0 = now();
+    tl_grammar *g = parse(JSON_GBNF, &err);
+    double t_compile = now() - t0;
+    tl_matcher *m = NULL, *probe = NULL;
+    if (!g || tl_matcher_new(g, t, &m, &err) || tl_matcher_new(g, t, &probe, &err)) {
+        CHECK(0, "%s: matcher: %s", label, err.msg);
+        tl_matcher_free(m);
+        tl_grammar_free(g);
+        return;
+    }
+    const int nv = tl_model_n_vocab(model);
+    static const char *prefixes[] = {"", "{", "{\"na", "{\"name\": ", "{\"name\": \"caf\xc3", "{\"a\": [1, 2",
+                                     "{\"a\": {}}", "{\"a\": 1.5e"};
+    double t_first = 0, t_cached = 0;
+    int n_first = 0;
+    for (size_t pi = 0; pi < sizeof prefixes / sizeof *prefixes; pi++) {
+        const char *pre = prefixes[pi];
+        tl_matcher_reset(m, &err);
+        if (tl_matcher_accept_bytes(m, pre, strlen(pre), &err)) {
+            CHECK(0, "%s: prefix '%s': %s", label, pre, err.msg);
+            continue;
+        }
+        t0 = now();
+        const uint32_t *bits = tl_matcher_allowed(m, &err);
+        t_first += now() - t0;
+        n_first++;
+        t0 = now();
+        const uint32_t *again = tl_matcher_allowed(m, &err);
+        t_cached += now() - t0;
+        CHECK(bits && again == bits, "%s: the second mask of one state comes from the cache", label);
+        if (!bits) continue;
+        int wrong = 0, allowed = 0, first_wrong = -1;
+        for (int id = 0; id < nv; id++) {
+            const int in = bits[id >> 5] >> (id & 31) & 1;
+            allowed += in;
+            tl_matcher_reset(probe, &err);
+            tl_matcher_accept_bytes(probe, pre, strlen(pre), &err);
+            int can;
+            if (tl_token_is_eog(model, id)) {
+                can = tl_matcher_can_end(probe);
+            } else {
+                char piece[512];
+                size_t n = tl_token_piece(model, id, 0, piece, sizeof piece);
+                can = n > 0 && n <= sizeof piece && tl_matcher_accept_bytes(probe, piece, n, &err) == 0;
+            }
+            if (can != in && wrong++ == 0) first_wrong = id;
+        }
+        CHECK(wrong == 0 && allowed > 0, "%s: prefix '%s': %d tokens allowed, %d differ from token-by-token (first %d)",
+              label, pre, allowed, wrong, first_wrong);
+    }
+    printf("%s (%d tokens): compile %.3f ms, a new state's mask %.2f ms on average, a cached one %.4f ms\n", label,
+           nv, t_compile * 1e3, t_first * 1e3 / n_first, t_cached * 1e3 / n_first);
+    tl_matcher_free(probe);
+    tl_matcher_free(m);
+    tl_grammar_free(g);
+}
+
+/* Drawing under the mask: every token drawn continues the output. */
+static void check_sampling(const tl_model *model, const tl_vocab_trie *t) {
+    tl_error err = {0};
+    tl_grammar *g = parse("root ::= \"{\\\"n\\\": \" [0-9]{1,3} \", \\\"w\\\": \\\"\" [a-z ]{1,12} \"\\\"}\"\n", &err);
+    tl_matcher *m = NULL;
+    tl_sampler *s = NULL;
+    tl_sampler_params sp = tl_sampler_default_params();
+    sp.temp = 1.5f;
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.seed = 7;
+    const int nv = tl_model_n_vocab(model);
+    float *logits = malloc((size_t)nv * sizeof *logits);
+    if (!g || !logits || tl_matcher_new(g, t, &m, &err) || tl_sampler_new(&sp, nv, &s, &err)) {
+        CHECK(0, "sampling setup: %s", err.msg);
+    } else {
+        unsigned x = 12345;
+        int done = 0;
+        for (int run = 0; run < 20; run++) {
+            tl_matcher_reset(m, &err);
+            char out[256];
+            size_t len = 0;
+            for (int step = 0; step < 64; step++) {
+                for (int i = 0; i < nv; i++) { /* random logits: the mask alone keeps the output valid */
+                    x = x * 1103515245u + 12345u;
+                    logits[i] = (float)((x >> 8) & 0xffff) / 4096.0f;
+                }
+                const uint32_t *bits = tl_matcher_allowed(m, &err);
+                tl_sampler_set_allowed(s, bits);
+                int32_t tok = tl_sampler_sample(s, logits, NULL, NULL, 0);
+                tl_sampler_set_allowed(s, NULL);
+                if (tok < 0 || tl_matcher_accept(m, tok, &err)) {
+                    CHECK(0, "run %d step %d: drawn token %d refused: %s", run, step, tok, err.msg);
+                    break;
+                }
+                if (tl_token_is_eog(model, tok)) {
+                    done++;
+                    break;
+                }
+                len += tl_token_piece(model, tok, 0, out + len, sizeof out - len - 1);
+            }
+            out[len < sizeof out ? len : sizeof out - 1] = 0;
+            int n_digits = 0;
+            char w[64];
+            CHECK(sscanf(out, "{\"n\": %d, \"w\": \"%63[a-z ]\"}", &n_digits, w) == 2, "run %d: output '%s'", run, out);
+        }
+        CHECK(done == 20, "every run ended with an end token (%d of 20)", done);
+    }
+    free(logits);
+    tl_sampler_free(s);
+    tl_matcher_free(m);
+    tl_grammar_free(g);
+}
+
+int main(void) {
+    tl_model *m = NULL, *gm = NULL;
+    tl_error err = {0};
+    check_errors();
+    if (tl_model_load(MODEL, &m, &err)) {
+        CHECK(0, "%s: %s (run make models)", MODEL, err.msg);
+        return tl_test_summary();
+    }
+    tl_vocab_trie *t = NULL;
+    double t0 = now();
+    CHECK(tl_vocab_trie_new(m, &t, &err) == 0, "trie: %s", err.msg);
+    printf("SmolLM2 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
+    if (t) {
+        check_texts(t);
+        check_masks(m, t, "SmolLM2");
+        check_sampling(m, t);
+    }
+    tl_vocab_trie_free(t);
+    /* Gemma 3's vocabulary (262k tokens, SentencePiece) */
+    const char *gpath = "models/gemma-3-270m-q4_k_m.gguf";
+    CHECK(tl_model_load(gpath, &gm, &err) == 0, "%s: %s (run make models)", gpath, err.msg);
+    if (gm) {
+        t = NULL;
+        t0 = now();
+        CHECK(tl_vocab_trie_new(gm, &t, &err) == 0, "Gemma trie: %s", err.msg);
+        printf("Gemma 3 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
+        if (t && !getenv("TL_ASAN")) check_masks(gm, t, "Gemma 3");
+        tl_vocab_trie_free(t);
+    }
+    tl_model_free(gm);
+    tl_model_free(m);
+    return tl_test_summary();
+}
