@@ -10,9 +10,10 @@ WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototype
 # say where they fuse, so every build rounds the same way.
 CFLAGS  = -std=c11 $(OPT) -g $(WARN) -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc -Iserver -fPIC -MMD -MP $(SAN)
 LDFLAGS = $(SAN)
-LDLIBS  = -lpcre2-8 -lm -lpthread
-# The server (server/*.c) adds its HTTP and JSON libraries.
-SERVER_LIBS = -lmicrohttpd -ljansson
+# jansson: the library reads JSON Schemas (src/grammar/schema.c)
+LDLIBS  = -lpcre2-8 -ljansson -lm -lpthread
+# The server (server/*.c) adds its HTTP library.
+SERVER_LIBS = -lmicrohttpd
 
 LIB_SRC  = $(wildcard src/*.c) $(wildcard src/gen/*.c) $(wildcard src/grammar/*.c) $(wildcard src/cpu/*.c)
 SERVER_SRC = $(wildcard server/*.c)

@@ -11,7 +11,7 @@
 #define MAX_STOPS 16
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *system, *draft, *grammar;
+    const char *model, *prompt, *prompt_file, *system, *draft, *grammar, *json_schema;
     const char *stop[MAX_STOPS];
     int n_stop;
     int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
@@ -45,6 +45,8 @@ static const char RUN_HELP[] =
     "      --grammar FILE      the output follows this GBNF grammar (llama.cpp's notation,\n"
     "                          start rule 'root'; docs/GRAMMAR.md): tokens it forbids are\n"
     "                          never drawn\n"
+    "      --json-schema FILE  the output is JSON valid for this JSON Schema (the keywords\n"
+    "                          docs/GRAMMAR.md lists; others are refused by name)\n"
     "      --chat              wrap the prompt in the model's chat template (run)\n"
     "      --system TEXT       system message for --chat and chat\n"
     "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
@@ -79,6 +81,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); o->draft = v;
         } else if (!strcmp(a, "--grammar")) {
             VAL(); o->grammar = v;
+        } else if (!strcmp(a, "--json-schema")) {
+            VAL(); o->json_schema = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VAL(); if (cli_int(a, v, -1, 1 << 30, &o->n_predict)) return -1;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
@@ -302,18 +306,25 @@ static int session_open(session *s, const run_opts *o) {
         session_free(s);
         return -1;
     }
-    if (o->grammar) {
+    if (o->grammar && o->json_schema) {
+        cli_error("give --grammar or --json-schema, not both");
+        session_free(s);
+        return -1;
+    }
+    if (o->grammar || o->json_schema) {
+        const char *file = o->grammar ? o->grammar : o->json_schema;
         size_t len;
-        char *g = cli_read_file(o->grammar, &len);
+        char *g = cli_read_file(file, &len);
         if (!g) {
             session_free(s);
             return -1;
         }
-        int rc = tl_grammar_parse(g, len, &s->grammar, &err) || tl_vocab_trie_new(s->m, &s->trie, &err) ||
-                 tl_matcher_new(s->grammar, s->trie, &s->matcher, &err);
+        int rc = (o->grammar ? tl_grammar_parse(g, len, &s->grammar, &err)
+                             : tl_grammar_from_json_schema(g, len, &s->grammar, &err)) ||
+                 tl_vocab_trie_new(s->m, &s->trie, &err) || tl_matcher_new(s->grammar, s->trie, &s->matcher, &err);
         free(g);
         if (rc) {
-            cli_error("--grammar %s: %s", o->grammar, err.msg);
+            cli_error("%s %s: %s", o->grammar ? "--grammar" : "--json-schema", file, err.msg);
             session_free(s);
             return -1;
         }

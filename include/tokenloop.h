@@ -305,6 +305,11 @@ void tl_sampler_set_allowed(tl_sampler *s, const uint32_t *bits);
 typedef struct tl_grammar tl_grammar;
 int tl_grammar_parse(const char *gbnf, size_t len, tl_grammar **out, tl_error *err);
 void tl_grammar_free(tl_grammar *g);
+/* A grammar whose outputs are the JSON texts valid for a JSON Schema (the
+ * keywords docs/GRAMMAR.md lists; any other is TL_ERR_ARG naming it). */
+int tl_grammar_from_json_schema(const char *schema, size_t len, tl_grammar **out, tl_error *err);
+/* The same grammar as GBNF text (*gbnf allocated; free with tl_free). */
+int tl_json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, tl_error *err);
 
 /* The model's vocabulary as a byte trie, built once per model and shared
  * (read-only) by its matchers. */

@@ -2,7 +2,7 @@
 # Installs what the build and the tests need and is missing: a C compiler,
 # make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
-# (openai, prometheus-client). Idempotent and quiet when everything is there.
+# (openai, prometheus-client, jsonschema). Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
@@ -24,8 +24,8 @@ if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
     python3 -m pip install -q gguf numpy jinja2 >&2 ||
         python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
 fi
-if ! python3 -c 'import openai, prometheus_client' >/dev/null 2>&1; then
-    echo "setup: installing Python packages openai, prometheus-client" >&2
-    python3 -m pip install -q openai prometheus-client >&2 ||
-        python3 -m pip install -q --break-system-packages openai prometheus-client >&2
+if ! python3 -c 'import openai, prometheus_client, jsonschema' >/dev/null 2>&1; then
+    echo "setup: installing Python packages openai, prometheus-client, jsonschema" >&2
+    python3 -m pip install -q openai prometheus-client jsonschema >&2 ||
+        python3 -m pip install -q --break-system-packages openai prometheus-client jsonschema >&2
 fi
