@@ -222,9 +222,8 @@ static int get_str(json_t *o, const char *k, const char **out, api_err *e) {
 static const char *const COMMON_KEYS[] = {
     "model", "max_tokens", "temperature", "top_p", "min_p", "top_k", "seed", "stop",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "stream",
-    "stream_options", "n", "user", "prompt_cache_key", NULL};
-static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs",
-                                        "response_format", NULL};
+    "stream_options", "n", "user", "prompt_cache_key", "response_format", "grammar", NULL};
+static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
 static const char *const COMPL_KEYS[] = {"prompt", "echo", "best_of", "suffix", NULL};
 /* Known OpenAI fields this server does not implement: a clear 400, not silence. */
 static const char *const UNSUPPORTED[] = {
@@ -529,15 +528,57 @@ static int completion_prompt(const api_ctx *a, json_t *p, int32_t **ids, int *n,
 
 /* ---- the two endpoints ---------------------------------------------------------- */
 
+/* response_format (text, json_object, json_schema) and llama.cpp's `grammar`
+ * (GBNF): compiled here, on the HTTP thread, into r->grammar. */
+static const char ANY_OBJECT[] = "{\"type\": \"object\", \"additionalProperties\": true}";
+
+static int parse_format(json_t *root, srv_req *r, api_err *e) {
+    json_t *rf = field(root, "response_format"), *g = field(root, "grammar");
+    tl_error err = {0};
+    int rc = 0;
+    const char *param = "response_format";
+    if (rf) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *type = json_is_string(t) ? json_string_value(t) : "";
+        if (!strcmp(type, "text")) {
+            if (json_object_size(rf) != 1) return BAD("response_format", "response_format 'text' takes no other field");
+            rf = NULL;
+        } else if (!strcmp(type, "json_object")) {
+            if (json_object_size(rf) != 1) return BAD("response_format", "response_format 'json_object' takes no other field");
+            rc = tl_grammar_from_json_schema(ANY_OBJECT, sizeof ANY_OBJECT - 1, &r->grammar, &err);
+        } else if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *sch = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(js)) return BAD("response_format", "response_format 'json_schema' needs a 'json_schema' object");
+            const char *k;
+            json_t *v;
+            json_object_foreach(js, k, v) if (strcmp(k, "name") && strcmp(k, "schema") && strcmp(k, "strict") &&
+                                              strcmp(k, "description"))
+                return BAD("response_format", "unknown field 'json_schema.%.40s'", k);
+            char *text = sch ? json_dumps(sch, JSON_COMPACT) : NULL;
+            if (sch && !text) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            /* no schema: any JSON object, as OpenAI does */
+            rc = text ? tl_grammar_from_json_schema(text, strlen(text), &r->grammar, &err)
+                      : tl_grammar_from_json_schema(ANY_OBJECT, sizeof ANY_OBJECT - 1, &r->grammar, &err);
+            free(text);
+        } else {
+            return BAD("response_format", "response_format type must be 'text', 'json_object' or 'json_schema'");
+        }
+    }
+    if (!rc && g && !json_is_null(g)) {
+        param = "grammar";
+        if (!json_is_string(g)) return BAD("grammar", "'grammar' must be a string (GBNF)");
+        if (r->grammar) return BAD("grammar", "give 'grammar' or a JSON response_format, not both");
+        rc = tl_grammar_parse(json_string_value(g), json_string_length(g), &r->grammar, &err);
+    }
+    if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc) return BAD(param, "%s", err.msg);
+    return 0;
+}
+
 static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     long long x;
     int rc;
-    json_t *rf = field(root, "response_format");
-    if (rf) {
-        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") || json_object_size(rf) != 1)
-            return BAD("response_format", "only response_format {\"type\":\"text\"} is supported");
-    }
     json_t *lp = field(root, "logprobs");
     if (lp && !json_is_boolean(lp)) return BAD("logprobs", "'logprobs' must be true or false");
     r->logprobs = lp && json_is_true(lp);
@@ -600,6 +641,7 @@ int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t 
     if (!rc) rc = parse_common(a, root, kind, r, e);
     if (!rc) rc = parse_sampling(a, root, r, e);
     if (!rc) rc = parse_stop(root, r, e);
+    if (!rc) rc = parse_format(root, r, e);
     if (!rc) rc = kind == SRV_CHAT ? parse_chat(a, root, r, e) : parse_completion(a, root, r, e);
     if (!rc) rc = check_length(a, r, e);
     json_decref(root);

@@ -42,6 +42,7 @@ void srv_req_release(srv_req *r) {
     free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    tl_grammar_free(r->grammar);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     close(r->efd);

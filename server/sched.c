@@ -25,6 +25,7 @@ typedef struct slot {
     int seq;
     tl_sampler *smp;
     tl_step *step;      /* the token loop (feeds nothing until the prompt's last row) */
+    tl_matcher *matcher; /* the request's grammar, followed (NULL: free text) */
     int dseq;           /* its sequence in the draft context (0: none) */
     int n_fed;          /* prompt tokens in the sequence (reused ones included) */
     int n_take;         /* prompt tokens in the current step's batch */
@@ -46,6 +47,7 @@ struct srv_sched {
     tl_ctx *ctx;
     tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
+    tl_vocab_trie *trie; /* the vocabulary's byte trie, made at the first grammar (scheduler thread) */
 
     pthread_t th;
     int th_started;
@@ -106,6 +108,7 @@ static void slot_clear(srv_sched *s, slot *sl) {
     if (sl->seq > 0) tl_seq_close(s->ctx, sl->seq);
     if (sl->dseq > 0) tl_seq_close(s->dctx, sl->dseq);
     tl_step_free(sl->step);
+    tl_matcher_free(sl->matcher);
     tl_sampler_free(sl->smp);
     srv_req *r = sl->r;
     memset(sl, 0, sizeof *sl);
@@ -191,6 +194,11 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.on_token = slot_token;
     gp.user = sl;
     gp.spec = s->spec;
+    if (r->grammar) {
+        if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;
+        if ((rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;
+        gp.grammar = sl->matcher;
+    }
     if (s->dctx && tl_seq_open(s->dctx, &sl->dseq, err) == 0) { /* without one it guesses from the text */
         gp.draft_ctx = s->dctx;
         gp.draft_seq = sl->dseq;
@@ -553,7 +561,9 @@ static int sched_alloc(srv_sched *s, tl_error *err) {
 }
 
 static void sched_release_mem(srv_sched *s) {
+    for (int i = 0; s->slots && i < s->np; i++) tl_matcher_free(s->slots[i].matcher);
     free(s->slots);
+    tl_vocab_trie_free(s->trie);
     free(s->wait);
     free(s->b_tok);
     free(s->b_seq);

@@ -73,6 +73,7 @@ typedef struct srv_req {
     int logprobs;                    /* report logprobs of generated tokens */
     int top_logprobs;                /* alternatives per token, 0..SRV_MAX_TOP */
     int echo;                        /* completions: echo the prompt (with logprobs if logprobs) */
+    tl_grammar *grammar;             /* owned: response_format / grammar, or NULL */
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;                 /* unix seconds */
     double t_arrival;                /* monotonic seconds, for time-to-first-token */

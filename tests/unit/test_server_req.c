@@ -76,7 +76,12 @@ static void test_fields(void) {
         {"\"prompt_cache_key\":1", "prompt_cache_key"},
         {"\"tools\":[{\"type\":\"function\"}]", "tools"}, {"\"tool_choice\":\"auto\"", "tool_choice"},
         {"\"functions\":[]", "functions"},        {"\"audio\":{}", "audio"},
-        {"\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"\"response_format\":{\"type\":\"xml\"}", "response_format"},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"minimum\":1}}}",
+         "response_format"},
+        {"\"response_format\":{\"type\":\"json_object\",\"x\":1}", "response_format"},
+        {"\"grammar\":\"root ::= nothing\"", "grammar"},     {"\"grammar\":5", "grammar"},
+        {"\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":{\"type\":\"json_object\"}", "grammar"},
         {"\"bogus_field\":1", "bogus_field"},     {"\"prompt\":\"x\"", "prompt"},
         {"\"echo\":true", "echo"},
     };
@@ -86,7 +91,10 @@ static void test_fields(void) {
                         "\"stop\":[\"a\",\"b\"]", "\"logit_bias\":{\"5\":-100,\"7\":2.5}",
                         "\"logprobs\":true,\"top_logprobs\":20", "\"n\":1", "\"user\":\"u\"",
                         "\"model\":\"anything\"", "\"prompt_cache_key\":\"k\"",
-                        "\"response_format\":{\"type\":\"text\"}",
+                        "\"response_format\":{\"type\":\"text\"}", "\"response_format\":{\"type\":\"json_object\"}",
+                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
+                        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}",
+                        "\"grammar\":\"root ::= [a-z]+\"", "\"grammar\":null",
                         "\"stream\":true,\"stream_options\":{\"include_usage\":true}"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) good_chat(ok[i]);
 
