@@ -92,8 +92,8 @@ static void test_fields(void) {
                         "\"logprobs\":true,\"top_logprobs\":20", "\"n\":1", "\"user\":\"u\"",
                         "\"model\":\"anything\"", "\"prompt_cache_key\":\"k\"",
                         "\"response_format\":{\"type\":\"text\"}", "\"response_format\":{\"type\":\"json_object\"}",
-                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
-                        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}",
+                        ("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
+                         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}"),
                         "\"grammar\":\"root ::= [a-z]+\"", "\"grammar\":null",
                         "\"stream\":true,\"stream_options\":{\"include_usage\":true}"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) good_chat(ok[i]);
