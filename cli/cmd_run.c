@@ -181,15 +181,6 @@ static char *chat_render(const tl_model *m, const tl_chat_msg *msgs, size_t n, s
     return out;
 }
 
-/* BOS is added unless the template already wrote it (llama-3, phi-3, ...). */
-static int chat_add_bos(const tl_model *m, const char *rendered) {
-    if (!tl_model_add_bos(m)) return 0;
-    char bos[256];
-    size_t n = tl_token_piece(m, tl_token_bos(m), 1, bos, sizeof bos);
-    return !(n > 0 && n < sizeof bos && !strncmp(rendered, bos, n) &&
-             strstr(tl_model_chat_template(m), "bos_token"));
-}
-
 /* ---- streaming output ---- */
 
 typedef struct out_state {
@@ -418,7 +409,7 @@ int cmd_run(int argc, char **argv) {
             rc = 1;
         else {
             prompt = rendered;
-            add_bos = chat_add_bos(s.m, rendered);
+            add_bos = tl_chat_add_bos(s.m, rendered);
         }
     }
     tl_gen_stats st = {0};
@@ -476,7 +467,7 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
     if (!rendered) return -1;
     tl_error err = {0};
     int32_t *ids = NULL;
-    int flags = TL_TOK_PARSE_SPECIAL | (chat_add_bos(s->m, rendered) ? TL_TOK_ADD_BOS : 0);
+    int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(s->m, rendered) ? TL_TOK_ADD_BOS : 0);
     int rc = tl_tokenize(s->m, rendered, len, flags, &ids, &n, &err);
     tl_free(rendered);
     if (rc) {

@@ -465,6 +465,11 @@ int tl_generate(tl_ctx *ctx, tl_sampler *sampler, const int32_t *prompt, size_t 
 int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_json, size_t len,
                   int add_generation_prompt, char **out, size_t *out_len, tl_error *err);
 
+/* Whether a prompt rendered from the model's template needs BOS prepended
+ * when tokenized: the model asks for BOS and the template did not already
+ * write it (one rule for the CLI and the server). */
+int tl_chat_add_bos(const tl_model *model, const char *rendered);
+
 typedef struct tl_chat_msg {
     const char *role, *content;
 } tl_chat_msg;

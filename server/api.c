@@ -358,14 +358,6 @@ static int parse_common(const api_ctx *a, json_t *root, srv_kind kind, srv_req *
 
 /* ---- prompts --------------------------------------------------------------- */
 
-/* BOS unless the template already wrote it (the rule cli/cmd_run.c follows). */
-static int chat_add_bos(const tl_model *m, const char *rendered) {
-    if (!tl_model_add_bos(m)) return 0;
-    char bos[256];
-    size_t n = tl_token_piece(m, tl_token_bos(m), 1, bos, sizeof bos);
-    return !(n > 0 && n < sizeof bos && !strncmp(rendered, bos, n) &&
-             strstr(tl_model_chat_template(m), "bos_token"));
-}
 
 static int tokenize(const tl_model *m, const char *s, size_t n, int flags, int32_t **ids,
                     int *n_ids, api_err *e) {
@@ -485,7 +477,7 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, int add_gen, int32_t **id
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return BAD("messages", "chat template: %s", err.msg);
     }
-    int flags = TL_TOK_PARSE_SPECIAL | (chat_add_bos(a->m, out) ? TL_TOK_ADD_BOS : 0);
+    int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(a->m, out) ? TL_TOK_ADD_BOS : 0);
     rc = tokenize(a->m, out, ol, flags, ids, n, e);
     tl_free(out);
     return rc;

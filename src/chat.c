@@ -2573,3 +2573,11 @@ int tl_chat_apply_msgs(const tl_model *model, const char *tmpl, const tl_chat_ms
     free(b.s);
     return st;
 }
+
+int tl_chat_add_bos(const tl_model *m, const char *rendered) {
+    if (!tl_model_add_bos(m) || tl_token_bos(m) < 0) return 0;
+    char bos[256];
+    const size_t n = tl_token_piece(m, tl_token_bos(m), 1, bos, sizeof bos);
+    const char *tmpl = tl_model_chat_template(m);
+    return !(n > 0 && n < sizeof bos && rendered && !strncmp(rendered, bos, n) && tmpl && strstr(tmpl, "bos_token"));
+}

@@ -518,7 +518,8 @@ int tl_grammar_parse(const char *text, size_t len, tl_grammar **out, tl_error *e
         g->rule_alt[i] = g->n_alt;
         for (int a = 0; a < p.r[i].n_alt; a++) {
             g->alt[g->n_alt++] = g->n_el;
-            memcpy(g->el + g->n_el, p.r[i].alt[a].e, (size_t)p.r[i].alt[a].n * sizeof *g->el);
+            if (p.r[i].alt[a].n) /* an empty alternative has no array */
+                memcpy(g->el + g->n_el, p.r[i].alt[a].e, (size_t)p.r[i].alt[a].n * sizeof *g->el);
             g->n_el += p.r[i].alt[a].n;
             g->el[g->n_el++] = (tl_gelem){.kind = GE_END};
         }

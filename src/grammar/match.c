@@ -223,7 +223,7 @@ static int st_add(gstate *s, const uint32_t *stk, int len) {
 
 static int st_copy(gstate *d, const gstate *s) {
     if (st_reserve(d, s->n, s->n_pos)) return -1;
-    memcpy(d->pos, s->pos, (size_t)s->n_pos * sizeof *s->pos);
+    if (s->n_pos) memcpy(d->pos, s->pos, (size_t)s->n_pos * sizeof *s->pos);
     memcpy(d->off, s->off, (size_t)(s->n + 1) * sizeof *s->off);
     d->n = s->n;
     d->n_pos = s->n_pos;
@@ -418,7 +418,7 @@ static int state_key(const gstate *s, uint32_t *key) {
     key[k++] = s->cp;
     key[k++] = (uint32_t)s->n;
     for (int i = 0; i <= s->n; i++) key[k++] = (uint32_t)s->off[i];
-    memcpy(key + k, s->pos, (size_t)s->n_pos * sizeof *key);
+    if (s->n_pos) memcpy(key + k, s->pos, (size_t)s->n_pos * sizeof *key);
     return k + s->n_pos;
 }
 
