@@ -22,14 +22,24 @@
 
 #define MAX_STACK 4096   /* nesting the matcher follows */
 #define CACHE_N 64       /* allowed-token sets kept per matcher */
+#define IST_CAP 256      /* distinct states one walk interns */
 
 /* ---- the vocabulary trie ---- */
+
+/* Byte classes, for a subtree's summary: plain printable ASCII (not " or \),
+ * and the rest. */
+#define CLS_PLAIN 1
+#define CLS_OTHER 2
 
 typedef struct tnode {
     int32_t child, n_child; /* children: node[child .. child + n_child) */
     int32_t tok, n_tok;     /* tokens ending here: ord[tok .. tok + n_tok) */
+    int32_t tok_end;        /* the subtree's tokens: ord[tok .. tok_end) */
     uint8_t byte;           /* the edge from the parent */
+    uint8_t cls;            /* the classes of every byte below this node */
 } tnode;
+
+static uint8_t byte_cls(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\' ? CLS_PLAIN : CLS_OTHER; }
 
 struct tl_vocab_trie {
     const tl_model *model;
@@ -61,6 +71,7 @@ static int trie_build(tl_vocab_trie *t, const tpiece *pc, int at, int lo, int hi
     while (i < hi && pc[t->ord[i]].n == d) i++;
     t->node[at].tok = lo;
     t->node[at].n_tok = i - lo;
+    t->node[at].tok_end = hi;
     int groups = 0;
     for (int j = i; j < hi;) {
         int k = j;
@@ -87,6 +98,7 @@ static int trie_build(tl_vocab_trie *t, const tpiece *pc, int at, int lo, int hi
         memset(&t->node[first + g], 0, sizeof(tnode));
         t->node[first + g].byte = pc[t->ord[j]].b[d];
         if (trie_build(t, pc, first + g, j, k, d + 1)) return -1;
+        t->node[at].cls |= (uint8_t)(byte_cls(t->node[first + g].byte) | t->node[first + g].cls);
         j = k;
     }
     return 0;
@@ -252,6 +264,14 @@ struct tl_matcher {
         int used;
     } cache[CACHE_N];
     int clock;
+    /* the walk's states, interned, and their transitions by byte (-2: not
+     * computed yet, -1: no stack survives): most nodes of the trie lead to a
+     * state already seen, so a node usually costs one table read */
+    gstate ist[IST_CAP];
+    uint64_t ist_hash[IST_CAP];
+    int8_t ist_loop[IST_CAP]; /* every plain byte leads back here: -1 unknown */
+    int n_ist;
+    int32_t *trans;           /* [IST_CAP][256] */
     uint32_t *key; /* the current state's key */
     int cap_key;
     int failed; /* out of memory or too deep while expanding */
@@ -403,6 +423,78 @@ static void walk(tl_matcher *m, const tnode *nd, int depth, uint32_t *bits) {
     }
 }
 
+static uint64_t state_hash(const gstate *s);
+
+static int state_eq(const gstate *a, const gstate *b) {
+    return a->n == b->n && a->n_pos == b->n_pos && a->accept == b->accept && a->need == b->need && a->cp == b->cp &&
+           a->len == b->len && !memcmp(a->off, b->off, (size_t)(a->n + 1) * sizeof *a->off) &&
+           (!a->n_pos || !memcmp(a->pos, b->pos, (size_t)a->n_pos * sizeof *a->pos));
+}
+
+/* The id of state s among the walk's, adding it; -1 when the table is full. */
+static int intern(tl_matcher *m, const gstate *s) {
+    const uint64_t h = state_hash(s);
+    for (int i = 0; i < m->n_ist; i++)
+        if (m->ist_hash[i] == h && state_eq(&m->ist[i], s)) return i;
+    if (m->n_ist == IST_CAP) return -1;
+    const int id = m->n_ist;
+    if (st_reserve(&m->ist[id], s->n, s->n_pos) || st_copy(&m->ist[id], s)) {
+        m->failed = 1;
+        return -1;
+    }
+    m->ist_hash[id] = h;
+    m->ist_loop[id] = -1;
+    for (int b = 0; b < 256; b++) m->trans[id * 256 + b] = -2;
+    m->n_ist++;
+    return id;
+}
+
+/* The state after byte b from interned state id: its id, -1 if none
+ * survives, -3 if the table is full (out holds the state then). */
+static int trans(tl_matcher *m, int id, uint8_t b, gstate *out) {
+    int32_t *t = &m->trans[id * 256 + b];
+    if (*t != -2) return *t;
+    if (!advance_byte(m, &m->ist[id], b, out)) return *t = -1;
+    const int to = intern(m, out);
+    if (to < 0) return -3;
+    return *t = to;
+}
+
+/* Whether every plain byte leads from state id back to itself (inside a JSON
+ * string, say): then a subtree of plain bytes is allowed whole. */
+static int loops_plain(tl_matcher *m, int id, gstate *tmp) {
+    if (m->ist_loop[id] < 0) {
+        int all = 1;
+        for (int b = 0x20; b < 0x7F && all; b++)
+            if (byte_cls((uint8_t)b) == CLS_PLAIN && trans(m, id, (uint8_t)b, tmp) != id) all = 0;
+        m->ist_loop[id] = (int8_t)all;
+    }
+    return m->ist_loop[id];
+}
+
+static void walk_memo(tl_matcher *m, const tnode *nd, int id, int depth, uint32_t *bits) {
+    const tl_vocab_trie *t = m->t;
+    for (int i = 0; i < nd->n_tok; i++) {
+        const int32_t tk = t->ord[nd->tok + i];
+        bits[tk >> 5] |= 1u << (tk & 31);
+    }
+    if (!nd->n_child || depth + 1 >= m->n_lvl) return;
+    gstate *tmp = &m->lvl[depth + 1];
+    if (nd->cls == CLS_PLAIN && loops_plain(m, id, tmp)) {
+        for (int32_t i = nd->tok + nd->n_tok; i < nd->tok_end; i++) {
+            const int32_t tk = t->ord[i];
+            bits[tk >> 5] |= 1u << (tk & 31);
+        }
+        return;
+    }
+    for (int c = 0; c < nd->n_child && !m->failed; c++) {
+        const tnode *ch = &t->node[nd->child + c];
+        const int to = trans(m, id, ch->byte, tmp);
+        if (to >= 0) walk_memo(m, ch, to, depth + 1, bits);
+        else if (to == -3) walk(m, ch, depth + 1, bits); /* table full: the plain walk from tmp */
+    }
+}
+
 static uint64_t state_hash(const gstate *s) {
     uint64_t h = 1469598103934665603ull ^ (uint64_t)(s->accept | s->need << 1 | s->len << 4) ^ ((uint64_t)s->cp << 8);
     for (int i = 0; i <= s->n; i++) h = (h ^ (uint64_t)s->off[i]) * 1099511628211ull;
@@ -460,7 +552,10 @@ const uint32_t *tl_matcher_allowed(tl_matcher *m, tl_error *err) {
     uint32_t *bits = m->cache[v].bits;
     memset(bits, 0, (size_t)m->words * sizeof *bits);
     m->failed = 0;
-    if (st_copy(&m->lvl[0], s)) m->failed = 1;
+    m->n_ist = 0;
+    const int id0 = intern(m, s);
+    if (id0 >= 0) walk_memo(m, &m->t->node[0], id0, 0, bits);
+    else if (st_copy(&m->lvl[0], s)) m->failed = 1;
     else walk(m, &m->t->node[0], 0, bits);
     if (m->failed) {
         m->cache[v].key_n = -1;
@@ -481,6 +576,8 @@ void tl_matcher_free(tl_matcher *m) {
     free(m->lvl);
     free(m->scratch);
     free(m->key);
+    free(m->trans);
+    for (int i = 0; i < IST_CAP; i++) st_free(&m->ist[i]);
     for (int i = 0; i < CACHE_N; i++) {
         free(m->cache[i].key);
         free(m->cache[i].bits);
@@ -512,7 +609,8 @@ int tl_matcher_new(const tl_grammar *g, const tl_vocab_trie *t, tl_matcher **out
     m->lvl = calloc((size_t)m->n_lvl, sizeof *m->lvl);
     m->cap_scratch = 1 << 18;
     m->scratch = malloc((size_t)m->cap_scratch * sizeof *m->scratch);
-    if (!m->lvl || !m->scratch) {
+    m->trans = malloc((size_t)IST_CAP * 256 * sizeof *m->trans);
+    if (!m->lvl || !m->scratch || !m->trans) {
         tl_matcher_free(m);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     }
