@@ -462,7 +462,7 @@ static int visit_string(conv *c, json_t *s, const char *path, sb *b) {
         else if (!strcmp(f, "uuid"))
             sb_str(b, "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}");
         else if (!strcmp(f, "email"))
-            sb_str(b, "[a-zA-Z0-9._%+-]{1,64} \"@\" ([a-zA-Z0-9-]{1,63} \".\"){1,8} [a-zA-Z]{2,24}");
+            sb_str(b, "[a-zA-Z0-9._%+-]{1,40} \"@\" ([a-zA-Z0-9-]{1,30} \".\"){1,4} [a-zA-Z]{2,12}");
         else
             return refuse(c, path, "unsupported format '%s' (date, time, date-time, uuid, email are)", f);
         sb_str(b, " \"\\\"\"");

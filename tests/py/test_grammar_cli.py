@@ -117,6 +117,44 @@ def main():
                                "--seed", str(seed), "-n", "100")
             check(rc == 0 and re.fullmatch(r"Answer: (yes|no), because [a-z ,]{1,40}\.\n?", out),
                   f"grammar output seed {seed}: {out!r} {err[-200:]}")
+        # grammars in the style of llama.cpp's examples (written here): each
+        # parses, and the output is in its language by a Python check
+        arith = ('root ::= expr\n'
+                 'expr ::= term (ws [-+] ws term){0,6}\n'
+                 'term ::= factor (ws [*/] ws factor){0,3}\n'
+                 'factor ::= [0-9]{1,4} | "(" ws expr ws ")"\n'
+                 'ws ::= " "?\n')
+        listg = 'root ::= item{1,5}\nitem ::= "- " [a-zA-Z] [a-zA-Z ,]{0,30} "\\n"\n'
+        chess = ('root ::= "1. " move " " move (" " num " " move " " move){0,3}\n'
+                 'num ::= [2-9] "."\n'
+                 'move ::= (pawn | piece | castle) [+#]?\n'
+                 'pawn ::= file ("x" file)? rank ("=" [QRBN])?\n'
+                 'piece ::= [KQRBN] file? rank? "x"? file rank\n'
+                 'castle ::= "O-O" "-O"?\n'
+                 'file ::= [a-h]\n'
+                 'rank ::= [1-8]\n')
+        move = r"(?:(?:[a-h](?:x[a-h])?[1-8](?:=[QRBN])?)|(?:[KQRBN][a-h]?[1-8]?x?[a-h][1-8])|O-O(?:-O)?)[+#]?"
+        checks = [
+            (arith, "Compute 12 times (3 plus 4):", lambda t: re.fullmatch(r"[0-9()+\-*/ ]+", t) is not None
+             and isinstance(eval(t, {"__builtins__": {}}), (int, float))),  # noqa: S307 - digits and operators only
+            (listg, "List three fruits:", lambda t: re.fullmatch(r"(- [a-zA-Z][a-zA-Z ,]{0,30}\n){1,5}", t) is not None),
+            (chess, "Start a chess game:", lambda t: re.fullmatch(rf"1\. {move} {move}( [2-9]\. {move} {move}){{0,3}}", t)
+             is not None),
+        ]
+        for g, prompt, ok in checks:
+            with open(gpath, "w") as f:
+                f.write(g)
+            for temp, seed in (("0", 1), ("1.0", 2)):
+                rc, out, err = run(SMOL, "--chat", "-p", prompt, "--grammar", gpath, "--temp", temp, "--seed",
+                                   str(seed), "-n", "200")
+                text = out[:-1] if out.endswith("\n") else out
+                try:
+                    good = rc == 0 and "end of generation" in err and ok(text)
+                except ZeroDivisionError:  # arithmetic that parsed and divides by zero: in the language
+                    good = rc == 0
+                except SyntaxError:
+                    good = False
+                check(good, f"grammar {g.splitlines()[0]!r} temp {temp}: {out!r} {err[-200:]}")
         # refusals: named keyword, grammar line
         for schema, want in (({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}, "minimum"),
                              ({"type": "string", "format": "hostname"}, "hostname"),

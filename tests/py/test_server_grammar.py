@@ -8,6 +8,7 @@ Run: TL_BIN=build/tokenloop python3 tests/py/test_server_grammar.py"""
 import concurrent.futures
 import json
 import os
+import random
 import re
 import sys
 
@@ -36,6 +37,58 @@ PERSON = {
 }
 
 
+def random_schema(rng, depth=0, defs=None):
+    """A random schema over the supported keywords whose every valid reply is
+    short (strings and arrays bounded), so a reply always ends."""
+    kinds = ["string", "enum", "integer", "number", "boolean", "null", "format", "pattern", "const", "nullable"]
+    if depth < 2:
+        kinds += ["object", "array", "anyOf"] + (["ref"] if defs is not None else [])
+    k = rng.choice(kinds)
+    if k == "string":
+        lo = rng.randint(0, 3)
+        return {"type": "string", "minLength": lo, "maxLength": lo + rng.randint(0, 12)}
+    if k == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", 7, None, True, "a b", "x\"y"], rng.randint(1, 4))}
+    if k in ("integer", "number", "boolean", "null"):
+        return {"type": k}
+    if k == "format":
+        return {"type": "string", "format": rng.choice(["date", "time", "date-time", "uuid", "email"])}
+    if k == "pattern":
+        return {"type": "string", "pattern": rng.choice(["^[A-Z]{2}-[0-9]{3}$", "^(yes|no|maybe)$",
+                                                         "^\\d{1,4}(\\.\\d{1,2})?$", "^[a-z]{1,12}( [a-z]{1,12}){0,2}$"])}
+    if k == "const":
+        return {"const": rng.choice(["fixed", 42, False, {"a": 1}, [1, "two"]])}
+    if k == "nullable":
+        return {"type": ["string", "null"], "maxLength": rng.randint(1, 10)}
+    if k == "object":
+        n = rng.randint(0, 4)
+        names = rng.sample(["id", "name", "size", "tags", "when", "kind", "ok", "note"], n)
+        props = {nm: random_schema(rng, depth + 1, defs) for nm in names}
+        return {"type": "object", "properties": props, "required": [nm for nm in names if rng.random() < 0.6],
+                "additionalProperties": False}
+    if k == "array":
+        lo = rng.randint(0, 2)
+        return {"type": "array", "items": random_schema(rng, depth + 1, defs), "minItems": lo,
+                "maxItems": lo + rng.randint(0, 2)}
+    if k == "anyOf":
+        return {"anyOf": [random_schema(rng, depth + 1, defs) for _ in range(rng.randint(2, 3))]}
+    name = f"d{len(defs)}"
+    defs[name] = random_schema(rng, depth + 1, None)
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def random_root(rng):
+    defs = {}
+    n = rng.randint(1, 4)
+    names = rng.sample(["alpha", "beta", "gamma", "delta", "eps"], n)
+    props = {nm: random_schema(rng, 1, defs) for nm in names}
+    root = {"type": "object", "properties": props, "required": [nm for nm in names if rng.random() < 0.7],
+            "additionalProperties": False}
+    if defs:
+        root["$defs"] = defs
+    return root
+
+
 def fmt(schema):
     return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
 
@@ -50,8 +103,8 @@ def main():
         cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=T)
         msgs = [{"role": "user", "content": "Make up a person as JSON."}]
 
-        def chat(seed, temp, stream=False, response_format=None, extra=None, messages=None):
-            kw = dict(model="m", messages=messages or msgs, max_tokens=400, temperature=temp, seed=seed,
+        def chat(seed, temp, stream=False, response_format=None, extra=None, messages=None, max_tokens=400):
+            kw = dict(model="m", messages=messages or msgs, max_tokens=max_tokens, temperature=temp, seed=seed,
                       response_format=response_format or fmt(PERSON), extra_body=extra)
             if not stream:
                 r = cl.chat.completions.create(**kw)
@@ -118,6 +171,27 @@ def main():
             check(False, "a grammar with an undefined rule accepted")
         except openai.BadRequestError as e:
             check("'y'" in str(e) and "line 2" in str(e), f"bad grammar: 400 with its line: {e}")
+        # random schemas, sampled at 0.8, several at once: every reply validates
+        rng = random.Random(20261202)
+        n_schemas = 60 if os.environ.get("TL_ASAN") else 300
+        schemas = [random_root(rng) for _ in range(n_schemas)]
+
+        def one(i):
+            try:
+                text, finish = chat(1000 + i, 0.8, response_format=fmt(schemas[i]), max_tokens=1200,
+                                    messages=[{"role": "user", "content": "Fill in this JSON: "
+                                               + json.dumps(schemas[i])[:300]}])
+                jsonschema.validate(json.loads(text), schemas[i])
+                return None if finish == "stop" else f"finish {finish}"
+            except (ValueError, jsonschema.ValidationError, openai.APIError) as e:
+                return f"{type(e).__name__}: {str(e)[:300]}"
+
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            errs = list(ex.map(one, range(n_schemas)))
+        bad = [(i, e) for i, e in enumerate(errs) if e]
+        for i, e in bad[:3]:
+            print(f"  schema {i}: {e}\n    {json.dumps(schemas[i])[:600]}")
+        check(not bad, f"{n_schemas} random schemas: {len(bad)} replies invalid")
         # the server still answers plain requests
         r = cl.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0)
         check(r.choices[0].message.content is not None, "a plain request after the grammar ones")
