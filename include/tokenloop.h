@@ -388,6 +388,9 @@ typedef struct tl_gen_params {
     int draft_seq;             /* the sequence of draft_ctx this loop owns (0 or tl_seq_open's) */
     tl_matcher *grammar;       /* the output follows this grammar (the loop masks each draw and
                                 * advances it); NULL: free text */
+    const char *grammar_trigger; /* with grammar: free text until the output contains this
+                                * string, then the grammar, fed from the trigger's first byte
+                                * (a tool call under tool_choice auto); NULL: from the start */
 } tl_gen_params;
 
 typedef struct tl_gen_stats {

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "tools.h"
 
 #define MAX_DEPTH 32
 #define MAX_STOP 4
@@ -223,11 +224,12 @@ static const char *const COMMON_KEYS[] = {
     "model", "max_tokens", "temperature", "top_p", "min_p", "top_k", "seed", "stop",
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "stream",
     "stream_options", "n", "user", "prompt_cache_key", "response_format", "grammar", NULL};
-static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs", NULL};
+static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                                        "tool_choice", "parallel_tool_calls", NULL};
 static const char *const COMPL_KEYS[] = {"prompt", "echo", "best_of", "suffix", NULL};
 /* Known OpenAI fields this server does not implement: a clear 400, not silence. */
 static const char *const UNSUPPORTED[] = {
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
+    "functions", "function_call", "audio",
     "modalities", "prediction", "reasoning_effort", "web_search_options", "store", "metadata",
     "service_tier", "verbosity", "safety_identifier", NULL};
 
@@ -406,16 +408,17 @@ static int msg_content(json_t *c, int i, const char *role, api_buf *b, api_err *
 }
 
 /* One {role, content} for the template, from a request message. */
-static json_t *chat_message(json_t *msg, int i, api_err *e) {
+static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     char p[32];
     snprintf(p, sizeof p, "messages[%d]", i);
     if (!json_is_object(msg)) return BAD(p, "'%s' must be an object", p), NULL;
     const char *k;
     json_t *v;
     json_object_foreach(msg, k, v) {
-        if (!strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name")) continue;
-        if (!strcmp(k, "tool_calls") || !strcmp(k, "tool_call_id") || !strcmp(k, "function_call") ||
-            !strcmp(k, "refusal") || !strcmp(k, "audio")) {
+        if (!strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name") || !strcmp(k, "tool_calls") ||
+            !strcmp(k, "tool_call_id"))
+            continue;
+        if (!strcmp(k, "function_call") || !strcmp(k, "refusal") || !strcmp(k, "audio")) {
             if (json_is_null(v)) continue;
             return BAD(p, "'%s.%s' is not supported by this server", p, k), NULL;
         }
@@ -425,8 +428,8 @@ static json_t *chat_message(json_t *msg, int i, api_err *e) {
     if (!json_is_string(role)) return BAD(p, "'%s.role' must be a string", p), NULL;
     const char *ro = json_string_value(role);
     if (!strcmp(ro, "developer")) ro = "system";
-    else if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant"))
-        return BAD(p, "role '%.40s' is not supported (system, developer, user, assistant)", ro), NULL;
+    else if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") && strcmp(ro, "tool"))
+        return BAD(p, "role '%.40s' is not supported (system, developer, user, assistant, tool)", ro), NULL;
     json_t *name = field(msg, "name");
     if (name && !json_is_string(name)) return BAD(p, "'%s.name' must be a string", p), NULL;
     api_buf b = {0};
@@ -434,19 +437,81 @@ static json_t *chat_message(json_t *msg, int i, api_err *e) {
         api_buf_free(&b);
         return NULL;
     }
+    /* tool calls the assistant made: the template renders them (arguments as
+     * objects, as Hugging Face templates expect), or, without tool support,
+     * they become the tagged blocks the model was asked to write */
+    json_t *tc = field(msg, "tool_calls"), *calls = NULL;
+    if (tc) {
+        if (strcmp(ro, "assistant") || !json_is_array(tc))
+            return BAD(p, "'%s.tool_calls' must be an array on an assistant message", p), NULL;
+        calls = json_array();
+        size_t j;
+        json_t *c;
+        json_array_foreach(tc, j, c) {
+            json_t *fn = json_object_get(c, "function"), *nm = json_object_get(fn, "name"),
+                   *args = json_object_get(fn, "arguments");
+            json_t *av = json_is_string(args) ? json_loads(json_string_value(args), JSON_DECODE_ANY, NULL)
+                                              : json_incref(args);
+            if (!json_is_string(nm) || !av) {
+                json_decref(av);
+                json_decref(calls);
+                api_buf_free(&b);
+                return BAD(p, "'%s.tool_calls' entries need function.name and JSON function.arguments", p), NULL;
+            }
+            json_t *id = json_object_get(c, "id");
+            json_array_append_new(calls, json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id", id, "type", "function",
+                                                   "function", "name", nm, "arguments", av));
+            if (!tools_native) {
+                json_t *blk = json_pack("{s:O, s:O}", "name", nm, "arguments", av);
+                char *t = blk ? json_dumps(blk, JSON_COMPACT) : NULL;
+                json_decref(blk);
+                if (!t || (b.n && api_buf_add(&b, "\n", 1)) || api_buf_add(&b, "<tool_call>\n", 12) ||
+                    api_buf_add(&b, t, strlen(t)) || api_buf_add(&b, "\n</tool_call>", 13)) {
+                    free(t);
+                    json_decref(calls);
+                    api_buf_free(&b);
+                    return api_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
+                }
+                free(t);
+            }
+        }
+    }
+    json_t *tid = field(msg, "tool_call_id");
+    if (tid && !json_is_string(tid)) {
+        json_decref(calls);
+        api_buf_free(&b);
+        return BAD(p, "'%s.tool_call_id' must be a string", p), NULL;
+    }
+    const char *role_out = ro;
+    if (!strcmp(ro, "tool") && !tools_native) { /* a result, as a user turn in the tagged form */
+        api_buf w = {0};
+        if (api_buf_add(&w, "<tool_response>\n", 16) || (b.n && api_buf_add(&w, b.p, b.n)) ||
+            api_buf_add(&w, "\n</tool_response>", 17)) {
+            api_buf_free(&w);
+            json_decref(calls);
+            api_buf_free(&b);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
+        }
+        api_buf_free(&b);
+        b = w;
+        role_out = "user";
+    }
     json_t *o = json_object();
-    json_t *c = json_stringn(b.p, b.n);
+    json_t *c = json_stringn(b.p ? b.p : "", b.n);
     api_buf_free(&b);
-    if (!o || !c || json_object_set_new(o, "role", json_string(ro)) ||
-        json_object_set_new(o, "content", c)) {
+    if (!o || !c || json_object_set_new(o, "role", json_string(role_out)) ||
+        json_object_set_new(o, "content", c) || (calls && tools_native && json_object_set(o, "tool_calls", calls)) ||
+        (tid && tools_native && json_object_set(o, "tool_call_id", tid))) {
         json_decref(o);
+        json_decref(calls);
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;
     }
+    json_decref(calls);
     return o;
 }
 
 /* messages -> the model's template -> tokens. */
-static int chat_prompt(const api_ctx *a, json_t *msgs, int add_gen, int32_t **ids, int *n,
+static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int add_gen, int32_t **ids, int *n,
                        api_err *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!json_is_array(msgs)) return BAD("messages", "'messages' must be an array");
@@ -455,17 +520,40 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, int add_gen, int32_t **id
     if (nm > (size_t)a->max_messages) return BAD("messages", "at most %d messages", a->max_messages);
     if (!tl_model_chat_template(a->m))
         return BAD("messages", "this model has no chat template; use /v1/completions");
+    /* tools: through the template's own `tools` variable where it has one,
+     * else listed in a system message (server/tools.c) */
+    const int with_tools = t && t->tools && t->mode != TOOLS_NONE;
+    const int native = with_tools && strstr(tl_model_chat_template(a->m), "tools") != NULL;
     json_t *arr = json_array();
     if (!arr) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < nm; i++) {
-        json_t *o = chat_message(json_array_get(msgs, i), (int)i, e);
+        json_t *o = chat_message(json_array_get(msgs, i), (int)i, native || !t || !t->tools, e);
         if (!o || json_array_append_new(arr, o)) {
             json_decref(arr);
             return -1;
         }
     }
-    char *js = json_dumps(arr, JSON_COMPACT);
-    json_decref(arr);
+    json_t *top = arr;
+    if (native) {
+        top = json_pack("{s:o, s:O}", "messages", arr, "tools", t->tools);
+    } else if (with_tools) {
+        char *sys = tools_system_text(t->tools);
+        json_t *first = json_array_get(arr, 0);
+        const char *r0 = json_string_value(json_object_get(first, "role"));
+        if (sys && r0 && !strcmp(r0, "system")) { /* joined to the caller's system message */
+            const char *c0 = json_string_value(json_object_get(first, "content"));
+            size_t l = strlen(c0) + strlen(sys) + 3;
+            char *j = malloc(l);
+            if (j) snprintf(j, l, "%s\n\n%s", c0, sys);
+            if (!j || json_object_set_new(first, "content", json_string(j))) top = NULL;
+            free(j);
+        } else if (!sys || json_array_insert_new(arr, 0, json_pack("{s:s, s:s}", "role", "system", "content", sys))) {
+            top = NULL;
+        }
+        free(sys);
+    }
+    char *js = top ? json_dumps(top, JSON_COMPACT) : NULL;
+    json_decref(top ? top : arr);
     if (!js) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     char *out = NULL;
     size_t ol = 0;
@@ -577,7 +665,18 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     if ((rc = get_int(root, "top_logprobs", 0, SRV_MAX_TOP, &x, e)) < 0) return -1;
     if (rc && !r->logprobs) return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     r->top_logprobs = rc ? (int)x : 0;
-    return chat_prompt(a, field(root, "messages"), 1, &r->prompt, &r->n_prompt, e);
+    tools_req t;
+    if (tools_parse(root, &t, e)) return -1;
+    if (t.tools && t.mode != TOOLS_NONE) {
+        if (r->grammar) return BAD("tools", "tool calls and a JSON response_format or grammar in one request are not supported");
+        tl_error err = {0};
+        rc = tools_grammar(&t, &r->grammar, &err);
+        if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (rc) return BAD("tools", "%s", err.msg);
+        r->grammar_lazy = t.mode == TOOLS_AUTO;
+        r->tool_mode = t.mode;
+    }
+    return chat_prompt(a, field(root, "messages"), &t, 1, &r->prompt, &r->n_prompt, e);
 }
 
 static int parse_completion(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
@@ -869,14 +968,21 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     }
     json_decref(chat_lp);
     if (legacy) legacy_drop(&l);
-    json_t *txt = bad ? NULL : jstr_bytes(text.p ? text.p : "", text.n);
+    /* tool calls: the content before them, the calls parsed out */
+    json_t *calls = NULL;
+    size_t clen = text.n;
+    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(text.p ? text.p : "", text.n, r->id, &clen);
+    if (calls) finish = "tool_calls";
+    json_t *txt = bad ? NULL : calls && !clen ? json_null() : jstr_bytes(text.p ? text.p : "", clen);
     api_buf_free(&text);
     if (r->kind == SRV_CHAT) {
         json_t *m = json_object();
-        if (!m || jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt)) {
+        if (!m || jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt) ||
+            (calls && json_object_set(m, "tool_calls", calls))) {
             json_decref(m);
             m = NULL;
         }
+        json_decref(calls);
         txt = NULL;
         bad |= !c || jset(c, "index", json_integer(0)) || jset(c, "message", m);
     } else {
@@ -1003,11 +1109,46 @@ static int stream_start(const api_ctx *a, const srv_req *r, api_stream *st, api_
     return rc ? -1 : 0;
 }
 
+/* A chunk whose delta carries tool calls (each with its index). */
+static int chunk_calls(const api_ctx *a, const srv_req *r, api_buf *out, json_t *calls) {
+    json_t *o = reply_head(a, r, "chat.completion.chunk");
+    json_t *c = json_pack("{s:i, s:{s:O}, s:n, s:n}", "index", 0, "delta", "tool_calls", calls, "logprobs",
+                          "finish_reason");
+    json_t *choices = c ? json_pack("[o]", c) : NULL;
+    if (!o || !choices || json_object_set_new(o, "choices", choices) ||
+        (r->include_usage && jset(o, "usage", json_null()))) {
+        json_decref(o);
+        return -1;
+    }
+    return frame(out, o);
+}
+
+/* Text of a tool-calling reply: content while it cannot be a tag, each call
+ * when its block closes; at the end (last), what is still held goes out as
+ * content. */
+static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
+                        int last, api_buf *out) {
+    api_buf content = {0};
+    json_t *calls = json_array();
+    int rc = !calls || tools_stream(&st->tools, t, n, r->id, &content, calls);
+    if (!rc && last && st->tools.hold.n && !st->tools.in_call) {
+        rc = api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
+        st->tools.hold.n = 0;
+    }
+    if (!rc && (content.n || lp)) rc = chunk(a, r, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
+    else json_decref(lp);
+    if (!rc && json_array_size(calls)) rc = chunk_calls(a, r, out, calls);
+    api_buf_free(&content);
+    json_decref(calls);
+    return rc ? -1 : 0;
+}
+
 int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const srv_event *ev,
                      api_buf *out) {
     if (st->ended) return 0;
     if (!st->started && ev->kind != SRV_EV_ERROR && stream_start(a, r, st, out)) return -1;
     int bad = 0;
+    const int tools = r->kind == SRV_CHAT && r->tool_mode;
     switch (ev->kind) {
     case SRV_EV_PROMPT:
     case SRV_EV_TOKEN: {
@@ -1017,11 +1158,17 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
         const char *t = ev->kind == SRV_EV_TOKEN ? ev->text : "";
         size_t n = ev->kind == SRV_EV_TOKEN ? ev->text_len : 0;
         if (!n && !lp) return 0;
+        if (tools) return stream_tools(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         return chunk(a, r, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
     }
     case SRV_EV_DONE:
-        if (ev->text_len && chunk(a, r, out, NULL, ev->text, ev->text_len, NULL, NULL)) return -1;
-        if (chunk(a, r, out, NULL, NULL, 0, NULL, ev->finish_reason ? ev->finish_reason : "stop"))
+        if (tools) {
+            if (stream_tools(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
+        } else if (ev->text_len && chunk(a, r, out, NULL, ev->text, ev->text_len, NULL, NULL)) {
+            return -1;
+        }
+        if (chunk(a, r, out, NULL, NULL, 0, NULL,
+                  tools && st->tools.n_calls ? "tool_calls" : ev->finish_reason ? ev->finish_reason : "stop"))
             return -1;
         if (r->include_usage && usage_chunk(a, r, out)) return -1;
         break;
@@ -1075,7 +1222,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
         rc = -1;
     if (!rc && !text && !msgs) rc = BAD("content", "give 'content', 'prompt' or 'messages'");
     if (!rc && msgs) {
-        rc = chat_prompt(a, msgs, add_gen, &ids, &n, e);
+        rc = chat_prompt(a, msgs, NULL, add_gen, &ids, &n, e);
     } else if (!rc) {
         size_t tl = strlen(text);
         int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;

@@ -55,11 +55,18 @@ typedef struct api_buf {
 int api_buf_add(api_buf *b, const char *s, size_t n);
 void api_buf_free(api_buf *b);
 
+/* A streamed reply's tool calls (server/tools.c). */
+typedef struct tools_stream_st {
+    api_buf hold;
+    int in_call, seen_call, n_calls;
+} tools_stream_st;
+
 /* Stream state across events of one request. */
 typedef struct api_stream {
     int started;      /* first frame (chat role delta, echo) sent */
     int ended;        /* [DONE] written */
     size_t text_off;  /* legacy text_offset so far (code points) */
+    tools_stream_st tools;
 } api_stream;
 
 /* Appends the SSE frames ("data: {json}\n\n") that event ev of r produces,

@@ -189,6 +189,7 @@ static void stream_free(void *cls) {
     if (!s->st.ended) atomic_store(&s->r->cancelled, 1);
     srv_req_release(s->r);
     api_buf_free(&s->out);
+    api_buf_free(&s->st.tools.hold);
     free(s);
 }
 

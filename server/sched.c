@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "server.h"
+#include "tools.h"
 
 /* Logits rows one step may keep (tl_ctx_params.n_logits_max): bounds the
  * memory of echo-with-logprobs prefill. */
@@ -198,6 +199,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
         if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;
         if ((rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;
         gp.grammar = sl->matcher;
+        if (r->grammar_lazy) gp.grammar_trigger = tools_trigger();
     }
     if (s->dctx && tl_seq_open(s->dctx, &sl->dseq, err) == 0) { /* without one it guesses from the text */
         gp.draft_ctx = s->dctx;

@@ -73,7 +73,9 @@ typedef struct srv_req {
     int logprobs;                    /* report logprobs of generated tokens */
     int top_logprobs;                /* alternatives per token, 0..SRV_MAX_TOP */
     int echo;                        /* completions: echo the prompt (with logprobs if logprobs) */
-    tl_grammar *grammar;             /* owned: response_format / grammar, or NULL */
+    tl_grammar *grammar;             /* owned: response_format / grammar / tool calls, or NULL */
+    int grammar_lazy;                /* the grammar starts at the tool-call tag (tool_choice auto) */
+    int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;                 /* unix seconds */
     double t_arrival;                /* monotonic seconds, for time-to-first-token */

@@ -27,6 +27,7 @@
 #include "util.h"
 
 #define MAX_TOP 20
+#define TAIL_CAP 1024
 #define DRAFT_BINS 4
 #define DRAFT_ALPHA 0.1
 #define DRAFT_WINDOW 256
@@ -39,6 +40,12 @@ struct tl_step {
     int seq, n_ctx, n_vocab;
     tl_sampler *smp; /* the caller's */
     tl_matcher *grammar; /* the caller's, or NULL */
+    /* a lazy grammar: off until the output holds the trigger; tail keeps the
+     * output's last bytes (enough to hold the trigger and one token) */
+    const char *trigger;
+    int active;
+    char tail[TAIL_CAP];
+    int n_tail;
     tl_gen *gen;
     tl_gen_callback on_token;
     void *user;
@@ -86,6 +93,13 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     st->n_vocab = tl_model_n_vocab(tl_ctx_model(ctx));
     st->smp = smp;
     st->grammar = gp->grammar;
+    st->trigger = gp->grammar && gp->grammar_trigger && *gp->grammar_trigger ? gp->grammar_trigger : NULL;
+    st->active = st->grammar && !st->trigger;
+    if (st->trigger && strlen(st->trigger) > TAIL_CAP / 4) {
+        tl_gen_free(st->gen);
+        free(st);
+        return tl_fail(err, TL_ERR_ARG, "tl_step_new: the grammar trigger is longer than %d bytes", TAIL_CAP / 4);
+    }
     st->on_token = gp->on_token;
     st->user = gp->user;
     st->n_predict = gp->n_predict;
@@ -279,6 +293,34 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     return st->n_feed;
 }
 
+/* A lazy grammar's watch: the token's bytes join the tail; once the tail
+ * holds the trigger, the grammar starts there and follows the bytes since
+ * (if they do not fit it, the output stays free). */
+static int watch_trigger(tl_step *st, int32_t tok, tl_error *err) {
+    char piece[512];
+    size_t n = tl_token_piece(tl_ctx_model(st->ctx), tok, 0, piece, sizeof piece);
+    if (n > sizeof piece) n = sizeof piece;
+    if (st->n_tail + (int)n > TAIL_CAP) { /* keep the last quarter: the trigger cannot be longer */
+        const int keep = TAIL_CAP / 4;
+        memmove(st->tail, st->tail + st->n_tail - keep, (size_t)keep);
+        st->n_tail = keep;
+    }
+    memcpy(st->tail + st->n_tail, piece, n);
+    st->n_tail += (int)n;
+    const size_t tl = strlen(st->trigger);
+    for (int i = 0; i + (int)tl <= st->n_tail; i++)
+        if (!memcmp(st->tail + i, st->trigger, tl)) {
+            int rc = tl_matcher_reset(st->grammar, err);
+            if (rc) return rc;
+            if (tl_matcher_accept_bytes(st->grammar, st->tail + i, (size_t)(st->n_tail - i), err) == 0)
+                st->active = 1;
+            else
+                st->trigger = NULL; /* not the grammar's way in: free text to the end */
+            return TL_OK;
+        }
+    return TL_OK;
+}
+
 /* Emits one sampled token; returns why generation stops after it. */
 static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top) {
     tl_gen_event ev;
@@ -300,7 +342,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     for (int j = 0; j < n_rows; j++) {
         if (!rows[j]) return tl_fail(err, TL_ERR_ARG, "tl_step_take: logits row %d missing", j);
         tl_token_prob chosen;
-        if (st->grammar) { /* the grammar masks the draw and follows what is drawn */
+        if (st->active) { /* the grammar masks the draw and follows what is drawn */
             const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
             if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
             tl_sampler_set_allowed(st->smp, bits);
@@ -308,9 +350,12 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
         int32_t tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
         tl_sampler_set_allowed(st->smp, NULL);
         if (tok < 0 || tok >= st->n_vocab)
-            return tl_fail(err, TL_ERR_ARG, st->grammar ? "sampling failed: no token the grammar allows" : "sampling failed");
-        if (st->grammar) {
+            return tl_fail(err, TL_ERR_ARG, st->active ? "sampling failed: no token the grammar allows" : "sampling failed");
+        if (st->active) {
             int rc = tl_matcher_accept(st->grammar, tok, err);
+            if (rc) return rc;
+        } else if (st->trigger) {
+            int rc = watch_trigger(st, tok, err);
             if (rc) return rc;
         }
         tl_sampler_accept(st->smp, tok);

@@ -1,0 +1,39 @@
+/* server/tools: OpenAI tool calls (see tools.c for the format). */
+#ifndef TL_SERVER_TOOLS_H
+#define TL_SERVER_TOOLS_H
+
+#include <jansson.h>
+
+#include "api.h"
+
+enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
+
+/* A request's tools (borrowed from its JSON body). */
+typedef struct tools_req {
+    json_t *tools;    /* the array, or NULL */
+    int mode;         /* TOOLS_* (none without tools) */
+    const char *only; /* a named function (mode REQUIRED), or NULL */
+    int parallel;     /* parallel_tool_calls */
+} tools_req;
+
+/* tools, tool_choice and parallel_tool_calls, checked. 0 or -1 with e. */
+int tools_parse(json_t *root, tools_req *t, api_err *e);
+/* The opening tag: under auto, the calls' grammar starts there. */
+const char *tools_trigger(void);
+/* The system text that lists the tools for templates without tool support. */
+char *tools_system_text(json_t *tools);
+/* The grammar of the calls t allows: the tags around JSON whose arguments
+ * validate against each function's parameters. */
+int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err);
+/* A whole reply: the calls in it (NULL if none) and the length of the
+ * content before them. */
+json_t *tools_split(const char *text, size_t n, const char *req_id, size_t *content_len);
+
+/* A streamed reply (tools_stream_st, in api.h): text is held back while it
+ * may be the start of a tag; each call is emitted once its block is
+ * complete. Adds text; appends content that is safe to send to content and finished
+ * calls (with their "index") to calls. */
+int tools_stream(tools_stream_st *s, const char *text, size_t n, const char *req_id, api_buf *content,
+                 json_t *calls);
+
+#endif
