@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -16,6 +17,7 @@ typedef struct run_opts {
     int n_stop;
     int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
     int chat, show_probs, print_ids, ignore_eos;
+    int hide_thinking, think_budget; /* think_budget -1: none */
     tl_sampler_params sp;
 } run_opts;
 
@@ -50,6 +52,9 @@ static const char RUN_HELP[] =
     "      --chat              wrap the prompt in the model's chat template (run)\n"
     "      --system TEXT       system message for --chat and chat\n"
     "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
+    "      --hide-thinking     do not print the model's reasoning (<think>...</think>, for\n"
+    "                          models whose chat template uses it; shown dimmed otherwise)\n"
+    "      --thinking-budget N the most reasoning tokens; then </think> is written for the model\n"
     "      --show-probs        show each token's probability and the top 5 alternatives\n"
     "                          on stderr\n"
     "      --ids               print the generated token ids as a JSON array instead of text\n"
@@ -61,6 +66,7 @@ static const char RUN_HELP[] =
 static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     memset(o, 0, sizeof *o);
     o->n_predict = -1;
+    o->think_budget = -1;
     o->spec = TL_SPEC_AUTO;
     o->sp = tl_sampler_default_params();
     for (int i = 1; i < argc; i++) {
@@ -128,6 +134,10 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             o->chat = 1;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->ignore_eos = 1;
+        } else if (!strcmp(a, "--hide-thinking")) {
+            o->hide_thinking = 1;
+        } else if (!strcmp(a, "--thinking-budget")) {
+            VAL(); if (cli_int(a, v, 0, 1 << 30, &o->think_budget)) return -1;
         } else if (!strcmp(a, "--show-probs")) {
             o->show_probs = 1;
         } else if (!strcmp(a, "--ids") && !is_chat) {
@@ -191,7 +201,19 @@ typedef struct out_state {
     int32_t *gen;   /* chat: the generated tokens, to know what the cache holds */
     size_t n_gen, cap_gen;
     int oom;
+    int tty;            /* stdout is a terminal (reasoning shown dimmed) */
+    int think, think_started; /* the model reasons in <think>...</think>; the prompt opened it */
 } out_state;
+
+/* Reasoning markers for a model whose template speaks of <think>; whether
+ * the prompt text already opened the reasoning. */
+static void think_setup(out_state *os, const char *prompt, size_t len) {
+    const char *tmpl = tl_model_chat_template(os->m);
+    os->tty = isatty(1);
+    os->think = tmpl && strstr(tmpl, "<think>") != NULL;
+    while (len && (prompt[len - 1] == '\n' || prompt[len - 1] == ' ')) len--;
+    os->think_started = os->think && len >= 7 && !memcmp(prompt + len - 7, "<think>", 7);
+}
 
 static void show_probs(const out_state *os, const tl_gen_event *ev) {
     char piece[256];
@@ -233,8 +255,12 @@ static int on_token(const tl_gen_event *ev, void *user) {
         }
         os->gen[os->n_gen++] = ev->token;
     }
-    if (ev->text_len) {
+    if (ev->text_len && !(ev->reasoning && os->o->hide_thinking)) {
+        /* reasoning dimmed on a terminal; the answer as is */
+        const int dim = ev->reasoning && os->tty;
+        if (dim) fputs("\033[2m", stdout);
         fwrite(ev->text, 1, ev->text_len, stdout);
+        if (dim) fputs("\033[0m", stdout);
         fflush(stdout);
     }
     return 0;
@@ -340,7 +366,12 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
                         .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
                         .on_token = on_token, .user = os, .spec = o->spec, .draft_ctx = s->dctx,
-                        .grammar = s->matcher};
+                        .grammar = s->matcher, .think_budget = o->think_budget};
+    if (os->think) {
+        gp.think_open = "<think>";
+        gp.think_close = "</think>";
+        gp.think_started = os->think_started;
+    }
     int rc = s->matcher ? tl_matcher_reset(s->matcher, &err) : 0; /* each reply starts the grammar over */
     if (!rc) rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
     if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
@@ -372,7 +403,8 @@ static int generate_text(session *s, const run_opts *o, const char *prompt, size
         cli_error("the prompt is empty");
         return -1;
     }
-    out_state os = {s->m, o, 0, NULL, NULL, 0, 0, 0};
+    out_state os = {s->m, o, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
+    think_setup(&os, prompt, len);
     int rc = generate_ids(s, o, ids, n, &os, st);
     tl_free(ids);
     return rc;
@@ -469,6 +501,8 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
     int32_t *ids = NULL;
     int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(s->m, rendered) ? TL_TOK_ADD_BOS : 0);
     int rc = tl_tokenize(s->m, rendered, len, flags, &ids, &n, &err);
+    out_state probe = {.m = s->m};
+    think_setup(&probe, rendered, len); /* whether this turn's prompt opened the reasoning */
     tl_free(rendered);
     if (rc) {
         cli_tl_error(&err);
@@ -483,7 +517,7 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
         tl_free(ids);
         return -1;
     }
-    out_state os = {s->m, o, 0, answer, NULL, 0, 0, 0};
+    out_state os = {s->m, o, 0, answer, NULL, 0, 0, 0, probe.tty, probe.think, probe.think_started};
     rc = generate_ids(s, o, ids + keep, n - keep, &os, st);
     /* What the cache holds now: the prompt, then the generated tokens it evaluated. */
     size_t past = (size_t)tl_ctx_n_past(s->ctx), total = n + os.n_gen;

@@ -35,6 +35,10 @@ static const char SERVE_HELP[] =
     "  -t, --threads N         threads (default: all CPUs)\n"
     CLI_NUMERICS_HELP
     CLI_SPEC_HELP
+    "      --reasoning MODE    thinking between <think> and </think>, returned apart as\n"
+    "                          reasoning_content: auto (default: if the chat template speaks of\n"
+    "                          <think>), on (also opens <think> after the generation prompt\n"
+    "                          when the template does not), off (all of it is content)\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
     "\n"
@@ -76,6 +80,15 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
+        } else if (!strcmp(a, "--reasoning")) {
+            VAL();
+            if (!strcmp(v, "off")) o->reasoning = 0;
+            else if (!strcmp(v, "auto")) o->reasoning = 1;
+            else if (!strcmp(v, "on")) o->reasoning = 2;
+            else {
+                cli_error("--reasoning: 'auto', 'on' or 'off', not '%s'", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--draft")) {
             VAL(); o->draft_path = v;
         } else if (!strcmp(a, "--prefill-chunk")) {
@@ -175,7 +188,9 @@ static int serve(srv_opts *o, sigs *sg) {
         cli_tl_error(&err);
     } else {
         app.m = m;
-        app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024};
+        const char *tmpl = tl_model_chat_template(m);
+        app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024,
+                            o->reasoning == 2 ? 2 : o->reasoning == 1 && tmpl && strstr(tmpl, "<think>") ? 1 : 0};
         atomic_store(&app.phase, SRV_PHASE_READY);
         fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",
                 o->model_id, o->n_parallel, app.api.n_ctx);
@@ -197,7 +212,7 @@ static int serve(srv_opts *o, sigs *sg) {
 int cmd_serve(int argc, char **argv) {
     char buf[4096];
     srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
-                  .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30,
+                  .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .reasoning = 1,
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;

@@ -353,6 +353,8 @@ typedef struct tl_gen_event {
     tl_token_prob chosen;
     const tl_token_prob *top; /* n_top alternatives, most probable first */
     int n_top;
+    int reasoning;     /* the token belongs to the reasoning (its markers included) */
+    int forced;        /* the loop chose it (the reasoning budget's close), not the sampler */
 } tl_gen_event;
 
 /* Return nonzero to stop. */
@@ -388,6 +390,14 @@ typedef struct tl_gen_params {
     int draft_seq;             /* the sequence of draft_ctx this loop owns (0 or tl_seq_open's) */
     tl_matcher *grammar;       /* the output follows this grammar (the loop masks each draw and
                                 * advances it); NULL: free text */
+    /* Reasoning ("thinking"): the output between think_open and think_close
+     * (text markers; NULL: none). think_started: the prompt already opened it.
+     * think_budget >= 0: after that many tokens of reasoning the loop writes
+     * the close marker itself. A grammar applies after the reasoning when the
+     * prompt opened it. */
+    const char *think_open, *think_close;
+    int think_started;
+    int think_budget;
     const char *grammar_trigger; /* with grammar: free text until the output contains this
                                 * string, then the grammar, fed from the trigger's first byte
                                 * (a tool call under tool_choice auto); NULL: from the start */
@@ -448,6 +458,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
 /* Once stopped: the text still held back (tl_gen_flush). */
 size_t tl_step_flush(tl_step *st, const char **text);
 int tl_step_count(const tl_step *st); /* tokens emitted */
+int tl_step_reasoning_count(const tl_step *st); /* of those, reasoning (markers included) */
 /* Speculative guesses verified and kept so far. */
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted);
 

@@ -225,12 +225,13 @@ static const char *const COMMON_KEYS[] = {
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "stream",
     "stream_options", "n", "user", "prompt_cache_key", "response_format", "grammar", NULL};
 static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                                        "tool_choice", "parallel_tool_calls", NULL};
+                                        "tool_choice", "parallel_tool_calls", "max_thinking_tokens",
+                                        "reasoning_effort", NULL};
 static const char *const COMPL_KEYS[] = {"prompt", "echo", "best_of", "suffix", NULL};
 /* Known OpenAI fields this server does not implement: a clear 400, not silence. */
 static const char *const UNSUPPORTED[] = {
     "functions", "function_call", "audio",
-    "modalities", "prediction", "reasoning_effort", "web_search_options", "store", "metadata",
+    "modalities", "prediction", "web_search_options", "store", "metadata",
     "service_tier", "verbosity", "safety_identifier", NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -511,8 +512,8 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
 }
 
 /* messages -> the model's template -> tokens. */
-static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int add_gen, int32_t **ids, int *n,
-                       api_err *e) {
+static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int add_gen, int *think_started,
+                       int32_t **ids, int *n, api_err *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!json_is_array(msgs)) return BAD("messages", "'messages' must be an array");
     size_t nm = json_array_size(msgs);
@@ -564,6 +565,24 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int a
         tl_free(out);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return BAD("messages", "chat template: %s", err.msg);
+    }
+    if (think_started && a->reasoning) {
+        /* the reasoning starts in the prompt when the generation prompt ends
+         * with <think>; with --reasoning on the server writes it there */
+        size_t k = ol;
+        while (k && (out[k - 1] == '\n' || out[k - 1] == ' ')) k--;
+        *think_started = k >= 7 && !memcmp(out + k - 7, "<think>", 7);
+        if (!*think_started && a->reasoning == 2 && add_gen) {
+            char *o2 = realloc(out, ol + 9);
+            if (!o2) {
+                tl_free(out);
+                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            }
+            out = o2;
+            memcpy(out + ol, "<think>\n", 9);
+            ol += 8;
+            *think_started = 1;
+        }
     }
     int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(a->m, out) ? TL_TOK_ADD_BOS : 0);
     rc = tokenize(a->m, out, ol, flags, ids, n, e);
@@ -676,7 +695,25 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
         r->grammar_lazy = t.mode == TOOLS_AUTO;
         r->tool_mode = t.mode;
     }
-    return chat_prompt(a, field(root, "messages"), &t, 1, &r->prompt, &r->n_prompt, e);
+    /* reasoning: its budget (max_thinking_tokens, or reasoning_effort's) */
+    r->think_budget = -1;
+    json_t *effort = field(root, "reasoning_effort");
+    if (effort) {
+        static const struct {
+            const char *name;
+            int budget;
+        } EFFORT[] = {{"none", 0}, {"minimal", 0}, {"low", 256}, {"medium", 1024}, {"high", 4096}};
+        const char *ev = json_is_string(effort) ? json_string_value(effort) : "";
+        size_t k = 0;
+        while (k < sizeof EFFORT / sizeof *EFFORT && strcmp(EFFORT[k].name, ev)) k++;
+        if (k == sizeof EFFORT / sizeof *EFFORT)
+            return BAD("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high");
+        r->think_budget = EFFORT[k].budget;
+    }
+    if ((rc = get_int(root, "max_thinking_tokens", 0, a->n_ctx, &x, e)) < 0) return -1;
+    if (rc) r->think_budget = (int)x;
+    r->think = a->reasoning != 0;
+    return chat_prompt(a, field(root, "messages"), &t, 1, &r->think_started, &r->prompt, &r->n_prompt, e);
 }
 
 static int parse_completion(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
@@ -919,6 +956,11 @@ static json_t *usage_json(const srv_req *r) {
         json_decref(u);
         return NULL;
     }
+    if (r->think && json_object_set_new(u, "completion_tokens_details",
+                                        json_pack("{s:i}", "reasoning_tokens", r->reasoning_tokens))) {
+        json_decref(u);
+        return NULL;
+    }
     return u;
 }
 
@@ -968,21 +1010,43 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     }
     json_decref(chat_lp);
     if (legacy) legacy_drop(&l);
+    /* reasoning: what comes before </think> (after <think> if the reply opened it) */
+    const char *body = text.p ? text.p : "";
+    size_t blen = text.n;
+    json_t *reasoning = NULL;
+    if (!bad && r->kind == SRV_CHAT && r->think) {
+        size_t lead = 0;
+        while (lead < blen && (body[lead] == ' ' || body[lead] == '\n')) lead++;
+        int open = !r->think_started && blen - lead >= 7 && !memcmp(body + lead, "<think>", 7);
+        if (r->think_started || open) {
+            const char *rs = open ? body + lead + 7 : body;
+            const char *close = memmem(rs, (size_t)(body + blen - rs), "</think>", 8);
+            const char *re = close ? close : body + blen;
+            reasoning = jstr_bytes(rs, (size_t)(re - rs));
+            const char *cs = close ? close + 8 : body + blen;
+            while (cs < body + blen && (*cs == '\n' || *cs == ' ')) cs++;
+            blen = (size_t)(body + blen - cs);
+            body = cs;
+        }
+    }
     /* tool calls: the content before them, the calls parsed out */
     json_t *calls = NULL;
-    size_t clen = text.n;
-    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(text.p ? text.p : "", text.n, r->id, &clen);
+    size_t clen = blen;
+    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(body, blen, r->id, &clen);
     if (calls) finish = "tool_calls";
-    json_t *txt = bad ? NULL : calls && !clen ? json_null() : jstr_bytes(text.p ? text.p : "", clen);
+    json_t *txt = bad ? NULL : calls && !clen ? json_null() : jstr_bytes(body, clen);
     api_buf_free(&text);
     if (r->kind == SRV_CHAT) {
         json_t *m = json_object();
         if (!m || jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt) ||
+            (reasoning && json_object_set(m, "reasoning_content", reasoning)) ||
             (calls && json_object_set(m, "tool_calls", calls))) {
             json_decref(m);
             m = NULL;
         }
         json_decref(calls);
+        json_decref(reasoning);
+        reasoning = NULL;
         txt = NULL;
         bad |= !c || jset(c, "index", json_integer(0)) || jset(c, "message", m);
     } else {
@@ -990,6 +1054,7 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
         txt = NULL;
     }
     json_decref(txt);
+    json_decref(reasoning);
     if (bad || jset(c, "logprobs", lp ? lp : json_null()) ||
         jset(c, "finish_reason", json_string(finish))) {
         json_decref(c);
@@ -1143,6 +1208,81 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
     return rc ? -1 : 0;
 }
 
+/* A chunk whose delta carries reasoning text. */
+static int chunk_reasoning(const api_ctx *a, const srv_req *r, api_buf *out, const char *t, size_t n) {
+    json_t *o = reply_head(a, r, "chat.completion.chunk");
+    json_t *txt = jstr_bytes(t, n);
+    json_t *c = txt ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "reasoning_content", txt, "logprobs",
+                                "finish_reason")
+                    : NULL;
+    json_t *choices = c ? json_pack("[o]", c) : NULL;
+    if (!o || !choices || json_object_set_new(o, "choices", choices) ||
+        (r->include_usage && jset(o, "usage", json_null()))) {
+        json_decref(o);
+        return -1;
+    }
+    return frame(out, o);
+}
+
+/* Content of a reply (after any reasoning): through the tool-call splitter
+ * when tools are on, else as is. */
+static int stream_content(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
+                          int last, api_buf *out) {
+    if (r->kind == SRV_CHAT && r->tool_mode) return stream_tools(a, r, st, t, n, lp, last, out);
+    if (!n && !lp) return 0;
+    return chunk(a, r, out, NULL, t, n, lp, NULL);
+}
+
+/* A reasoning reply: reasoning_content deltas up to </think> (held back while
+ * the text may be its start), then content without its leading blank lines. */
+static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
+                        int last, api_buf *out) {
+    if (lp && chunk(a, r, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
+    if (st->think == 0 && r->think_started) st->think = 1;
+    if (n && api_buf_add(&st->think_hold, t, n)) return -1;
+    for (;;) {
+        char *h = st->think_hold.p;
+        size_t hn = st->think_hold.n;
+        if (st->think == 0) { /* does the reply open its reasoning? */
+            size_t k = 0;
+            while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
+            size_t m = hn - k < 7 ? hn - k : 7;
+            if (!last && m < 7 && !memcmp(h + k, "<think>", m)) return 0; /* too early to say */
+            if (hn - k >= 7 && !memcmp(h + k, "<think>", 7)) {
+                memmove(h, h + k + 7, hn - k - 7);
+                st->think_hold.n = hn - k - 7;
+                st->think = 1;
+                continue;
+            }
+            st->think = 2;
+            st->content_on = 1;
+            continue;
+        }
+        if (st->think == 1) {
+            const char *close = hn ? memmem(h, hn, "</think>", 8) : NULL;
+            size_t emit = close ? (size_t)(close - h) : last ? hn : hn > 7 ? hn - 7 : 0;
+            if (emit && chunk_reasoning(a, r, out, h, emit)) return -1;
+            if (!close) {
+                memmove(h, h + emit, hn - emit);
+                st->think_hold.n = hn - emit;
+                return 0;
+            }
+            memmove(h, close + 8, hn - emit - 8);
+            st->think_hold.n = hn - emit - 8;
+            st->think = 2;
+            continue;
+        }
+        size_t k = 0;
+        if (!st->content_on) {
+            while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
+            if (k < hn) st->content_on = 1;
+        }
+        int rc = stream_content(a, r, st, h + k, hn - k, NULL, last, out);
+        st->think_hold.n = 0;
+        return rc;
+    }
+}
+
 int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const srv_event *ev,
                      api_buf *out) {
     if (st->ended) return 0;
@@ -1158,11 +1298,14 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
         const char *t = ev->kind == SRV_EV_TOKEN ? ev->text : "";
         size_t n = ev->kind == SRV_EV_TOKEN ? ev->text_len : 0;
         if (!n && !lp) return 0;
+        if (r->kind == SRV_CHAT && r->think) return stream_think(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         if (tools) return stream_tools(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         return chunk(a, r, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
     }
     case SRV_EV_DONE:
-        if (tools) {
+        if (r->kind == SRV_CHAT && r->think) {
+            if (stream_think(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
+        } else if (tools) {
             if (stream_tools(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
         } else if (ev->text_len && chunk(a, r, out, NULL, ev->text, ev->text_len, NULL, NULL)) {
             return -1;
@@ -1222,7 +1365,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
         rc = -1;
     if (!rc && !text && !msgs) rc = BAD("content", "give 'content', 'prompt' or 'messages'");
     if (!rc && msgs) {
-        rc = chat_prompt(a, msgs, NULL, add_gen, &ids, &n, e);
+        rc = chat_prompt(a, msgs, NULL, add_gen, NULL, &ids, &n, e);
     } else if (!rc) {
         size_t tl = strlen(text);
         int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;

@@ -27,6 +27,8 @@ typedef struct api_ctx {
     const char *model_id;
     int n_ctx;          /* positions per sequence */
     int max_messages;   /* 1024 */
+    int reasoning;      /* 0 off; 1: the model's own <think> (from its template); 2: on, the
+                         * server opens <think> after the generation prompt if the template did not */
 } api_ctx;
 
 /* Nesting depth of a JSON text ([ and { outside strings). */
@@ -67,6 +69,9 @@ typedef struct api_stream {
     int ended;        /* [DONE] written */
     size_t text_off;  /* legacy text_offset so far (code points) */
     tools_stream_st tools;
+    int think;        /* 0: before any reasoning, 1: inside, 2: after */
+    int content_on;   /* after reasoning: the content's leading blank lines are dropped until text comes */
+    api_buf think_hold; /* reasoning text that may be the start of the close marker */
 } api_stream;
 
 /* Appends the SSE frames ("data: {json}\n\n") that event ev of r produces,

@@ -190,6 +190,7 @@ static void stream_free(void *cls) {
     srv_req_release(s->r);
     api_buf_free(&s->out);
     api_buf_free(&s->st.tools.hold);
+    api_buf_free(&s->st.think_hold);
     free(s);
 }
 

@@ -142,6 +142,7 @@ static void slot_done(srv_sched *s, slot *sl, int reason) {
     int n_gen = sl->step ? tl_step_count(sl->step) : 0;
     r->completion_tokens = n_gen;
     if (sl->step) tl_step_spec_stats(sl->step, &r->spec_drafted, &r->spec_accepted);
+    r->reasoning_tokens = sl->step ? tl_step_reasoning_count(sl->step) : 0;
     srv_metrics_tokens(s->mx, r->n_prompt, n_gen, r->cached_tokens);
     srv_metrics_spec(s->mx, r->spec_drafted, r->spec_accepted);
     push_event(r, &ev);
@@ -195,6 +196,12 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.on_token = slot_token;
     gp.user = sl;
     gp.spec = s->spec;
+    if (r->think) {
+        gp.think_open = "<think>";
+        gp.think_close = "</think>";
+        gp.think_started = r->think_started;
+        gp.think_budget = r->think_budget;
+    }
     if (r->grammar) {
         if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;
         if ((rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;

@@ -35,6 +35,7 @@ typedef struct srv_opts {
     int drain_timeout_s;   /* --drain-timeout (30) */
     size_t max_body;       /* bytes (8 MiB) */
     const char *model_id;  /* name in replies and /v1/models (file's base name) */
+    int reasoning;         /* --reasoning: 0 off, 1 auto (the template speaks of <think>), 2 on */
 } srv_opts;
 
 /* ---- a request and its events ------------------------------------------------ */
@@ -76,6 +77,9 @@ typedef struct srv_req {
     tl_grammar *grammar;             /* owned: response_format / grammar / tool calls, or NULL */
     int grammar_lazy;                /* the grammar starts at the tool-call tag (tool_choice auto) */
     int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
+    int think;                       /* the reply may reason between <think> and </think> */
+    int think_started;               /* the prompt opened the reasoning */
+    int think_budget;                /* reasoning tokens before the close is forced; -1: none */
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;                 /* unix seconds */
     double t_arrival;                /* monotonic seconds, for time-to-first-token */
@@ -94,6 +98,7 @@ typedef struct srv_req {
     /* Written by the scheduler before DONE. */
     int prompt_tokens, completion_tokens, cached_tokens;
     int spec_drafted, spec_accepted; /* speculative guesses verified, kept */
+    int reasoning_tokens;            /* of the completion, the reasoning's */
 } srv_req;
 
 /* Allocates a zeroed request with mu/cv/efd ready and refs = 1. */

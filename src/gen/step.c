@@ -28,6 +28,7 @@
 
 #define MAX_TOP 20
 #define TAIL_CAP 1024
+#define MAX_FORCE 16
 #define DRAFT_BINS 4
 #define DRAFT_ALPHA 0.1
 #define DRAFT_WINDOW 256
@@ -46,6 +47,13 @@ struct tl_step {
     int active;
     char tail[TAIL_CAP];
     int n_tail;
+    int tail_seen; /* tail bytes already searched for the markers */
+    /* reasoning: 0 not (yet) in it, 1 inside, 2 over; the close marker's
+     * tokens, queued when the budget is spent */
+    const char *think_open, *think_close;
+    int think, think_budget, n_think;
+    int32_t close_ids[MAX_FORCE];
+    int n_close, force_at; /* force_at < n_close: forcing close_ids[force_at..] */
     tl_gen *gen;
     tl_gen_callback on_token;
     void *user;
@@ -94,7 +102,29 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     st->smp = smp;
     st->grammar = gp->grammar;
     st->trigger = gp->grammar && gp->grammar_trigger && *gp->grammar_trigger ? gp->grammar_trigger : NULL;
-    st->active = st->grammar && !st->trigger;
+    st->think_open = gp->think_open && *gp->think_open ? gp->think_open : NULL;
+    st->think_close = gp->think_close && *gp->think_close ? gp->think_close : NULL;
+    st->think = st->think_close && gp->think_started ? 1 : 0;
+    st->think_budget = gp->think_budget;
+    st->force_at = MAX_FORCE;
+    if (st->think_close) {
+        /* the close marker and a blank line, as a model would write them */
+        char text[128];
+        int32_t *ids = NULL;
+        size_t n = 0;
+        snprintf(text, sizeof text, "%s\n\n", st->think_close);
+        if (strlen(st->think_close) > 64 ||
+            tl_tokenize(tl_ctx_model(ctx), text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, err) || n > MAX_FORCE) {
+            tl_free(ids);
+            tl_gen_free(st->gen);
+            free(st);
+            return err->status ? err->status : tl_fail(err, TL_ERR_ARG, "tl_step_new: the reasoning close marker is too long");
+        }
+        memcpy(st->close_ids, ids, n * sizeof *ids);
+        st->n_close = (int)n;
+        tl_free(ids);
+    }
+    st->active = st->grammar && !st->trigger && st->think != 1;
     if (st->trigger && strlen(st->trigger) > TAIL_CAP / 4) {
         tl_gen_free(st->gen);
         free(st);
@@ -139,6 +169,8 @@ void tl_step_free(tl_step *st) {
 }
 
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
+
+int tl_step_reasoning_count(const tl_step *st) { return st->n_think; }
 
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
     *drafted = st->drafted;
@@ -287,28 +319,71 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     st->n_feed = 0;
     if (st->stop || st->last < 0 || cap < 1) return 0;
     st->feed[0] = st->last;
-    st->n_feed = 1 + draft(st, n_other, cap);
+    if (st->force_at < st->n_close) { /* the forced close: known tokens, fed as guesses that are kept */
+        int k = 0;
+        for (int i = st->force_at; i < st->n_close && 1 + k < cap && 1 + k < TL_STEP_MAX_FEED; i++)
+            st->feed[1 + k++] = st->close_ids[i];
+        st->n_feed = 1 + k;
+    } else {
+        st->n_feed = 1 + draft(st, n_other, cap);
+    }
     st->drafted += st->n_feed - 1;
     memcpy(tok, st->feed, (size_t)st->n_feed * sizeof *tok);
     return st->n_feed;
 }
 
-/* A lazy grammar's watch: the token's bytes join the tail; once the tail
- * holds the trigger, the grammar starts there and follows the bytes since
- * (if they do not fit it, the output stays free). */
-static int watch_trigger(tl_step *st, int32_t tok, tl_error *err) {
+/* The output's last bytes: the token joins the tail. */
+static void tail_add(tl_step *st, int32_t tok) {
     char piece[512];
-    size_t n = tl_token_piece(tl_ctx_model(st->ctx), tok, 0, piece, sizeof piece);
+    /* special text too: a marker may be one control token */
+    size_t n = tl_token_piece(tl_ctx_model(st->ctx), tok, 1, piece, sizeof piece);
     if (n > sizeof piece) n = sizeof piece;
-    if (st->n_tail + (int)n > TAIL_CAP) { /* keep the last quarter: the trigger cannot be longer */
+    if (st->n_tail + (int)n > TAIL_CAP) { /* keep the last quarter: no marker is longer */
         const int keep = TAIL_CAP / 4;
         memmove(st->tail, st->tail + st->n_tail - keep, (size_t)keep);
+        st->tail_seen -= st->n_tail - keep;
+        if (st->tail_seen < 0) st->tail_seen = 0;
         st->n_tail = keep;
     }
     memcpy(st->tail + st->n_tail, piece, n);
     st->n_tail += (int)n;
+}
+
+/* Whether the tail holds `m` ending after byte tail_seen (a new occurrence). */
+static int tail_has(const tl_step *st, const char *m) {
+    const int n = (int)strlen(m);
+    for (int i = st->tail_seen - n + 1 < 0 ? 0 : st->tail_seen - n + 1; i + n <= st->n_tail; i++)
+        if (!memcmp(st->tail + i, m, (size_t)n)) return 1;
+    return 0;
+}
+
+/* Reasoning after token tok (already in the tail): opened, closed, or its
+ * budget spent (then the close marker is queued). Returns whether tok was
+ * part of the reasoning. */
+static int watch_think(tl_step *st, int forced) {
+    if (!st->think_close || st->think == 2) return 0;
+    if (st->think == 0) {
+        if (!st->think_open || !tail_has(st, st->think_open)) return 0;
+        st->think = 1;
+    }
+    st->n_think++;
+    if (tail_has(st, st->think_close)) {
+        st->think = 2;
+        st->force_at = st->n_close;
+        if (st->grammar && !st->trigger) st->active = 1; /* the answer follows the grammar */
+        return 1;
+    }
+    if (!forced && st->think_budget >= 0 && st->n_think >= st->think_budget && st->force_at >= st->n_close)
+        st->force_at = 0;
+    return 1;
+}
+
+/* A lazy grammar's watch: once the tail holds the trigger, the grammar starts
+ * there and follows the bytes since (if they do not fit it, the output stays
+ * free). */
+static int watch_trigger(tl_step *st, tl_error *err) {
     const size_t tl = strlen(st->trigger);
-    for (int i = 0; i + (int)tl <= st->n_tail; i++)
+    for (int i = st->tail_seen - (int)tl + 1 < 0 ? 0 : st->tail_seen - (int)tl + 1; i + (int)tl <= st->n_tail; i++)
         if (!memcmp(st->tail + i, st->trigger, tl)) {
             int rc = tl_matcher_reset(st->grammar, err);
             if (rc) return rc;
@@ -322,9 +397,11 @@ static int watch_trigger(tl_step *st, int32_t tok, tl_error *err) {
 }
 
 /* Emits one sampled token; returns why generation stops after it. */
-static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top) {
+static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top, int reasoning, int forced) {
     tl_gen_event ev;
     int why = tl_gen_push(st->gen, tok, chosen, n_top ? st->top : NULL, n_top, &ev);
+    ev.reasoning = reasoning;
+    ev.forced = forced;
     int cb = st->on_token ? st->on_token(&ev, st->user) : 0;
     if (why == TL_STOP_EOG || why == TL_STOP_STRING) return why;
     return cb ? TL_STOP_CALLBACK : why; /* a callback stop outranks the length cap */
@@ -342,26 +419,41 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
     for (int j = 0; j < n_rows; j++) {
         if (!rows[j]) return tl_fail(err, TL_ERR_ARG, "tl_step_take: logits row %d missing", j);
         tl_token_prob chosen;
-        if (st->active) { /* the grammar masks the draw and follows what is drawn */
-            const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
-            if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
-            tl_sampler_set_allowed(st->smp, bits);
+        int32_t tok;
+        const int forced = st->force_at < st->n_close;
+        if (forced) { /* the reasoning budget's close: written, not drawn */
+            tok = st->close_ids[st->force_at++];
+            tl_sampler_report(st->smp, rows[j], tok, &chosen, st->n_top ? st->top : NULL, st->n_top);
+        } else {
+            if (st->active) { /* the grammar masks the draw and follows what is drawn */
+                const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
+                if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
+                tl_sampler_set_allowed(st->smp, bits);
+            }
+            tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
+            tl_sampler_set_allowed(st->smp, NULL);
+            if (tok < 0 || tok >= st->n_vocab)
+                return tl_fail(err, TL_ERR_ARG, st->active ? "sampling failed: no token the grammar allows" : "sampling failed");
         }
-        int32_t tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
-        tl_sampler_set_allowed(st->smp, NULL);
-        if (tok < 0 || tok >= st->n_vocab)
-            return tl_fail(err, TL_ERR_ARG, st->active ? "sampling failed: no token the grammar allows" : "sampling failed");
-        if (st->active) {
+        const int was_active = st->active;
+        if (was_active) {
             int rc = tl_matcher_accept(st->grammar, tok, err);
             if (rc) return rc;
-        } else if (st->trigger) {
-            int rc = watch_trigger(st, tok, err);
-            if (rc) return rc;
+        }
+        int reasoning = 0;
+        if (st->trigger || st->think_close) {
+            tail_add(st, tok);
+            reasoning = watch_think(st, forced);
+            if (!was_active && !st->active && st->trigger && st->think != 1) {
+                int rc = watch_trigger(st, err);
+                if (rc) return rc;
+            }
+            st->tail_seen = st->n_tail;
         }
         tl_sampler_accept(st->smp, tok);
         if (fed) keep = j + 1; /* row j came after fed tokens 0..j, all of them right */
         st->last = tok;
-        stop = emit(st, tok, &chosen, st->n_top);
+        stop = emit(st, tok, &chosen, st->n_top, reasoning, forced);
         if (!stop && len0 + keep + 1 >= st->n_ctx)
             stop = TL_STOP_CONTEXT;
         if (stop || j + 1 >= n_rows) break;

@@ -426,7 +426,7 @@ int main(void) {
         CHECK(0, "cannot load %s: %s (run make models)", MODEL, err.msg);
         return tl_test_summary();
     }
-    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024};
+    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024, 0};
     test_fields();
     test_messages();
     test_hostile();
