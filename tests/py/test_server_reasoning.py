@@ -51,7 +51,7 @@ def main():
             tlcheck.finish()
         cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
         for budget in (1, 7, 64):
-            for temp, seed in ((0.0, 1), (1.0, 2)):
+            for temp, seed in ((0.0, 1), (1.0, 2))[: 1 if os.environ.get("TL_ASAN") else 2]:
                 kw = dict(model="m", messages=MSGS, max_tokens=150, temperature=temp, seed=seed,
                           extra_body={"max_thinking_tokens": budget})
                 r = cl.chat.completions.create(**kw)
