@@ -443,8 +443,10 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
      * they become the tagged blocks the model was asked to write */
     json_t *tc = field(msg, "tool_calls"), *calls = NULL;
     if (tc) {
-        if (strcmp(ro, "assistant") || !json_is_array(tc))
+        if (strcmp(ro, "assistant") || !json_is_array(tc)) {
+            api_buf_free(&b);
             return BAD(p, "'%s.tool_calls' must be an array on an assistant message", p), NULL;
+        }
         calls = json_array();
         size_t j;
         json_t *c;
