@@ -276,6 +276,10 @@ static void print_stats(const tl_gen_stats *st, const tl_ctx *ctx) {
             st->ttft_s * 1e3, st->n_gen,
             st->decode_s > 0 && st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0, st->n_drafted,
             st->n_accepted, reasons[st->stop], tl_ctx_backend(ctx), tl_ctx_numerics(ctx));
+    if (st->n_masks)
+        fprintf(stderr, "[grammar: %d masks, median %.1f us, total %.1f ms]\n", st->n_masks, st->mask_median_us,
+                st->mask_s * 1e3);
+    if (st->n_reasoning) fprintf(stderr, "[reasoning: %d tokens]\n", st->n_reasoning);
     if (st->stop == TL_STOP_CONTEXT)
         fprintf(stderr, "tokenloop: warning: the context is full (%d tokens); raise -c to go on\n",
                 tl_ctx_n_ctx(ctx));

@@ -411,6 +411,10 @@ typedef struct tl_gen_stats {
     double decode_s;     /* time after the first token */
     int n_drafted;       /* speculative guesses verified */
     int n_accepted;      /* of those, kept */
+    int n_reasoning;     /* generated tokens of reasoning (markers included) */
+    int n_masks;         /* grammar masks computed or taken from the cache */
+    double mask_median_us; /* their median time (within 19%) */
+    double mask_s;       /* their total time */
     tl_stop_reason stop;
 } tl_gen_stats;
 
@@ -459,6 +463,8 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
 size_t tl_step_flush(tl_step *st, const char **text);
 int tl_step_count(const tl_step *st); /* tokens emitted */
 int tl_step_reasoning_count(const tl_step *st); /* of those, reasoning (markers included) */
+/* Grammar masks so far: how many, their median time (within 19%) and total. */
+void tl_step_mask_stats(const tl_step *st, int *n, double *median_us, double *total_s);
 /* Speculative guesses verified and kept so far. */
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted);
 

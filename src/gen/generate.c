@@ -212,6 +212,8 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
     }
     st.n_gen = tl_step_count(sp);
     tl_step_spec_stats(sp, &st.n_drafted, &st.n_accepted);
+    st.n_reasoning = tl_step_reasoning_count(sp);
+    tl_step_mask_stats(sp, &st.n_masks, &st.mask_median_us, &st.mask_s);
     tl_step_free(sp);
     st.decode_s = st.n_gen ? tl_now() - t_first : 0;
     st.stop = stop > 0 ? stop : TL_STOP_NONE;

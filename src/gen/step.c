@@ -29,6 +29,7 @@
 #define MAX_TOP 20
 #define TAIL_CAP 1024
 #define MAX_FORCE 16
+#define MASK_BINS 160
 #define DRAFT_BINS 4
 #define DRAFT_ALPHA 0.1
 #define DRAFT_WINDOW 256
@@ -53,6 +54,10 @@ struct tl_step {
     const char *think_open, *think_close;
     int think, think_budget, n_think;
     int32_t close_ids[MAX_FORCE];
+    /* the grammar masks' times: a histogram of 4 bins per octave of ns */
+    uint32_t mask_hist[MASK_BINS];
+    int n_masks;
+    double mask_s;
     int n_close, force_at; /* force_at < n_close: forcing close_ids[force_at..] */
     tl_gen *gen;
     tl_gen_callback on_token;
@@ -171,6 +176,27 @@ void tl_step_free(tl_step *st) {
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
 
 int tl_step_reasoning_count(const tl_step *st) { return st->n_think; }
+
+static void mask_record(tl_step *st, double s) {
+    const double ns = s * 1e9 < 1 ? 1 : s * 1e9;
+    int b = (int)(4.0 * log2(ns));
+    if (b >= MASK_BINS) b = MASK_BINS - 1;
+    st->mask_hist[b]++;
+    st->n_masks++;
+    st->mask_s += s;
+}
+
+void tl_step_mask_stats(const tl_step *st, int *n, double *median_us, double *total_s) {
+    *n = st->n_masks;
+    *total_s = st->mask_s;
+    *median_us = 0;
+    uint32_t seen = 0;
+    for (int b = 0; b < MASK_BINS && st->n_masks; b++)
+        if ((seen += st->mask_hist[b]) * 2 >= (uint32_t)st->n_masks) {
+            *median_us = exp2((b + 0.5) / 4.0) / 1e3; /* the bin's geometric middle */
+            break;
+        }
+}
 
 void tl_step_spec_stats(const tl_step *st, int *drafted, int *accepted) {
     *drafted = st->drafted;
@@ -426,7 +452,9 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
             tl_sampler_report(st->smp, rows[j], tok, &chosen, st->n_top ? st->top : NULL, st->n_top);
         } else {
             if (st->active) { /* the grammar masks the draw and follows what is drawn */
+                const double t0 = tl_now();
                 const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
+                mask_record(st, tl_now() - t0);
                 if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
                 tl_sampler_set_allowed(st->smp, bits);
             }
