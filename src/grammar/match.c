@@ -37,6 +37,7 @@ typedef struct tnode {
     int32_t tok_end;        /* the subtree's tokens: ord[tok .. tok_end) */
     uint8_t byte;           /* the edge from the parent */
     uint8_t cls;            /* the classes of every byte below this node */
+    uint8_t depth;          /* the longest path below this node (255 at most) */
 } tnode;
 
 static uint8_t byte_cls(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\' ? CLS_PLAIN : CLS_OTHER; }
@@ -99,6 +100,8 @@ static int trie_build(tl_vocab_trie *t, const tpiece *pc, int at, int lo, int hi
         t->node[first + g].byte = pc[t->ord[j]].b[d];
         if (trie_build(t, pc, first + g, j, k, d + 1)) return -1;
         t->node[at].cls |= (uint8_t)(byte_cls(t->node[first + g].byte) | t->node[first + g].cls);
+        const int dd = 1 + t->node[first + g].depth;
+        if (dd > t->node[at].depth) t->node[at].depth = (uint8_t)(dd > 255 ? 255 : dd);
         j = k;
     }
     return 0;
@@ -269,7 +272,7 @@ struct tl_matcher {
      * state already seen, so a node usually costs one table read */
     gstate ist[IST_CAP];
     uint64_t ist_hash[IST_CAP];
-    int8_t ist_loop[IST_CAP]; /* every plain byte leads back here: -1 unknown */
+    int16_t ist_run[IST_CAP]; /* plain bytes in a row this state takes alike: -1 unknown */
     int n_ist;
     int32_t *trans;           /* [IST_CAP][256] */
     uint32_t *key; /* the current state's key */
@@ -443,7 +446,7 @@ static int intern(tl_matcher *m, const gstate *s) {
         return -1;
     }
     m->ist_hash[id] = h;
-    m->ist_loop[id] = -1;
+    m->ist_run[id] = -1;
     for (int b = 0; b < 256; b++) m->trans[id * 256 + b] = -2;
     m->n_ist++;
     return id;
@@ -460,16 +463,31 @@ static int trans(tl_matcher *m, int id, uint8_t b, gstate *out) {
     return *t = to;
 }
 
-/* Whether every plain byte leads from state id back to itself (inside a JSON
- * string, say): then a subtree of plain bytes is allowed whole. */
-static int loops_plain(tl_matcher *m, int id, gstate *tmp) {
-    if (m->ist_loop[id] < 0) {
-        int all = 1;
-        for (int b = 0x20; b < 0x7F && all; b++)
-            if (byte_cls((uint8_t)b) == CLS_PLAIN && trans(m, id, (uint8_t)b, tmp) != id) all = 0;
-        m->ist_loop[id] = (int8_t)all;
+/* How many plain bytes in a row state id takes whatever they are: every
+ * plain byte leads to one same state, and so on from there (255: it loops;
+ * inside a JSON string, or a length-bounded one's remaining count). A
+ * subtree of plain bytes no deeper than that is allowed whole. */
+static int plain_run(tl_matcher *m, int id, gstate *tmp, int depth) {
+    if (m->ist_run[id] >= 0) return m->ist_run[id];
+    m->ist_run[id] = 0; /* while computing: a cycle through here ends the run */
+    int to = -2;
+    for (int b = 0x20; b < 0x7F; b++) {
+        if (byte_cls((uint8_t)b) != CLS_PLAIN) continue;
+        const int t = trans(m, id, (uint8_t)b, tmp);
+        if (t < 0 || (to != -2 && t != to)) {
+            to = -1;
+            break;
+        }
+        to = t;
     }
-    return m->ist_loop[id];
+    int run = 0;
+    if (to == id) run = 255;
+    else if (to >= 0 && depth < 255) {
+        const int next = plain_run(m, to, tmp, depth + 1);
+        run = next >= 255 ? 255 : 1 + next;
+    }
+    m->ist_run[id] = (int16_t)run;
+    return run;
 }
 
 static void walk_memo(tl_matcher *m, const tnode *nd, int id, int depth, uint32_t *bits) {
@@ -480,7 +498,7 @@ static void walk_memo(tl_matcher *m, const tnode *nd, int id, int depth, uint32_
     }
     if (!nd->n_child || depth + 1 >= m->n_lvl) return;
     gstate *tmp = &m->lvl[depth + 1];
-    if (nd->cls == CLS_PLAIN && loops_plain(m, id, tmp)) {
+    if (nd->cls == CLS_PLAIN && nd->depth <= plain_run(m, id, tmp, 0)) {
         for (int32_t i = nd->tok + nd->n_tok; i < nd->tok_end; i++) {
             const int32_t tk = t->ord[i];
             bits[tk >> 5] |= 1u << (tk & 31);
@@ -610,7 +628,11 @@ int tl_matcher_new(const tl_grammar *g, const tl_vocab_trie *t, tl_matcher **out
     m->cap_scratch = 1 << 18;
     m->scratch = malloc((size_t)m->cap_scratch * sizeof *m->scratch);
     m->trans = malloc((size_t)IST_CAP * 256 * sizeof *m->trans);
-    if (!m->lvl || !m->scratch || !m->trans) {
+    /* every state's offsets exist from the start: a state with no stack
+     * (the output may only end) is still hashed, compared and copied */
+    int lvl_ok = m->lvl != NULL;
+    for (int i = 0; lvl_ok && i < m->n_lvl; i++) lvl_ok = st_reserve(&m->lvl[i], 1, 16) == 0;
+    if (!m->lvl || !m->scratch || !m->trans || !lvl_ok) {
         tl_matcher_free(m);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     }

@@ -184,6 +184,50 @@ static void check_masks(const tl_model *model, const tl_vocab_trie *t, const cha
     tl_grammar_free(g);
 }
 
+/* A fresh matcher per prefix of a schema's output, where tokens end the
+ * output inside the walk (the state with no stack left: it crashed once on
+ * a level never used before), each mask against the token-by-token check. */
+static void check_fresh(const tl_model *model, const tl_vocab_trie *t, size_t max_brute) {
+    static const char SCHEMA[] = "{\"type\":\"object\",\"properties\":{\"title\":{\"type\":\"string\",\"maxLength\":60},"
+                                 "\"story\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}},"
+                                 "\"required\":[\"title\",\"story\",\"n\"],\"additionalProperties\":false}";
+    static const char TEXT[] = "{\n  \"title\": \"The Dragon\",\n  \"story\": \"Once upon\",\n  \"n\": 12}";
+    tl_error err = {0};
+    tl_grammar *g = NULL;
+    CHECK(tl_grammar_from_json_schema(SCHEMA, sizeof SCHEMA - 1, &g, &err) == 0, "schema: %s", err.msg);
+    const int nv = tl_model_n_vocab(model);
+    for (size_t k = 0; g && k <= sizeof TEXT - 1; k++) {
+        tl_matcher *m = NULL, *probe = NULL;
+        if (tl_matcher_new(g, t, &m, &err) || tl_matcher_new(g, t, &probe, &err) ||
+            tl_matcher_accept_bytes(m, TEXT, k, &err)) {
+            CHECK(0, "prefix %zu: %s", k, err.msg);
+        } else {
+            const uint32_t *bits = tl_matcher_allowed(m, &err);
+            int wrong = 0, any = 0;
+            for (int id = 0; bits && id < nv; id++) {
+                const int in = bits[id >> 5] >> (id & 31) & 1;
+                any |= in;
+                if (k > max_brute && k + 1 < sizeof TEXT - 1) continue; /* the last prefix is always checked */
+                tl_matcher_reset(probe, &err);
+                tl_matcher_accept_bytes(probe, TEXT, k, &err);
+                int can;
+                if (tl_token_is_eog(model, id)) {
+                    can = tl_matcher_can_end(probe);
+                } else {
+                    char piece[512];
+                    size_t n = tl_token_piece(model, id, 0, piece, sizeof piece);
+                    can = n > 0 && n <= sizeof piece && tl_matcher_accept_bytes(probe, piece, n, &err) == 0;
+                }
+                wrong += can != in;
+            }
+            CHECK(bits && any && !wrong, "fresh matcher after '%.*s': %d tokens differ", (int)k, TEXT, wrong);
+        }
+        tl_matcher_free(probe);
+        tl_matcher_free(m);
+    }
+    tl_grammar_free(g);
+}
+
 /* Drawing under the mask: every token drawn continues the output. */
 static void check_sampling(const tl_model *model, const tl_vocab_trie *t) {
     tl_error err = {0};
@@ -254,6 +298,7 @@ int main(void) {
     if (t) {
         check_texts(t);
         check_masks(m, t, "SmolLM2");
+        check_fresh(m, t, getenv("TL_ASAN") ? 5 : 20);
         check_sampling(m, t);
     }
     tl_vocab_trie_free(t);
@@ -266,6 +311,7 @@ int main(void) {
         CHECK(tl_vocab_trie_new(gm, &t, &err) == 0, "Gemma trie: %s", err.msg);
         printf("Gemma 3 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
         if (t && !getenv("TL_ASAN")) check_masks(gm, t, "Gemma 3");
+        if (t) check_fresh(gm, t, getenv("TL_ASAN") ? 1 : 4);
         tl_vocab_trie_free(t);
     }
     tl_model_free(gm);
