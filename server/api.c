@@ -526,11 +526,14 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int a
     /* tools: through the template's own `tools` variable where it has one,
      * else listed in a system message (server/tools.c) */
     const int with_tools = t && t->tools && t->mode != TOOLS_NONE;
-    const int native = with_tools && strstr(tl_model_chat_template(a->m), "tools") != NULL;
+    /* history with tool calls renders the template's way if it has one,
+     * else as the tagged blocks, whether or not this request offers tools */
+    const int tmpl_tools = strstr(tl_model_chat_template(a->m), "tools") != NULL;
+    const int native = with_tools && tmpl_tools;
     json_t *arr = json_array();
     if (!arr) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < nm; i++) {
-        json_t *o = chat_message(json_array_get(msgs, i), (int)i, native || !t || !t->tools, e);
+        json_t *o = chat_message(json_array_get(msgs, i), (int)i, tmpl_tools, e);
         if (!o || json_array_append_new(arr, o)) {
             json_decref(arr);
             return -1;
@@ -1262,7 +1265,15 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
         }
         if (st->think == 1) {
             const char *close = hn ? memmem(h, hn, "</think>", 8) : NULL;
-            size_t emit = close ? (size_t)(close - h) : last ? hn : hn > 7 ? hn - 7 : 0;
+            /* without the marker: all but a tail that may be its start
+             * (whole characters either way: the marker is ASCII) */
+            size_t emit = close ? (size_t)(close - h) : hn;
+            if (!close && !last)
+                for (size_t k = 7; k > 0; k--)
+                    if (hn >= k && !memcmp(h + hn - k, "</think>", k)) {
+                        emit = hn - k;
+                        break;
+                    }
             if (emit && chunk_reasoning(a, r, out, h, emit)) return -1;
             if (!close) {
                 memmove(h, h + emit, hn - emit);

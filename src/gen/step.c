@@ -30,6 +30,8 @@
 #define TAIL_CAP 1024
 #define MAX_FORCE 16
 #define MASK_BINS 160
+/* tokens within which a reply may open its reasoning */
+#define OPEN_WITHIN 4
 #define DRAFT_BINS 4
 #define DRAFT_ALPHA 0.1
 #define DRAFT_WINDOW 256
@@ -59,6 +61,7 @@ struct tl_step {
     int n_masks;
     double mask_s;
     int n_close, force_at; /* force_at < n_close: forcing close_ids[force_at..] */
+    int fed_forced;        /* the last feed's guesses were the forced close, not guesses */
     tl_gen *gen;
     tl_gen_callback on_token;
     void *user;
@@ -130,6 +133,7 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
         tl_free(ids);
     }
     st->active = st->grammar && !st->trigger && st->think != 1;
+    if (st->think == 1 && st->think_budget == 0) st->force_at = 0; /* no reasoning at all: close at once */
     if (st->trigger && strlen(st->trigger) > TAIL_CAP / 4) {
         tl_gen_free(st->gen);
         free(st);
@@ -345,7 +349,9 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     st->n_feed = 0;
     if (st->stop || st->last < 0 || cap < 1) return 0;
     st->feed[0] = st->last;
-    if (st->force_at < st->n_close) { /* the forced close: known tokens, fed as guesses that are kept */
+    st->fed_forced = st->force_at < st->n_close;
+    if (st->fed_forced) { /* the forced close: known tokens, fed as guesses that are kept */
+        st->used_draft = 0;
         int k = 0;
         for (int i = st->force_at; i < st->n_close && 1 + k < cap && 1 + k < TL_STEP_MAX_FEED; i++)
             st->feed[1 + k++] = st->close_ids[i];
@@ -353,7 +359,7 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     } else {
         st->n_feed = 1 + draft(st, n_other, cap);
     }
-    st->drafted += st->n_feed - 1;
+    if (!st->fed_forced) st->drafted += st->n_feed - 1;
     memcpy(tok, st->feed, (size_t)st->n_feed * sizeof *tok);
     return st->n_feed;
 }
@@ -389,8 +395,14 @@ static int tail_has(const tl_step *st, const char *m) {
 static int watch_think(tl_step *st, int forced) {
     if (!st->think_close || st->think == 2) return 0;
     if (st->think == 0) {
-        if (!st->think_open || !tail_has(st, st->think_open)) return 0;
+        /* the reply opens its reasoning at its start, or never (a marker
+         * later is text; under a grammar it is the grammar's) */
+        if (!st->think_open || st->active || tl_gen_count(st->gen) > OPEN_WITHIN || !tail_has(st, st->think_open)) {
+            if (tl_gen_count(st->gen) > OPEN_WITHIN) st->think = 2;
+            return 0;
+        }
         st->think = 1;
+        if (st->think_budget == 0) st->force_at = 0;
     }
     st->n_think++;
     if (tail_has(st, st->think_close)) {
@@ -490,7 +502,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
             break;
         }
     }
-    if (fed > 1) {
+    if (fed > 1 && !st->fed_forced) {
         st->accepted += keep - 1;
         if (st->used_draft) /* guesses 1..keep-1 kept, guess keep rejected if `rejected` */
             for (int j = 1; j < keep + rejected && j < fed; j++) {

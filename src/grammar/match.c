@@ -23,6 +23,7 @@
 #define MAX_STACK 4096   /* nesting the matcher follows */
 #define CACHE_N 64       /* allowed-token sets kept per matcher */
 #define IST_CAP 256      /* distinct states one walk interns */
+#define MAX_EXPAND 200000 /* rule expansions one step may take */
 
 /* ---- the vocabulary trie ---- */
 
@@ -267,6 +268,7 @@ struct tl_matcher {
         int used;
     } cache[CACHE_N];
     int clock;
+    long n_expand; /* expansions since the count was last reset (MAX_EXPAND) */
     /* the walk's states, interned, and their transitions by byte (-2: not
      * computed yet, -1: no stack survives): most nodes of the trie lead to a
      * state already seen, so a node usually costs one table read */
@@ -285,6 +287,12 @@ struct tl_matcher {
  * returns to the position below. Adds the results to out. */
 static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
     const tl_grammar *g = m->g;
+    /* a grammar whose empty derivations multiply (a ::= "" | "", used n
+     * times) would take 2^n paths to one state: bounded, it fails instead */
+    if (++m->n_expand > MAX_EXPAND) {
+        m->failed = 1;
+        return;
+    }
     for (;;) {
         if (len == 0) {
             out->accept = 1;
@@ -325,6 +333,7 @@ static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
 /* out = in after code point c. */
 static void advance_cp(tl_matcher *m, const gstate *in, uint32_t c, gstate *out) {
     st_clear(out);
+    m->n_expand = 0;
     for (int i = 0; i < in->n; i++) {
         const int len = in->off[i + 1] - in->off[i];
         const uint32_t *stk = in->pos + in->off[i];
@@ -577,7 +586,7 @@ const uint32_t *tl_matcher_allowed(tl_matcher *m, tl_error *err) {
     else walk(m, &m->t->node[0], 0, bits);
     if (m->failed) {
         m->cache[v].key_n = -1;
-        tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory or nesting deeper than %d", MAX_STACK);
+        tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting deeper than %d, or too many ways to one state", MAX_STACK);
         return NULL;
     }
     if (s->accept && s->need == 0)
@@ -607,12 +616,13 @@ int tl_matcher_reset(tl_matcher *m, tl_error *err) {
     st_clear(&m->cur);
     if (st_reserve(&m->cur, 1, 1)) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     m->failed = 0;
+    m->n_expand = 0;
     /* the start: root's alternatives */
     for (int a = m->g->rule_alt[m->g->root]; a < m->g->rule_alt[m->g->root + 1]; a++) {
         uint32_t s = (uint32_t)m->g->alt[a];
         expand(m, &m->cur, &s, 1);
     }
-    if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory or nesting deeper than %d", MAX_STACK);
+    if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting deeper than %d, or too many ways to one state", MAX_STACK);
     return TL_OK;
 }
 
@@ -650,7 +660,7 @@ int tl_matcher_accept_bytes(tl_matcher *m, const char *b, size_t n, tl_error *er
     for (size_t i = 0; i < n; i++) {
         m->failed = 0;
         int ok = advance_byte(m, &m->cur, (uint8_t)b[i], tmp);
-        if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory or nesting too deep");
+        if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting too deep, or too many ways to one state");
         if (!ok) return tl_fail(err, TL_ERR_ARG, "grammar: byte %zu of the text cannot continue the output", i);
         gstate x = m->cur;
         m->cur = *tmp;

@@ -201,7 +201,8 @@ typedef struct cls_t {
 } cls_t;
 
 static void cls_range(cls_t *c, uint32_t lo, uint32_t hi) {
-    if (c->n < 64) c->lo[c->n] = lo, c->hi[c->n++] = hi;
+    if (c->n < 64) c->lo[c->n] = lo, c->hi[c->n] = hi;
+    c->n++; /* past 64: refused by the caller */
 }
 
 static int rx_shorthand(rx *x, char k, cls_t *cls, int *neg) {
@@ -230,7 +231,9 @@ static void class_out(sb *b, const cls_t *c, int neg) {
         sb_fmt(&body, lo == hi ? "\\U%08X" : "\\U%08X-\\U%08X", lo, hi);
     }
     if (neg) {
-        sb_fmt(b, "[^\"\\\\\\x00-\\x1F\\x7F%s]", body.s ? body.s : "");
+        sb_str(b, "[^\"\\\\\\x00-\\x1F\\x7F");
+        sb_put(b, body.s ? body.s : "", body.n);
+        sb_str(b, "]");
     } else {
         /* the listed set minus what JSON escapes, as alternatives of ranges */
         sb_str(b, "(");
@@ -252,6 +255,32 @@ static void class_out(sb *b, const cls_t *c, int neg) {
         sb_str(b, ")");
     }
     free(body.s);
+}
+
+static uint32_t rx_escaped(char k);
+
+/* The character escape \k (k read; \xHH and \uHHHH read their digits):
+ * the code point, or -1 for a letter escape that is not a character. */
+static int rx_hex_escape(rx *x, char k, uint32_t *cp) {
+    const int digits = k == 'x' ? 2 : k == 'u' ? 4 : 0;
+    if (digits) {
+        uint32_t v = 0;
+        for (int i = 0; i < digits; i++) {
+            char h = x->p < x->end ? *x->p : 0;
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) return refuse(x->c, x->path, "pattern: \\%c needs %d hex digits", k, digits);
+            v = v << 4 | (uint32_t)d;
+            x->p++;
+        }
+        *cp = v;
+        return 0;
+    }
+    if ((k >= 'a' && k <= 'z') || (k >= 'A' && k <= 'Z')) {
+        *cp = strchr("ntrfv", k) ? rx_escaped(k) : (uint32_t)-1;
+        return 0;
+    }
+    *cp = (uint32_t)(unsigned char)k; /* punctuation stands for itself */
+    return 0;
 }
 
 static uint32_t rx_escaped(char k) {
@@ -298,21 +327,29 @@ static int rx_atom(rx *x, sb *b) {
                     if (sneg) return refuse(x->c, x->path, "pattern: \\%c inside a class", k);
                     continue;
                 }
-                lo = rx_escaped(k);
+                if (rx_hex_escape(x, k, &lo)) return -1;
+                if (lo == (uint32_t)-1) return refuse(x->c, x->path, "pattern: \\%c is not supported in a class", k);
             } else if (rx_utf8(x, &lo)) {
                 return -1;
             }
             uint32_t hi = lo;
             if (x->end - x->p >= 2 && x->p[0] == '-' && x->p[1] != ']') {
                 x->p++;
-                if (*x->p == '\\' && x->end - x->p >= 2) hi = rx_escaped(x->p[1]), x->p += 2;
-                else if (rx_utf8(x, &hi)) return -1;
+                if (*x->p == '\\' && x->end - x->p >= 2) {
+                    const char k2 = x->p[1];
+                    x->p += 2;
+                    if (rx_hex_escape(x, k2, &hi)) return -1;
+                    if (hi == (uint32_t)-1) return refuse(x->c, x->path, "pattern: \\%c is not supported in a class", k2);
+                } else if (rx_utf8(x, &hi)) {
+                    return -1;
+                }
                 if (hi < lo) return refuse(x->c, x->path, "pattern: class range out of order");
             }
             cls_range(&cls, lo, hi);
         }
         if (x->p >= x->end) return refuse(x->c, x->path, "pattern: missing ']'");
         x->p++;
+        if (cls.n > 64) return refuse(x->c, x->path, "pattern: a class of more than 64 ranges");
         class_out(b, &cls, neg);
         return 0;
     }
@@ -333,8 +370,10 @@ static int rx_atom(rx *x, sb *b) {
             return 0;
         }
         if (k >= '1' && k <= '9') return refuse(x->c, x->path, "pattern: backreferences are not supported");
-        if (strchr("bB", k)) return refuse(x->c, x->path, "pattern: \\%c is not supported", k);
-        rx_char(b, rx_escaped(k));
+        uint32_t cp;
+        if (rx_hex_escape(x, k, &cp)) return -1;
+        if (cp == (uint32_t)-1) return refuse(x->c, x->path, "pattern: \\%c is not supported", k);
+        rx_char(b, cp);
         return 0;
     }
     if (strchr("*+?{", ch)) return refuse(x->c, x->path, "pattern: a quantifier with nothing before it");
@@ -413,8 +452,8 @@ static int check_keys(conv *c, json_t *s, const char *const *allowed, const char
 static int get_count(conv *c, json_t *s, const char *key, int def, const char *path) {
     json_t *v = json_object_get(s, key);
     if (!v) return def;
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 10000)
-        return refuse(c, path, "'%s' must be an integer from 0 to 10000", key), -2;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000)
+        return refuse(c, path, "'%s' must be an integer from 0 to 1000 (a bound the grammar can hold)", key), -2;
     return (int)json_integer_value(v);
 }
 
@@ -576,8 +615,14 @@ static int visit_object(conv *c, json_t *s, const char *path, sb *b) {
         free(opt);
         return -1;
     }
-    /* the tail after the listed properties: other keys, if allowed */
+    /* the tail after the listed properties: other keys, if allowed (beside
+     * listed ones the grammar could not keep a listed name out of it) */
     char tail_r[64] = "", tail_s[64] = "";
+    if (add && !json_is_false(add) && np) {
+        free(kv);
+        free(opt);
+        return refuse(c, path, "'additionalProperties' other than false beside 'properties' is not supported");
+    }
     if (add && !json_is_false(add)) {
         int ar;
         if (json_is_true(add)) {

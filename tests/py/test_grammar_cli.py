@@ -159,7 +159,11 @@ def main():
         for schema, want in (({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}, "minimum"),
                              ({"type": "string", "format": "hostname"}, "hostname"),
                              ({"allOf": [{"type": "string"}]}, "allOf"),
-                             ({"$ref": "https://example.com/s.json"}, "$ref")):
+                             ({"$ref": "https://example.com/s.json"}, "$ref"),
+                             ({"type": "object", "properties": {"a": {"type": "integer"}},
+                               "additionalProperties": True}, "additionalProperties"),
+                             ({"type": "string", "maxLength": 1500}, "1000"),
+                             ({"type": "string", "pattern": "^a\\qb$"}, "\\q")):
             with open(path, "w") as f:
                 json.dump(schema, f)
             rc, out, err = run(SMOL, "-p", "x", "--json-schema", path, "-n", "5")

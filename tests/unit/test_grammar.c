@@ -296,6 +296,16 @@ int main(void) {
     CHECK(tl_vocab_trie_new(m, &t, &err) == 0, "trie: %s", err.msg);
     printf("SmolLM2 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
     if (t) {
+        /* empty derivations that multiply: refused in bounded time, not 2^40 paths */
+        tl_grammar *g = parse("root ::= a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a \"x\"\n"
+                              "a ::= \"\" | \"\"\n", &err);
+        tl_matcher *mx = NULL;
+        double t1 = now();
+        int rc = g ? tl_matcher_new(g, t, &mx, &err) : -1;
+        CHECK(g && rc != 0 && now() - t1 < 5.0, "a grammar with 2^40 ways to one state: refused (%d) in %.2f s: %s",
+              rc, now() - t1, err.msg);
+        tl_matcher_free(mx);
+        tl_grammar_free(g);
         check_texts(t);
         check_masks(m, t, "SmolLM2");
         check_fresh(m, t, getenv("TL_ASAN") ? 5 : 20);
