@@ -1201,9 +1201,16 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
     api_buf content = {0};
     json_t *calls = json_array();
     int rc = !calls || tools_stream(&st->tools, t, n, r->id, &content, calls);
-    if (!rc && last && st->tools.hold.n && !st->tools.in_call) {
-        rc = api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
+    /* the end, as the whole reply has it: text after the calls is dropped;
+     * an unterminated call with none before it is content, tag included */
+    if (!rc && last && st->tools.hold.n) {
+        if (!st->tools.in_call && !st->tools.seen_call)
+            rc = api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
+        else if (st->tools.in_call && !st->tools.n_calls)
+            rc = api_buf_add(&content, "<tool_call>", 11) || api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
         st->tools.hold.n = 0;
+    } else if (!rc && last && st->tools.in_call && !st->tools.n_calls) {
+        rc = api_buf_add(&content, "<tool_call>", 11);
     }
     if (!rc && (content.n || lp)) rc = chunk(a, r, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
     else json_decref(lp);
