@@ -100,6 +100,24 @@ def main():
                                        max_tokens=300)
         whole = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls]
         check(whole and whole == greedy_parts, f"greedy calls streamed {greedy_parts} and not {whole}")
+        # cut by max_tokens inside or after a call: streamed ends as whole does
+        for mt in (6, 12, 40):
+            kw = dict(model="m", messages=msgs, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=mt,
+                      parallel_tool_calls=False)
+            r = cl.chat.completions.create(**kw)
+            m = r.choices[0].message
+            whole = (m.content or None, [(c.function.name, c.function.arguments) for c in m.tool_calls or []],
+                     r.choices[0].finish_reason)
+            content, got, fin = "", {}, None
+            for ch in cl.chat.completions.create(stream=True, **kw):
+                if ch.choices:
+                    d = ch.choices[0].delta
+                    content += d.content or ""
+                    for tc in d.tool_calls or []:
+                        got[tc.index] = (tc.function.name, tc.function.arguments)
+                    fin = ch.choices[0].finish_reason or fin
+            check(whole == (content or None, [got[i] for i in sorted(got)], fin),
+                  f"max_tokens {mt}: streamed {content!r} {got} {fin} vs whole {whole}")
         # auto: either an answer or valid calls, never a broken call
         for seed in (5, 6, 7):
             r = cl.chat.completions.create(model="m", messages=msgs, tools=TOOLS, tool_choice="auto",
