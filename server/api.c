@@ -1179,11 +1179,12 @@ static int stream_start(const api_ctx *a, const srv_req *r, api_stream *st, api_
     return rc ? -1 : 0;
 }
 
-/* A chunk whose delta carries tool calls (each with its index). */
-static int chunk_calls(const api_ctx *a, const srv_req *r, api_buf *out, json_t *calls) {
+/* A chat chunk whose delta is {key: value} (value taken): tool calls, reasoning. */
+static int chunk_delta(const api_ctx *a, const srv_req *r, api_buf *out, const char *key, json_t *value) {
     json_t *o = reply_head(a, r, "chat.completion.chunk");
-    json_t *c = json_pack("{s:i, s:{s:O}, s:n, s:n}", "index", 0, "delta", "tool_calls", calls, "logprobs",
-                          "finish_reason");
+    json_t *c = value ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", key, value, "logprobs",
+                                  "finish_reason")
+                      : NULL;
     json_t *choices = c ? json_pack("[o]", c) : NULL;
     if (!o || !choices || json_object_set_new(o, "choices", choices) ||
         (r->include_usage && jset(o, "usage", json_null()))) {
@@ -1214,26 +1215,10 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
     }
     if (!rc && (content.n || lp)) rc = chunk(a, r, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
     else json_decref(lp);
-    if (!rc && json_array_size(calls)) rc = chunk_calls(a, r, out, calls);
+    if (!rc && json_array_size(calls)) rc = chunk_delta(a, r, out, "tool_calls", json_incref(calls));
     api_buf_free(&content);
     json_decref(calls);
     return rc ? -1 : 0;
-}
-
-/* A chunk whose delta carries reasoning text. */
-static int chunk_reasoning(const api_ctx *a, const srv_req *r, api_buf *out, const char *t, size_t n) {
-    json_t *o = reply_head(a, r, "chat.completion.chunk");
-    json_t *txt = jstr_bytes(t, n);
-    json_t *c = txt ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "reasoning_content", txt, "logprobs",
-                                "finish_reason")
-                    : NULL;
-    json_t *choices = c ? json_pack("[o]", c) : NULL;
-    if (!o || !choices || json_object_set_new(o, "choices", choices) ||
-        (r->include_usage && jset(o, "usage", json_null()))) {
-        json_decref(o);
-        return -1;
-    }
-    return frame(out, o);
 }
 
 /* Content of a reply (after any reasoning): through the tool-call splitter
@@ -1281,7 +1266,7 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
                         emit = hn - k;
                         break;
                     }
-            if (emit && chunk_reasoning(a, r, out, h, emit)) return -1;
+            if (emit && chunk_delta(a, r, out, "reasoning_content", jstr_bytes(h, emit))) return -1;
             if (!close) {
                 memmove(h, h + emit, hn - emit);
                 st->think_hold.n = hn - emit;

@@ -124,6 +124,18 @@ static void check_texts(const tl_vocab_trie *t) {
     }
 }
 
+/* Whether token id may follow text[0..k): a probe matcher fed the text,
+ * then the token's bytes (an end token: whether the output may end). */
+static int token_fits(const tl_model *model, tl_matcher *probe, const char *text, size_t k, int id) {
+    tl_error err = {0};
+    tl_matcher_reset(probe, &err);
+    tl_matcher_accept_bytes(probe, text, k, &err);
+    if (tl_token_is_eog(model, id)) return tl_matcher_can_end(probe);
+    char piece[512];
+    size_t n = tl_token_piece(model, id, 0, piece, sizeof piece);
+    return n > 0 && n <= sizeof piece && tl_matcher_accept_bytes(probe, piece, n, &err) == 0;
+}
+
 /* After each prefix, the allowed set equals what accepting each token does. */
 static void check_masks(const tl_model *model, const tl_vocab_trie *t, const char *label) {
     tl_error err = {0};
@@ -162,16 +174,7 @@ static void check_masks(const tl_model *model, const tl_vocab_trie *t, const cha
         for (int id = 0; id < nv; id++) {
             const int in = bits[id >> 5] >> (id & 31) & 1;
             allowed += in;
-            tl_matcher_reset(probe, &err);
-            tl_matcher_accept_bytes(probe, pre, strlen(pre), &err);
-            int can;
-            if (tl_token_is_eog(model, id)) {
-                can = tl_matcher_can_end(probe);
-            } else {
-                char piece[512];
-                size_t n = tl_token_piece(model, id, 0, piece, sizeof piece);
-                can = n > 0 && n <= sizeof piece && tl_matcher_accept_bytes(probe, piece, n, &err) == 0;
-            }
+            const int can = token_fits(model, probe, pre, strlen(pre), id);
             if (can != in && wrong++ == 0) first_wrong = id;
         }
         CHECK(wrong == 0 && allowed > 0, "%s: prefix '%s': %d tokens allowed, %d differ from token-by-token (first %d)",
@@ -208,17 +211,7 @@ static void check_fresh(const tl_model *model, const tl_vocab_trie *t, size_t ma
                 const int in = bits[id >> 5] >> (id & 31) & 1;
                 any |= in;
                 if (k > max_brute && k + 1 < sizeof TEXT - 1) continue; /* the last prefix is always checked */
-                tl_matcher_reset(probe, &err);
-                tl_matcher_accept_bytes(probe, TEXT, k, &err);
-                int can;
-                if (tl_token_is_eog(model, id)) {
-                    can = tl_matcher_can_end(probe);
-                } else {
-                    char piece[512];
-                    size_t n = tl_token_piece(model, id, 0, piece, sizeof piece);
-                    can = n > 0 && n <= sizeof piece && tl_matcher_accept_bytes(probe, piece, n, &err) == 0;
-                }
-                wrong += can != in;
+                wrong += token_fits(model, probe, TEXT, k, id) != in;
             }
             CHECK(bits && any && !wrong, "fresh matcher after '%.*s': %d tokens differ", (int)k, TEXT, wrong);
         }
