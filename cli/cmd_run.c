@@ -180,17 +180,6 @@ static int chat_check_template(const tl_model *m) {
     return 0;
 }
 
-/* Renders the conversation with the model's template, generation prompt on. */
-static char *chat_render(const tl_model *m, const tl_chat_msg *msgs, size_t n, size_t *len) {
-    tl_error err = {0};
-    char *out = NULL;
-    if (tl_chat_apply_msgs(m, NULL, msgs, n, 1, &out, len, &err)) {
-        cli_tl_error(&err);
-        return NULL;
-    }
-    return out;
-}
-
 /* ---- streaming output ---- */
 
 typedef struct out_state {
@@ -292,9 +281,11 @@ typedef struct session {
     tl_grammar *grammar; /* --grammar, and its matcher over the model's vocabulary */
     tl_vocab_trie *trie;
     tl_matcher *matcher;
+    tl_chat_template *tmpl; /* the model's, compiled at the first chat turn */
 } session;
 
 static void session_free(session *s) {
+    tl_chat_template_free(s->tmpl);
     tl_matcher_free(s->matcher);
     tl_vocab_trie_free(s->trie);
     tl_grammar_free(s->grammar);
@@ -303,6 +294,18 @@ static void session_free(session *s) {
     tl_model_free(s->dm);
     tl_ctx_free(s->ctx);
     tl_model_free(s->m);
+}
+
+/* Renders the conversation with the model's template, generation prompt on. */
+static char *chat_render(session *s, const tl_chat_msg *msgs, size_t n, size_t *len) {
+    tl_error err = {0};
+    char *out = NULL;
+    if ((!s->tmpl && tl_chat_template_new(s->m, NULL, &s->tmpl, &err)) ||
+        tl_chat_template_render_msgs(s->tmpl, msgs, n, 1, &out, len, &err)) {
+        cli_tl_error(&err);
+        return NULL;
+    }
+    return out;
 }
 
 static int session_open(session *s, const run_opts *o) {
@@ -441,7 +444,7 @@ int cmd_run(int argc, char **argv) {
     if (o.chat) {
         tl_chat_msg msgs[2] = {{"system", o.system}, {"user", prompt}};
         if (chat_check_template(s.m) ||
-            !(rendered = chat_render(s.m, o.system ? msgs : msgs + 1, o.system ? 2 : 1, &plen)))
+            !(rendered = chat_render(&s, o.system ? msgs : msgs + 1, o.system ? 2 : 1, &plen)))
             rc = 1;
         else {
             prompt = rendered;
@@ -499,7 +502,7 @@ static void convo_free(convo *c) {
  * evaluates only the rest. */
 static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_gen_stats *st) {
     size_t len = 0, n = 0;
-    char *rendered = chat_render(s->m, c->msgs, c->n, &len);
+    char *rendered = chat_render(s, c->msgs, c->n, &len);
     if (!rendered) return -1;
     tl_error err = {0};
     int32_t *ids = NULL;

@@ -177,6 +177,7 @@ static int serve(srv_opts *o, sigs *sg) {
     fprintf(stderr, "tokenloop serve: listening on http://%s:%d, loading %s\n", o->host, o->port,
             o->model_path);
     tl_model *m = NULL, *dm = NULL;
+    tl_chat_template *ctmpl = NULL;
     int rc = 1;
     if (tl_model_load(o->model_path, &m, &err)) {
         cli_error("%s: %s", o->model_path, err.msg);
@@ -189,8 +190,13 @@ static int serve(srv_opts *o, sigs *sg) {
     } else {
         app.m = m;
         const char *tmpl = tl_model_chat_template(m);
+        /* compiled once here; one that fails is compiled (and refused, with
+         * its error) per chat request, and completions still work */
+        if (tmpl && tl_chat_template_new(m, NULL, &ctmpl, &err))
+            fprintf(stderr, "tokenloop serve: warning: %s; chat requests will fail\n", err.msg);
         app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024,
-                            o->reasoning == 2 ? 2 : o->reasoning == 1 && tmpl && strstr(tmpl, "<think>") ? 1 : 0};
+                            o->reasoning == 2 ? 2 : o->reasoning == 1 && tmpl && strstr(tmpl, "<think>") ? 1 : 0,
+                            ctmpl};
         atomic_store(&app.phase, SRV_PHASE_READY);
         fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",
                 o->model_id, o->n_parallel, app.api.n_ctx);
@@ -204,6 +210,7 @@ static int serve(srv_opts *o, sigs *sg) {
     while (atomic_load(&app.busy) > 0 && now_s() < end) usleep(10000);
     srv_http_stop(h);
     srv_metrics_free(app.mx);
+    tl_chat_template_free(ctmpl);
     tl_model_free(dm);
     tl_model_free(m);
     return rc;

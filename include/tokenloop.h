@@ -493,7 +493,22 @@ int tl_chat_add_bos(const tl_model *model, const char *rendered);
 typedef struct tl_chat_msg {
     const char *role, *content;
 } tl_chat_msg;
-/* The same for an array of plain messages. */
+
+/* A template compiled once (lexed and parsed), rendered many times: read
+ * only while rendering, so threads may share one. tmpl NULL: the model's own;
+ * BOS/EOS text comes from model (may be NULL). A syntax error fails here with
+ * its line and column. */
+typedef struct tl_chat_template tl_chat_template;
+int tl_chat_template_new(const tl_model *model, const char *tmpl, tl_chat_template **out, tl_error *err);
+void tl_chat_template_free(tl_chat_template *t);
+/* vars_json as for tl_chat_apply. */
+int tl_chat_template_render(const tl_chat_template *t, const char *vars_json, size_t len, int add_generation_prompt,
+                            char **out, size_t *out_len, tl_error *err);
+/* Plain messages as structures: no JSON between caller and renderer. */
+int tl_chat_template_render_msgs(const tl_chat_template *t, const tl_chat_msg *msgs, size_t n_msgs,
+                                 int add_generation_prompt, char **out, size_t *out_len, tl_error *err);
+
+/* The same for an array of plain messages (compiles the template each call). */
 int tl_chat_apply_msgs(const tl_model *model, const char *tmpl, const tl_chat_msg *msgs,
                        size_t n_msgs, int add_generation_prompt, char **out, size_t *out_len,
                        tl_error *err);

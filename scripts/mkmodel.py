@@ -7,6 +7,7 @@ loaders accept it. Same arguments, same bytes.
 
 Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied] [--vocab FILE]
                   [--arch-name NAME] [--drop TENSOR] [--rope-scaling linear|yarn] [--longrope]
+                  [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
 converts), phi3 (fused attn_qkv, ffn_up holding gate and up), llama1b (the
@@ -16,7 +17,9 @@ to the file one tensor at a time, so memory stays near one tensor; for the
 quantized variants run `tokenloop quantize` on the F16 file, see
 scripts/mkmodel-1b.sh). --vocab FILE overrides the vocabulary file.
 --arch-name, --drop, --rope-scaling, --longrope make files tokenloop must
-refuse, for the error tests.
+refuse, for the error tests. --add-token/--add-control/--eos/--template give a
+random model a chat format of its own (markers such as <think> as single
+tokens), for the server tests of reasoning and tool calls.
 """
 import argparse
 import math
@@ -84,14 +87,17 @@ def llama3_rope_factors(base, dim):
     return np.array(out, dtype=np.float32)
 
 
-def copy_vocab(w, path, keys=None, none=False):
+def copy_vocab(w, path, keys=None, none=False, added=(), eos=None, template=None):
     """Copies the tokenizer.* keys; their names go into the set keys if given.
     none: write only tokenizer.ggml.model = "none" (a file without a vocabulary,
-    as benchmark files often are), keeping the vocabulary's size."""
+    as benchmark files often are), keeping the vocabulary's size.
+    added: (text, token type) pairs appended to the vocabulary, as a converter
+    writes a model's added tokens (USER_DEFINED for <think>, CONTROL for
+    <|im_end|>); eos: the text of the end token, template: a chat template."""
     if not os.path.isfile(path):
         sys.exit(f"mkmodel: vocabulary {path} not found (set TL_VOCAB_DIR, see scripts/fetch-vocab.sh)")
     r = gguf.GGUFReader(path)
-    n_vocab = None
+    n_vocab, tokens = None, []
     if none:
         w.add_tokenizer_model("none")
         if keys is not None:
@@ -105,13 +111,33 @@ def copy_vocab(w, path, keys=None, none=False):
             continue
         vt = f.types[0]
         sub = f.types[1] if vt == VT.ARRAY else None
-        w.add_key_value(name, f.contents(), vt, sub)
+        val = f.contents()
+        if added and name == "tokenizer.ggml.tokens":
+            val = val + [t for t, _ in added]
+        elif added and name == "tokenizer.ggml.scores":
+            val = val + [0.0] * len(added)
+        elif added and name == "tokenizer.ggml.token_type":
+            val = val + [int(k) for _, k in added]
+        elif added and name == "tokenizer.ggml.merges":
+            pass  # added tokens are matched whole, before BPE
+        elif (eos and name == "tokenizer.ggml.eos_token_id") or (template and name == "tokenizer.chat_template"):
+            continue
+        if name == "tokenizer.ggml.tokens":
+            tokens = val
+        w.add_key_value(name, val, vt, sub)
         if keys is not None:
             keys.add(name)
         if name == "tokenizer.ggml.tokens":
-            n_vocab = len(f.data)
+            n_vocab = len(val)
     if not n_vocab:
         sys.exit(f"mkmodel: {path} has no tokenizer.ggml.tokens")
+    if eos:
+        if eos not in tokens:
+            sys.exit(f"mkmodel: --eos {eos!r} is not a token")
+        w.add_eos_token_id(tokens.index(eos))
+    if template:
+        with open(template, encoding="utf-8") as f:
+            w.add_chat_template(f.read())
     return n_vocab
 
 
@@ -148,8 +174,10 @@ def build(args):
     arch = args.arch_name or spec["arch"]
     tied = spec["tied"] if args.tied is None else args.tied
     w = gguf.GGUFWriter(args.out, arch)
-    n_vocab = copy_vocab(w, os.path.join(VOCAB_DIR, VOCAB_PHI3 if args.arch == "phi3" else VOCAB),
-                         none=args.no_vocab)
+    added = [(t, gguf.TokenType.USER_DEFINED) for t in args.add_token or []]
+    added += [(t, gguf.TokenType.CONTROL) for t in args.add_control or []]
+    n_vocab = copy_vocab(w, args.vocab or os.path.join(VOCAB_DIR, VOCAB_PHI3 if args.arch == "phi3" else VOCAB),
+                         none=args.no_vocab, added=added, eos=args.eos, template=args.template)
     L = spec["layers"]
     w.add_name(f"tokenloop-random-{args.arch}")
     w.add_file_type(FILE_TYPE[args.type])
@@ -302,6 +330,12 @@ def main():
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
     ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")
+    ap.add_argument("--add-token", action="append", metavar="TEXT",
+                    help="append a token matched whole in text (USER_DEFINED, as <think> is in Qwen 3)")
+    ap.add_argument("--add-control", action="append", metavar="TEXT",
+                    help="append a control token (CONTROL, as <|im_end|>)")
+    ap.add_argument("--eos", metavar="TEXT", help="the end-of-generation token, by its text")
+    ap.add_argument("--template", metavar="FILE", help="tokenizer.chat_template from this Jinja file")
     ap.add_argument("--no-vocab", action="store_true",
                     help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "chat.h"
 #include "tools.h"
 
 #define MAX_DEPTH 32
@@ -226,7 +227,7 @@ static const char *const COMMON_KEYS[] = {
     "stream_options", "n", "user", "prompt_cache_key", "response_format", "grammar", NULL};
 static const char *const CHAT_KEYS[] = {"messages", "max_completion_tokens", "top_logprobs", "tools",
                                         "tool_choice", "parallel_tool_calls", "max_thinking_tokens",
-                                        "reasoning_effort", NULL};
+                                        "reasoning_effort", "chat_template_kwargs", NULL};
 static const char *const COMPL_KEYS[] = {"prompt", "echo", "best_of", "suffix", NULL};
 /* Known OpenAI fields this server does not implement: a clear 400, not silence. */
 static const char *const UNSUPPORTED[] = {
@@ -514,10 +515,16 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
 }
 
 /* messages -> the model's template -> tokens. */
-static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int add_gen, int *think_started,
+static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen, int *think_started,
                        int32_t **ids, int *n, api_err *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!json_is_array(msgs)) return BAD("messages", "'messages' must be an array");
+    if (kwargs && !json_is_object(kwargs))
+        return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    static const char *const RESERVED[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", NULL};
+    for (int i = 0; kwargs && RESERVED[i]; i++)
+        if (json_object_get(kwargs, RESERVED[i]))
+            return BAD("chat_template_kwargs", "'chat_template_kwargs' may not set '%s'", RESERVED[i]);
     size_t nm = json_array_size(msgs);
     if (!nm) return BAD("messages", "'messages' must not be empty");
     if (nm > (size_t)a->max_messages) return BAD("messages", "at most %d messages", a->max_messages);
@@ -539,33 +546,45 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, int a
             return -1;
         }
     }
-    json_t *top = arr;
-    if (native) {
-        top = json_pack("{s:o, s:O}", "messages", arr, "tools", t->tools);
-    } else if (with_tools) {
+    if (with_tools && !native) {
         char *sys = tools_system_text(t->tools);
         json_t *first = json_array_get(arr, 0);
         const char *r0 = json_string_value(json_object_get(first, "role"));
+        int bad = !sys;
         if (sys && r0 && !strcmp(r0, "system")) { /* joined to the caller's system message */
             const char *c0 = json_string_value(json_object_get(first, "content"));
             size_t l = strlen(c0) + strlen(sys) + 3;
             char *j = malloc(l);
             if (j) snprintf(j, l, "%s\n\n%s", c0, sys);
-            if (!j || json_object_set_new(first, "content", json_string(j))) top = NULL;
+            bad = !j || json_object_set_new(first, "content", json_string(j));
             free(j);
-        } else if (!sys || json_array_insert_new(arr, 0, json_pack("{s:s, s:s}", "role", "system", "content", sys))) {
-            top = NULL;
+        } else if (sys) {
+            bad = json_array_insert_new(arr, 0, json_pack("{s:s, s:s}", "role", "system", "content", sys));
         }
         free(sys);
+        if (bad) {
+            json_decref(arr);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
     }
-    char *js = top ? json_dumps(top, JSON_COMPACT) : NULL;
-    json_decref(top ? top : arr);
-    if (!js) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    json_t *top = arr;
+    if (native || kwargs) { /* template variables beside the messages */
+        top = json_pack("{s:o}", "messages", arr); /* takes arr, even failing */
+        if (top && ((native && json_object_set(top, "tools", t->tools)) ||
+                    (kwargs && json_object_update_missing(top, kwargs)))) {
+            json_decref(top);
+            top = NULL;
+        }
+        if (!top) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     char *out = NULL;
     size_t ol = 0;
     tl_error err = {0};
-    int rc = tl_chat_apply(a->m, NULL, js, strlen(js), add_gen, &out, &ol, &err);
-    free(js);
+    tl_chat_template *own = NULL;
+    int rc = a->tmpl ? TL_OK : tl_chat_template_new(a->m, NULL, &own, &err);
+    if (!rc) rc = tl_chat_template_render_json(a->tmpl ? a->tmpl : own, top, add_gen, &out, &ol, &err);
+    tl_chat_template_free(own);
+    json_decref(top);
     if (rc) {
         tl_free(out);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -718,7 +737,8 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     if ((rc = get_int(root, "max_thinking_tokens", 0, a->n_ctx, &x, e)) < 0) return -1;
     if (rc) r->think_budget = (int)x;
     r->think = a->reasoning != 0;
-    return chat_prompt(a, field(root, "messages"), &t, 1, &r->think_started, &r->prompt, &r->n_prompt, e);
+    return chat_prompt(a, field(root, "messages"), &t, field(root, "chat_template_kwargs"), 1, &r->think_started,
+                       &r->prompt, &r->n_prompt, e);
 }
 
 static int parse_completion(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
@@ -1356,7 +1376,7 @@ static int only_keys(json_t *root, const char *const *keys, api_err *e) {
 
 char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e) {
     static const char *const keys[] = {"content", "prompt", "messages", "add_special",
-                                       "add_generation_prompt", "model", NULL};
+                                       "add_generation_prompt", "chat_template_kwargs", "model", NULL};
     memset(e, 0, sizeof *e);
     json_t *root = load_body(body, len, e);
     if (!root) return NULL;
@@ -1370,7 +1390,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
         rc = -1;
     if (!rc && !text && !msgs) rc = BAD("content", "give 'content', 'prompt' or 'messages'");
     if (!rc && msgs) {
-        rc = chat_prompt(a, msgs, NULL, add_gen, NULL, &ids, &n, e);
+        rc = chat_prompt(a, msgs, NULL, field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, e);
     } else if (!rc) {
         size_t tl = strlen(text);
         int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;

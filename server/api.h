@@ -29,6 +29,7 @@ typedef struct api_ctx {
     int max_messages;   /* 1024 */
     int reasoning;      /* 0 off; 1: the model's own <think> (from its template); 2: on, the
                          * server opens <think> after the generation prompt if the template did not */
+    const tl_chat_template *tmpl; /* the model's, compiled once; NULL: compiled per request */
 } api_ctx;
 
 /* Nesting depth of a JSON text ([ and { outside strings). */

@@ -2428,62 +2428,21 @@ static char *normalize(R *r, const char *tmpl, size_t *len) {
     return d;
 }
 
-static void render(R *r, const char *tmpl, const char *json, size_t json_len, const char *bos,
-                   const char *eos, int add_gen, sb *out) {
-    size_t n;
-    r->src = normalize(r, tmpl, &n);
-    lexer L = {.r = r, .src = r->src, .len = n};
-    lex_all(&L);
-    parser P = {.r = r, .t = L.t};
-    node *root = p_body(&P, NULL);
-    scope *g = scope_new(r, NULL);
-    r->root = g;
-    if (bos) scope_set(r, g, "bos_token", v_cstr(bos));
-    if (eos) scope_set(r, g, "eos_token", v_cstr(eos));
-    scope_set(r, g, "add_generation_prompt", v_bool(add_gen));
-    if (json) {
-        jp j = {.r = r, .b = json, .s = json, .e = json + json_len};
-        val v = jvalue(&j);
-        jws(&j);
-        if (j.s != j.e) jfail(&j, "trailing characters");
-        if (v.t == T_LIST) {
-            scope_set(r, g, "messages", v);
-        } else if (v.t == T_DICT) {
-            for (size_t i = 0; i < v.u.d->n; i++)
-                dict_set(r, &g->vars, v.u.d->k[i], v.u.d->kn[i], v.u.d->v[i]);
-        } else {
-            die(r, TL_ERR_FORMAT, -1, "messages JSON must be a list or an object");
-        }
-    }
-    exec(r, g, root, out);
-}
+/* A compiled template: its source and tree live in their own arena, read
+ * only while rendering, so one template serves every request and thread. */
+struct tl_chat_template {
+    R *r;
+    node *root;
+    char *bos, *eos; /* the model's special-token text, or NULL */
+};
 
-int tl_chat_render_vars(const char *tmpl, const char *json, size_t json_len, const char *bos,
-                        const char *eos, int add_generation_prompt, char **out, size_t *out_len,
-                        tl_error *err) {
-    if (!tmpl || !out) return tl_fail(err, TL_ERR_ARG, "chat template: no template");
-    *out = NULL;
-    if (out_len) *out_len = 0;
-    R *r = calloc(1, sizeof *r);
-    if (!r) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
-    r->err = err;
-    if (setjmp(r->jb)) {
-        int st = r->status;
-        arena_free(r);
-        free(r);
-        return st;
-    }
-    sb *res = aalloc(r, sizeof *res);
-    render(r, tmpl, json, json_len, bos, eos, add_generation_prompt, res);
-    char *o = malloc(res->n + 1);
-    if (!o) die(r, TL_ERR_NOMEM, -1, "out of memory");
-    if (res->n) memcpy(o, res->s, res->n);
-    o[res->n] = 0;
-    *out = o;
-    if (out_len) *out_len = res->n;
-    arena_free(r);
-    free(r);
-    return TL_OK;
+void tl_chat_template_free(tl_chat_template *t) {
+    if (!t) return;
+    if (t->r) arena_free(t->r);
+    free(t->r);
+    free(t->bos);
+    free(t->eos);
+    free(t);
 }
 
 /* The text of a special token (BOS/EOS) as transformers passes it. */
@@ -2497,80 +2456,212 @@ static char *token_text(const tl_model *m, int32_t id) {
     return s;
 }
 
-int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_json, size_t len,
-                  int add_generation_prompt, char **out, size_t *out_len, tl_error *err) {
-    if (!tmpl && model) tmpl = tl_model_chat_template(model);
-    if (!tmpl) return tl_fail(err, TL_ERR_UNSUPPORTED, "the model has no chat template");
-    char *bos = model ? token_text(model, tl_token_bos(model)) : NULL;
-    char *eos = model ? token_text(model, tl_token_eos(model)) : NULL;
-    int st = tl_chat_render_vars(tmpl, messages_json, len, bos, eos, add_generation_prompt, out,
-                                 out_len, err);
-    free(bos);
-    free(eos);
+static void compile_body(R *r, tl_chat_template *t, const char *text) {
+    size_t n;
+    r->src = normalize(r, text, &n);
+    lexer L = {.r = r, .src = r->src, .len = n};
+    lex_all(&L);
+    parser P = {.r = r, .t = L.t};
+    t->root = p_body(&P, NULL);
+}
+
+/* Compiles into t's arena; a syntax error unwinds to here. */
+static int compile(R *r, tl_chat_template *t, const char *text, tl_error *err) {
+    r->err = err;
+    if (setjmp(r->jb)) return r->status;
+    compile_body(r, t, text);
+    r->err = NULL;
+    return TL_OK;
+}
+
+int tl_chat_template_new(const tl_model *model, const char *tmpl, tl_chat_template **out, tl_error *err) {
+    if (!out) return tl_fail(err, TL_ERR_ARG, "tl_chat_template_new: no output");
+    *out = NULL;
+    const char *text = tmpl ? tmpl : model ? tl_model_chat_template(model) : NULL;
+    if (!text) return tl_fail(err, TL_ERR_UNSUPPORTED, "the model has no chat template");
+    tl_chat_template *t = calloc(1, sizeof *t);
+    R *r = calloc(1, sizeof *r);
+    if (!t || !r) {
+        free(t);
+        free(r);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    }
+    t->r = r;
+    if (model) {
+        const int32_t bos = tl_token_bos(model), eos = tl_token_eos(model);
+        t->bos = token_text(model, bos);
+        t->eos = token_text(model, eos);
+        if ((bos >= 0 && !t->bos) || (eos >= 0 && !t->eos)) {
+            tl_chat_template_free(t);
+            return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+        }
+    }
+    int st = compile(r, t, text, err);
+    if (st) {
+        tl_chat_template_free(t);
+        return st;
+    }
+    *out = t;
+    return TL_OK;
+}
+
+/* Where a render's variables come from: JSON text, jansson values, or plain
+ * messages. */
+typedef struct vars_src {
+    const char *json;
+    size_t json_len;
+    const json_t *jv;
+    const tl_chat_msg *msgs;
+    size_t n_msgs;
+    int plain; /* msgs given (perhaps none) */
+} vars_src;
+
+/* A jansson value as a template value; strings point into the jansson
+ * value, which outlives the render. */
+static val from_jansson(R *r, const json_t *j, int depth) {
+    if (depth > MAX_DEPTH) die(r, TL_ERR_FORMAT, -1, "messages nested too deeply");
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        vdict *d = dict_new(r);
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)j, k, v) dict_set(r, d, k, strlen(k), from_jansson(r, v, depth + 1));
+        return v_dict(d);
+    }
+    case JSON_ARRAY: {
+        vlist *l = list_new(r);
+        for (size_t i = 0; i < json_array_size(j); i++) list_push(r, l, from_jansson(r, json_array_get(j, i), depth + 1));
+        return v_list(l);
+    }
+    case JSON_STRING: return v_str(json_string_value(j), json_string_length(j));
+    case JSON_INTEGER: return v_int((long long)json_integer_value(j));
+    case JSON_REAL: return v_float(json_real_value(j));
+    case JSON_TRUE: return v_bool(1);
+    case JSON_FALSE: return v_bool(0);
+    default: return v_none();
+    }
+}
+
+static void render(R *r, const tl_chat_template *t, const vars_src *vs, int add_gen, sb *out) {
+    scope *g = scope_new(r, NULL);
+    r->root = g;
+    if (t->bos) scope_set(r, g, "bos_token", v_cstr(t->bos));
+    if (t->eos) scope_set(r, g, "eos_token", v_cstr(t->eos));
+    scope_set(r, g, "add_generation_prompt", v_bool(add_gen));
+    val v = {.t = T_UNDEF};
+    if (vs->json) {
+        jp j = {.r = r, .b = vs->json, .s = vs->json, .e = vs->json + vs->json_len};
+        v = jvalue(&j);
+        jws(&j);
+        if (j.s != j.e) jfail(&j, "trailing characters");
+    } else if (vs->jv) {
+        v = from_jansson(r, vs->jv, 0);
+    } else if (vs->plain) {
+        vlist *l = list_new(r);
+        for (size_t i = 0; i < vs->n_msgs; i++) {
+            vdict *d = dict_new(r);
+            dict_set(r, d, "role", 4, v_cstr(vs->msgs[i].role ? vs->msgs[i].role : ""));
+            dict_set(r, d, "content", 7, v_cstr(vs->msgs[i].content ? vs->msgs[i].content : ""));
+            list_push(r, l, v_dict(d));
+        }
+        v = v_list(l);
+    }
+    if (v.t == T_LIST) {
+        scope_set(r, g, "messages", v);
+    } else if (v.t == T_DICT) {
+        for (size_t i = 0; i < v.u.d->n; i++) dict_set(r, &g->vars, v.u.d->k[i], v.u.d->kn[i], v.u.d->v[i]);
+    } else if (v.t != T_UNDEF) {
+        die(r, TL_ERR_FORMAT, -1, "messages JSON must be a list or an object");
+    }
+    exec(r, g, t->root, out);
+}
+
+static int render_entry(const tl_chat_template *t, const vars_src *vs, int add_generation_prompt, char **out,
+                        size_t *out_len, tl_error *err) {
+    if (!t || !out) return tl_fail(err, TL_ERR_ARG, "chat template: no template");
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    R *r = calloc(1, sizeof *r);
+    if (!r) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    r->err = err;
+    r->src = t->r->src; /* positions in errors */
+    if (setjmp(r->jb)) {
+        int st = r->status;
+        arena_free(r);
+        free(r);
+        return st;
+    }
+    sb *res = aalloc(r, sizeof *res);
+    render(r, t, vs, add_generation_prompt, res);
+    char *o = malloc(res->n + 1);
+    if (!o) die(r, TL_ERR_NOMEM, -1, "out of memory");
+    if (res->n) memcpy(o, res->s, res->n);
+    o[res->n] = 0;
+    *out = o;
+    if (out_len) *out_len = res->n;
+    arena_free(r);
+    free(r);
+    return TL_OK;
+}
+
+int tl_chat_template_render(const tl_chat_template *t, const char *vars_json, size_t len, int add_generation_prompt,
+                            char **out, size_t *out_len, tl_error *err) {
+    vars_src vs = {.json = vars_json, .json_len = len};
+    return render_entry(t, &vs, add_generation_prompt, out, out_len, err);
+}
+
+int tl_chat_template_render_msgs(const tl_chat_template *t, const tl_chat_msg *msgs, size_t n_msgs,
+                                 int add_generation_prompt, char **out, size_t *out_len, tl_error *err) {
+    if (n_msgs && !msgs) return tl_fail(err, TL_ERR_ARG, "chat template: no messages");
+    vars_src vs = {.msgs = msgs, .n_msgs = n_msgs, .plain = 1};
+    return render_entry(t, &vs, add_generation_prompt, out, out_len, err);
+}
+
+int tl_chat_template_render_json(const tl_chat_template *t, const json_t *vars, int add_generation_prompt,
+                                 char **out, size_t *out_len, tl_error *err) {
+    if (!vars) return tl_fail(err, TL_ERR_ARG, "chat template: no messages");
+    vars_src vs = {.jv = vars};
+    return render_entry(t, &vs, add_generation_prompt, out, out_len, err);
+}
+
+int tl_chat_render_vars(const char *tmpl, const char *json, size_t json_len, const char *bos,
+                        const char *eos, int add_generation_prompt, char **out, size_t *out_len,
+                        tl_error *err) {
+    if (out) *out = NULL;
+    if (out_len) *out_len = 0;
+    if (!tmpl) return tl_fail(err, TL_ERR_ARG, "chat template: no template");
+    tl_chat_template *t;
+    int st = tl_chat_template_new(NULL, tmpl, &t, err);
+    if (st) return st;
+    if ((bos && !(t->bos = strdup(bos))) || (eos && !(t->eos = strdup(eos)))) {
+        tl_chat_template_free(t);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    }
+    st = tl_chat_template_render(t, json, json_len, add_generation_prompt, out, out_len, err);
+    tl_chat_template_free(t);
     return st;
 }
 
-/* A growable malloc'ed buffer for building the messages JSON. */
-typedef struct jbuf {
-    char *s;
-    size_t n, cap;
-    int bad;
-} jbuf;
-
-static void jb_add(jbuf *b, const char *s, size_t n) {
-    if (b->bad) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = (b->n + n + 1) * 2;
-        char *ns = realloc(b->s, nc);
-        if (!ns) {
-            b->bad = 1;
-            return;
-        }
-        b->s = ns;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-}
-
-static void jb_str(jbuf *b, const char *s) {
-    jb_add(b, "\"", 1);
-    for (const char *p = s; p && *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        char e[8];
-        if (c == '"' || c == '\\') {
-            e[0] = '\\';
-            e[1] = (char)c;
-            jb_add(b, e, 2);
-        } else if (c < 0x20) {
-            snprintf(e, sizeof e, "\\u%04x", c);
-            jb_add(b, e, 6);
-        } else {
-            jb_add(b, p, 1);
-        }
-    }
-    jb_add(b, "\"", 1);
+int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_json, size_t len,
+                  int add_generation_prompt, char **out, size_t *out_len, tl_error *err) {
+    if (out) *out = NULL;
+    tl_chat_template *t;
+    int st = tl_chat_template_new(model, tmpl, &t, err);
+    if (st) return st;
+    st = tl_chat_template_render(t, messages_json, len, add_generation_prompt, out, out_len, err);
+    tl_chat_template_free(t);
+    return st;
 }
 
 int tl_chat_apply_msgs(const tl_model *model, const char *tmpl, const tl_chat_msg *msgs,
                        size_t n_msgs, int add_generation_prompt, char **out, size_t *out_len,
                        tl_error *err) {
-    jbuf b = {0};
-    jb_add(&b, "[", 1);
-    for (size_t i = 0; i < n_msgs; i++) {
-        jb_add(&b, i ? ",{\"role\":" : "{\"role\":", i ? 9 : 8);
-        jb_str(&b, msgs[i].role);
-        jb_add(&b, ",\"content\":", 11);
-        jb_str(&b, msgs[i].content);
-        jb_add(&b, "}", 1);
-    }
-    jb_add(&b, "]", 1);
-    if (b.bad) {
-        free(b.s);
-        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
-    }
-    int st = tl_chat_apply(model, tmpl, b.s, b.n, add_generation_prompt, out, out_len, err);
-    free(b.s);
+    if (out) *out = NULL;
+    tl_chat_template *t;
+    int st = tl_chat_template_new(model, tmpl, &t, err);
+    if (st) return st;
+    st = tl_chat_template_render_msgs(t, msgs, n_msgs, add_generation_prompt, out, out_len, err);
+    tl_chat_template_free(t);
     return st;
 }
 

@@ -46,7 +46,7 @@ static void check_err(const api_err *e) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    api_ctx a = {model(), "fuzz", 2048, 1024};
+    api_ctx a = {model(), "fuzz", 2048, 1024, 0, NULL};
     const char *body = (const char *)data;
     for (int k = 0; k < 2; k++) {
         srv_req *r = srv_req_new();

@@ -3,6 +3,7 @@
  * output follows by hand from jinja2's rules (trim_blocks, lstrip_blocks). */
 #include <string.h>
 
+#include "chat.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 
@@ -29,6 +30,47 @@ static int fails(const char *tmpl, const char *json, const char *what) {
     if (!ok) fprintf(stderr, "  template %s: status %d, message [%s], want [%s]\n", tmpl, st, err.msg, what);
     tl_free(out);
     return ok;
+}
+
+/* A template compiled once renders many conversations, each as a one-off
+ * render would, from JSON text, jansson values or plain messages alike; a
+ * syntax error is found when compiling. */
+static void test_compiled(void) {
+    const char *tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{% endfor %}"
+                       "{% if tools %}[{{ tools | tojson }}]{% endif %}{{ eos_token }}";
+    tl_error err = {0};
+    tl_chat_template *t = NULL;
+    CHECK(tl_chat_template_new(NULL, tmpl, &t, &err) == TL_OK, "compile: %s", err.msg);
+    if (!t) return;
+    for (int i = 0; i < 3; i++) {
+        char js[200], want[200], *a = NULL, *b = NULL, *c = NULL;
+        snprintf(js, sizeof js, "{\"messages\": [{\"role\": \"user\", \"content\": \" q%d \"}],"
+                 " \"tools\": [{\"b\": %d, \"a\": [1.0, \"x\\n\"]}]}", i, i);
+        snprintf(want, sizeof want, "<user>q%d[[{\"b\": %d, \"a\": [1.0, \"x\\n\"]}]]", i, i);
+        size_t na = 0, nb = 0, nc = 0;
+        CHECK(tl_chat_template_render(t, js, strlen(js), 1, &a, &na, &err) == TL_OK && !strcmp(a, want),
+              "compiled render %d: [%s] want [%s] (%s)", i, a ? a : "", want, err.msg);
+        json_t *jv = json_loads(js, 0, NULL);
+        CHECK(jv && tl_chat_template_render_json(t, jv, 1, &b, &nb, &err) == TL_OK && nb == na && !strcmp(a, b),
+              "jansson render %d: [%s] (%s)", i, b ? b : "", err.msg);
+        json_decref(jv);
+        char q[16];
+        snprintf(q, sizeof q, " q%d ", i);
+        tl_chat_msg m = {"user", q};
+        snprintf(want, sizeof want, "<user>q%d", i);
+        CHECK(tl_chat_template_render_msgs(t, &m, 1, 1, &c, &nc, &err) == TL_OK && !strcmp(c, want),
+              "plain messages %d: [%s] (%s)", i, c ? c : "", err.msg);
+        tl_free(a);
+        tl_free(b);
+        tl_free(c);
+    }
+    char *o = NULL;
+    CHECK(tl_chat_template_render_msgs(t, NULL, 0, 1, &o, NULL, &err) == TL_OK && o && !*o, "no messages");
+    tl_free(o);
+    tl_chat_template_free(t);
+    t = NULL;
+    CHECK(tl_chat_template_new(NULL, "a\n{% if x %}b", &t, &err) != TL_OK && !t && strstr(err.msg, "line 2"),
+          "a syntax error at compile time, with its line: %s", err.msg);
 }
 
 #define R(t, j, w) CHECK(renders(t, j, w), "render")
@@ -103,5 +145,6 @@ int main(void) {
     F("{{ 'a' + 1 }}", NULL, "unsupported operand");
     F("{{ [1].append(2) }}", NULL, "unsafe");
     F("{{ x }}", "[{\"role\": }]", "JSON");
+    test_compiled();
     return tl_test_summary();
 }

@@ -426,13 +426,19 @@ int main(void) {
         CHECK(0, "cannot load %s: %s (run make models)", MODEL, err.msg);
         return tl_test_summary();
     }
-    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024, 0};
+    tl_chat_template *tmpl = NULL;
+    CHECK(tl_chat_template_new(m, NULL, &tmpl, &err) == TL_OK, "compile the template: %s", err.msg);
+    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024, 0, tmpl};
     test_fields();
     test_messages();
     test_hostile();
     test_good();
     test_replies();
     test_misc();
+    /* and compiled per request, as where the server could not compile it */
+    A.tmpl = NULL;
+    test_messages();
+    tl_chat_template_free(tmpl);
     tl_model_free(m);
     return tl_test_summary();
 }

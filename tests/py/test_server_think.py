@@ -1,0 +1,176 @@
+"""Reasoning on a model whose vocabulary carries the markers: a random-weight
+Qwen 3-shape model (scripts/mkmodel.py) with <think>, </think>, <tool_call>
+and </tool_call> as single tokens and a template whose generation prompt
+opens <think> (tests/templates/think.jinja). The server finds the reasoning
+from the template alone (--reasoning auto). A logit bias against </think>
+keeps the model thinking, so only the budget can end it: at budgets 1, 7 and
+64, streamed and not, the reasoning comes back apart, the content never
+holds a marker, the reasoning tokens are the budget plus the close marker's,
+streamed equals whole. Also: no budget runs to max_tokens inside the
+reasoning; chat_template_kwargs enable_thinking=false leaves it all content;
+reasoning_effort low caps at its documented 256; a JSON schema and tool calls
+apply to the answer after the reasoning.
+Run: TL_BIN=build/tokenloop python3 tests/py/test_server_think.py"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import jsonschema
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tlcheck  # noqa: E402
+from tlcheck import ROOT, check  # noqa: E402
+from tlserver import SLOW, Server  # noqa: E402
+
+MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
+TEMPLATE = os.path.join(ROOT, "tests", "templates", "think.jinja")
+MSGS = [{"role": "user", "content": "Is 17 a prime number?"}]
+
+
+def make_model(path):
+    vocab = os.path.join(os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab")),
+                         "ggml-vocab-gpt-2.gguf")
+    p = subprocess.run([sys.executable, MKMODEL, "qwen3", path, "--vocab", vocab, "--seed", "7",
+                        "--add-control", "<|im_start|>", "--add-control", "<|im_end|>",
+                        "--add-token", "<think>", "--add-token", "</think>",
+                        "--add-token", "<tool_call>", "--add-token", "</tool_call>",
+                        "--eos", "<|im_end|>", "--template", TEMPLATE],
+                       capture_output=True, text=True, timeout=300)
+    return check(p.returncode == 0, f"mkmodel: {p.stderr[-300:]}")
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60 * SLOW) as r:
+        return json.loads(r.read())
+
+
+def reasoning_of(m):
+    return getattr(m, "reasoning_content", None) or (m.model_extra or {}).get("reasoning_content")
+
+
+def stream(cl, **kw):
+    rs, cs, finish, usage, calls = "", "", None, None, {}
+    for ch in cl.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if ch.usage:
+            usage = ch.usage
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        rs += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get("reasoning_content") or ""
+        cs += d.content or ""
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            if tc.function and tc.function.name:
+                c["name"] += tc.function.name
+            if tc.function and tc.function.arguments:
+                c["arguments"] += tc.function.arguments
+        finish = ch.choices[0].finish_reason or finish
+    return rs, cs, finish, usage, [calls[i] for i in sorted(calls)]
+
+
+def no_marker(s):
+    return "<think>" not in (s or "") and "</think>" not in (s or "")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="tl-think-")
+    model = os.path.join(tmp, "think.gguf")
+    if not make_model(model):
+        tlcheck.finish()
+    srv = Server(model, ["-np", "2", "-c", "2048", "-t", "2"])
+    try:
+        if not check(srv.wait_ready(), "server ready"):
+            tlcheck.finish()
+        toks = post(srv.url + "/tokenize", {"content": "<think></think>", "add_special": False})["tokens"]
+        check(len(toks) == 2, f"the markers are single tokens: {toks}")
+        close = toks[-1]
+        prompt = post(srv.url + "/tokenize", {"messages": MSGS})["tokens"]
+        prompt_off = post(srv.url + "/tokenize", {"messages": MSGS,
+                                                  "chat_template_kwargs": {"enable_thinking": False}})["tokens"]
+        check(prompt[-2] == toks[0] and prompt_off[-2] == close,
+              f"the generation prompt opens <think> ({prompt[-3:]}); enable_thinking=false closes it ({prompt_off[-4:]})")
+        cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+        keep_thinking = {str(close): -100}
+        for budget in (1, 7, 64):
+            for temp, seed in ((0.0, 1), (0.8, 2)):
+                kw = dict(model="m", messages=MSGS, max_tokens=budget + 24, temperature=temp, seed=seed,
+                          logit_bias=keep_thinking, extra_body={"max_thinking_tokens": budget})
+                r = cl.chat.completions.create(**kw)
+                m = r.choices[0].message
+                rs, n_r = reasoning_of(m), r.usage.completion_tokens_details.reasoning_tokens
+                # the forced close is "</think>" and "\n\n": two tokens with this vocabulary
+                check(rs is not None and no_marker(m.content) and no_marker(rs) and budget <= n_r <= budget + 2
+                      and r.usage.completion_tokens > n_r,
+                      f"budget {budget} temp {temp}: {n_r} reasoning tokens of {r.usage.completion_tokens}, "
+                      f"reasoning {rs!r:.60}, content {m.content!r:.60}")
+                srs, scs, sfin, su, _ = stream(cl, **kw)
+                check(srs == rs and scs == (m.content or "") and sfin == r.choices[0].finish_reason
+                      and su.completion_tokens_details.reasoning_tokens == n_r,
+                      f"budget {budget} temp {temp}: streamed {srs!r:.50}/{scs!r:.50} vs {rs!r:.50}/{m.content!r:.50}")
+        # no budget: the reasoning runs to max_tokens, nothing reaches content
+        r = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=20, temperature=0,
+                                       logit_bias=keep_thinking)
+        m = r.choices[0].message
+        check(r.choices[0].finish_reason == "length" and not m.content and reasoning_of(m)
+              and r.usage.completion_tokens_details.reasoning_tokens == 20,
+              f"no budget: {r.choices[0].finish_reason}, {r.usage.completion_tokens_details}, content {m.content!r:.40}")
+        # thinking switched off by the template's own variable
+        r = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0,
+                                       logit_bias=keep_thinking,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        m = r.choices[0].message
+        check(not reasoning_of(m) and m.content and r.usage.completion_tokens_details.reasoning_tokens == 0,
+              f"enable_thinking false: reasoning {reasoning_of(m)!r:.40}, content {m.content!r:.40}")
+        # reasoning_effort low: 256 tokens at most
+        r = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=280, temperature=0,
+                                       logit_bias=keep_thinking, reasoning_effort="low")
+        n_r = r.usage.completion_tokens_details.reasoning_tokens
+        check(256 <= n_r <= 258 and no_marker(r.choices[0].message.content),
+              f"reasoning_effort low: {n_r} reasoning tokens")
+        # a schema applies to the answer after the reasoning
+        schema = {"type": "object", "properties": {"prime": {"type": "boolean"},
+                                                   "why": {"type": "string", "maxLength": 20}},
+                  "required": ["prime", "why"], "additionalProperties": False}
+        for stream_it in (False, True):
+            kw = dict(model="m", messages=MSGS, max_tokens=120, temperature=0.8, seed=5, logit_bias=keep_thinking,
+                      response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                      extra_body={"max_thinking_tokens": 8})
+            if stream_it:
+                rs, content, _, _, _ = stream(cl, **kw)
+            else:
+                m = cl.chat.completions.create(**kw).choices[0].message
+                rs, content = reasoning_of(m), m.content
+            try:
+                jsonschema.validate(json.loads(content), schema)
+                ok = bool(rs) and no_marker(rs)
+            except (TypeError, ValueError, jsonschema.ValidationError):
+                ok = False
+            check(ok, f"json after reasoning (stream {stream_it}): reasoning {rs!r:.50}, content {content!r:.100}")
+        # tool calls too, two in one reply, streamed and not
+        tools = [{"type": "function", "function": {"name": "is_prime", "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer"}},
+            "required": ["n"], "additionalProperties": False}}}]
+        kw = dict(model="m", messages=MSGS, tools=tools, tool_choice="required", max_tokens=200, temperature=0.8,
+                  seed=9, logit_bias=keep_thinking, extra_body={"max_thinking_tokens": 6})
+        r = cl.chat.completions.create(**kw)
+        m = r.choices[0].message
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]
+        ok = r.choices[0].finish_reason == "tool_calls" and calls and reasoning_of(m) and not m.content
+        for c in calls:
+            ok = ok and c["name"] == "is_prime" and isinstance(json.loads(c["arguments"]).get("n"), int)
+        check(ok, f"tool calls after reasoning: {r.choices[0].finish_reason} {calls} {reasoning_of(m)!r:.40}")
+        srs, scs, sfin, _, scalls = stream(cl, **kw)
+        check(srs == reasoning_of(m) and sfin == "tool_calls" and scalls == calls and not scs,
+              f"streamed tool calls after reasoning: {sfin} {scalls} vs {calls}")
+    finally:
+        srv.stop()
+    tlcheck.finish()
+
+
+if __name__ == "__main__":
+    main()
