@@ -401,6 +401,8 @@ typedef struct tl_gen_params {
     const char *grammar_trigger; /* with grammar: free text until the output contains this
                                 * string, then the grammar, fed from the trigger's first byte
                                 * (a tool call under tool_choice auto); NULL: from the start */
+    int special_text;          /* control tokens' text shows in the output (a tool-call marker
+                                * such as Mistral's [TOOL_CALLS]); end-of-generation ones never */
 } tl_gen_params;
 
 typedef struct tl_gen_stats {

@@ -713,7 +713,9 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     if (t.tools && t.mode != TOOLS_NONE) {
         if (r->grammar) return BAD("tools", "tool calls and a JSON response_format or grammar in one request are not supported");
         tl_error err = {0};
-        rc = tools_grammar(&t, &r->grammar, &err);
+        const char *tm = tl_model_chat_template(a->m);
+        r->tool_fmt = tools_format(tm, tm && strstr(tm, "tools"));
+        rc = tools_grammar(&t, r->tool_fmt, &r->grammar, &err);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         if (rc) return BAD("tools", "%s", err.msg);
         r->grammar_lazy = t.mode == TOOLS_AUTO;
@@ -1057,7 +1059,7 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     /* tool calls: the content before them, the calls parsed out */
     json_t *calls = NULL;
     size_t clen = blen;
-    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(body, blen, r->id, &clen);
+    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(r->tool_fmt, body, blen, r->id, &clen);
     if (calls) finish = "tool_calls";
     json_t *txt = bad ? NULL : calls && !clen ? json_null() : jstr_bytes(body, clen);
     api_buf_free(&text);
@@ -1221,17 +1223,18 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
                         int last, api_buf *out) {
     api_buf content = {0};
     json_t *calls = json_array();
-    int rc = !calls || tools_stream(&st->tools, t, n, r->id, &content, calls);
+    int rc = !calls || tools_stream(&st->tools, r->tool_fmt, t, n, r->id, &content, calls);
+    const char *lost = tools_lost_open(r->tool_fmt);
     /* the end, as the whole reply has it: text after the calls is dropped;
      * an unterminated call with none before it is content, tag included */
     if (!rc && last && st->tools.hold.n) {
         if (!st->tools.in_call && !st->tools.seen_call)
             rc = api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
         else if (st->tools.in_call && !st->tools.n_calls)
-            rc = api_buf_add(&content, "<tool_call>", 11) || api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
+            rc = api_buf_add(&content, lost, strlen(lost)) || api_buf_add(&content, st->tools.hold.p, st->tools.hold.n);
         st->tools.hold.n = 0;
     } else if (!rc && last && st->tools.in_call && !st->tools.n_calls) {
-        rc = api_buf_add(&content, "<tool_call>", 11);
+        rc = api_buf_add(&content, lost, strlen(lost));
     }
     if (!rc && (content.n || lp)) rc = chunk(a, r, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
     else json_decref(lp);

@@ -77,6 +77,7 @@ typedef struct srv_req {
     tl_grammar *grammar;             /* owned: response_format / grammar / tool calls, or NULL */
     int grammar_lazy;                /* the grammar starts at the tool-call tag (tool_choice auto) */
     int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
+    int tool_fmt;                    /* TOOLS_HERMES/LLAMA3/MISTRAL: their format */
     int think;                       /* the reply may reason between <think> and </think> */
     int think_started;               /* the prompt opened the reasoning */
     int think_budget;                /* reasoning tokens before the close is forced; -1: none */

@@ -1,17 +1,18 @@
-/* server/tools: OpenAI tool calls in one format, Hermes-style tags around a
- * JSON object:
+/* server/tools: OpenAI tool calls in each model family's format:
  *
- *   <tool_call>
- *   {"name": "get_weather", "arguments": {"city": "Paris"}}
- *   </tool_call>
+ *   Hermes (Qwen 2.5/3, and the generic format for templates without tool
+ *   support):      <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
+ *   Llama 3.1/3.2: {"name": "f", "parameters": {...}}   (the whole reply)
+ *   Mistral v3:    [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]
  *
- * Templates that render tools themselves (a `tools` variable, as Qwen 2.5's
- * does) get the definitions that way; the others (SmolLM2, Gemma 3) get a
- * system message that lists them and states the format (docs/SERVER.md). The
- * calls' grammar makes every call parse and its arguments validate against
- * the function's parameters: from the first token under `required` or a
- * named function, from the opening tag on under `auto`. The reply's text is
- * split into content and tool_calls here, whole or streamed. */
+ * The format follows from the chat template. Templates that render tools
+ * themselves (a `tools` variable) get the definitions that way; the others
+ * (SmolLM2, Gemma 3) get a system message that lists them and states the
+ * Hermes format (docs/SERVER.md). The calls' grammar makes every call parse
+ * and its arguments validate against the function's parameters: from the
+ * first token under `required` or a named function, from the opening text
+ * on under `auto`. The reply's text is split into content and tool_calls
+ * here, whole or streamed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,30 @@
 #define OPEN "<tool_call>"
 #define CLOSE "</tool_call>"
 
-const char *tools_trigger(void) { return OPEN; }
+typedef struct fmt_def {
+    const char *open;  /* the text that opens the calls: the lazy grammar's trigger */
+    int keep_open;     /* the open text is the call's own first bytes (Llama 3's JSON) */
+    const char *close; /* closes each call (Hermes); NULL: the JSON value's end does */
+    int array;         /* one JSON array of calls after the open text (Mistral) */
+    const char *args;  /* the arguments' key */
+    int special;       /* the open text is a control token whose text must show */
+} fmt_def;
+
+static const fmt_def FMT[] = {
+    [TOOLS_HERMES] = {OPEN, 0, CLOSE, 0, "arguments", 0},
+    [TOOLS_LLAMA3] = {"{\"name\"", 1, NULL, 0, "parameters", 0},
+    [TOOLS_MISTRAL] = {"[TOOL_CALLS]", 0, NULL, 1, "arguments", 1},
+};
+
+int tools_format(const char *tmpl, int native) {
+    if (!native || !tmpl) return TOOLS_HERMES;
+    if (strstr(tmpl, "[TOOL_CALLS]")) return TOOLS_MISTRAL;
+    if (strstr(tmpl, "<|python_tag|>") || strstr(tmpl, "\"parameters\": dictionary")) return TOOLS_LLAMA3;
+    return TOOLS_HERMES;
+}
+
+const char *tools_trigger(int fmt) { return FMT[fmt].open; }
+int tools_special_text(int fmt) { return FMT[fmt].special; }
 
 static int bad(api_err *e, const char *param, const char *msg) {
     return api_fail(e, 400, "invalid_request_error", param, NULL, "%s", msg);
@@ -104,7 +128,7 @@ char *tools_system_text(json_t *tools) {
     return s;
 }
 
-int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
+int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err) {
     *out = NULL;
     json_t *alts = json_array(), *schema = json_object();
     size_t i;
@@ -116,9 +140,9 @@ int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
         json_t *params = json_object_get(fn, "parameters");
         /* no parameters: an empty object */
         json_t *p = params && json_is_object(params) ? json_incref(params) : json_pack("{s:s}", "type", "object");
+        const char *ak = FMT[fmt].args;
         json_t *one = p ? json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s,s], s:b}", "type", "object", "properties", "name",
-                                    "const", name, "arguments", p, "required", "name", "arguments",
-                                    "additionalProperties", 0)
+                                    "const", name, ak, p, "required", "name", ak, "additionalProperties", 0)
                         : NULL;
         if (!one || json_array_append_new(alts, one)) {
             json_decref(alts);
@@ -141,11 +165,17 @@ int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
         return tl_fail(err, TL_ERR_ARG, "tool grammar: no root rule");
     }
     memcpy(root + 1, "tcal", 4); /* "root" -> "tcal" */
-    static const char HEAD_ONE[] = "root ::= \"" OPEN "\" tcnl tcal tcnl \"" CLOSE "\"\n";
-    static const char HEAD_MANY[] =
-        "root ::= \"" OPEN "\" tcnl tcal tcnl \"" CLOSE "\" (tcnl \"" OPEN "\" tcnl tcal tcnl \"" CLOSE "\")*\n";
+    static const char *const HEAD[][2] = {
+        [TOOLS_HERMES] = {"root ::= \"" OPEN "\" tcnl tcal tcnl \"" CLOSE "\"\n",
+                          "root ::= \"" OPEN "\" tcnl tcal tcnl \"" CLOSE "\" (tcnl \"" OPEN "\" tcnl tcal tcnl \""
+                          CLOSE "\")*\n"},
+        /* Llama 3.1's template renders one call per message: one it is */
+        [TOOLS_LLAMA3] = {"root ::= tcal\n", "root ::= tcal\n"},
+        [TOOLS_MISTRAL] = {"root ::= \"[TOOL_CALLS]\" \" \"? \"[\" tcal \"]\"\n",
+                           "root ::= \"[TOOL_CALLS]\" \" \"? \"[\" tcal (\",\" \" \"? tcal)* \"]\"\n"},
+    };
     static const char NL[] = "tcnl ::= \"\\n\"?\n";
-    const char *head = t->parallel ? HEAD_MANY : HEAD_ONE;
+    const char *head = HEAD[fmt][t->parallel];
     size_t n = strlen(head) + strlen(NL) + strlen(gbnf) + 1;
     char *all = malloc(n);
     if (!all) {
@@ -161,41 +191,90 @@ int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
 
 /* ---- the reply ---- */
 
-/* One call block's JSON -> {id, type, function: {name, arguments}} with the
- * arguments as a JSON string, as OpenAI sends them. */
-static json_t *call_json(const char *s, size_t n, int index, const char *req_id) {
-    json_t *o = json_loadb(s, n, 0, NULL);
-    json_t *name = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
-    if (!json_is_string(name) || !args) {
-        json_decref(o);
-        return NULL;
-    }
+/* One call's JSON value -> {id, type, function: {name, arguments}} with the
+ * arguments as a JSON string, as OpenAI sends them. Mistral's template wants
+ * ids of nine letters and digits back. */
+static json_t *call_of(int fmt, json_t *o, int index, const char *req_id) {
+    json_t *name = json_object_get(o, "name"), *args = json_object_get(o, FMT[fmt].args);
+    if (!json_is_string(name) || !args) return NULL;
     char *a = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+    const char *rid = req_id + (strncmp(req_id, "chatcmpl-", 9) ? 0 : 9);
     char id[96];
-    snprintf(id, sizeof id, "call_%.60s_%d", req_id + (strncmp(req_id, "chatcmpl-", 9) ? 0 : 9), index);
+    if (fmt == TOOLS_MISTRAL) {
+        unsigned long long h = 1469598103934665603ull; /* FNV-1a of the request id and index */
+        for (const char *c = rid; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+        h = (h ^ (unsigned)index) * 1099511628211ull;
+        static const char AL[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        for (int i = 0; i < 9; i++, h /= 62) id[i] = AL[h % 62];
+        id[9] = 0;
+    } else {
+        snprintf(id, sizeof id, "call_%.60s_%d", rid, index);
+    }
     json_t *c = a ? json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name", name,
                               "arguments", a)
                   : NULL;
     free(a);
-    json_decref(o);
     return c;
 }
 
-json_t *tools_split(const char *text, size_t n, const char *req_id, size_t *content_len) {
-    const char *open = memmem(text, n, OPEN, sizeof OPEN - 1);
+/* The calls in s[0..n), which starts just after the open text (at it, for
+ * Llama 3): appended to calls (with "index" if indexed), *n_calls counting
+ * the reply's calls so far. Returns the bytes they took, 0 while they are
+ * incomplete, -1 if they cannot parse, -2 out of memory. */
+static long take_calls(int fmt, const char *s, size_t n, const char *req_id, json_t *calls, int *n_calls,
+                       int indexed) {
+    const fmt_def *f = &FMT[fmt];
+    json_t *v = NULL;
+    size_t used;
+    if (f->close) {
+        const char *c = memmem(s, n, f->close, strlen(f->close));
+        if (!c) return 0;
+        v = json_loadb(s, (size_t)(c - s), 0, NULL);
+        used = (size_t)(c - s) + strlen(f->close);
+    } else {
+        json_error_t je;
+        v = json_loadb(s, n, JSON_DISABLE_EOF_CHECK, &je);
+        if (!v) return je.position >= (int)n || strstr(je.text, "end of file") ? 0 : -1;
+        used = (size_t)je.position;
+    }
+    json_t *list = f->array ? v : NULL;
+    if (f->array && !json_is_array(v)) list = NULL;
+    size_t nv = f->array ? json_array_size(list) : 1;
+    int ok = v != NULL && (!f->array || list);
+    for (size_t i = 0; ok && i < nv; i++) {
+        const int k = *n_calls;
+        json_t *c = call_of(fmt, f->array ? json_array_get(list, i) : v, k, req_id);
+        if (!c) continue; /* not a call: skipped */
+        if ((indexed && json_object_set_new(c, "index", json_integer(k))) || json_array_append_new(calls, c)) {
+            json_decref(v);
+            return -2;
+        }
+        (*n_calls)++;
+    }
+    json_decref(v);
+    return (long)used;
+}
+
+json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, size_t *content_len) {
+    const fmt_def *f = &FMT[fmt];
+    const size_t ol = strlen(f->open);
+    const char *open = memmem(text, n, f->open, ol);
     *content_len = open ? (size_t)(open - text) : n;
     if (!open) return NULL;
     while (*content_len && (text[*content_len - 1] == '\n' || text[*content_len - 1] == ' ')) (*content_len)--;
     json_t *calls = json_array();
     const char *p = open, *end = text + n;
+    int k = 0;
     while (calls && p && p < end) {
-        const char *b = p + sizeof OPEN - 1;
-        const char *c = memmem(b, (size_t)(end - b), CLOSE, sizeof CLOSE - 1);
-        if (!c) break;
-        json_t *call = call_json(b, (size_t)(c - b), (int)json_array_size(calls), req_id);
-        if (call) json_array_append_new(calls, call);
-        p = c + sizeof CLOSE - 1;
-        p = memmem(p, (size_t)(end - p), OPEN, sizeof OPEN - 1);
+        const char *b = f->keep_open ? p : p + ol;
+        long used = take_calls(fmt, b, (size_t)(end - b), req_id, calls, &k, 0);
+        if (used == -2) {
+            json_decref(calls);
+            return NULL;
+        }
+        if (used <= 0) break;
+        p = b + used;
+        p = memmem(p, (size_t)(end - p), f->open, ol);
     }
     if (calls && !json_array_size(calls)) {
         json_decref(calls);
@@ -205,22 +284,28 @@ json_t *tools_split(const char *text, size_t n, const char *req_id, size_t *cont
     return calls;
 }
 
-int tools_stream(tools_stream_st *s, const char *text, size_t n, const char *req_id, api_buf *content,
+const char *tools_lost_open(int fmt) { return FMT[fmt].keep_open ? "" : FMT[fmt].open; }
+
+int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, api_buf *content,
                  json_t *calls) {
+    const fmt_def *f = &FMT[fmt];
+    const size_t ol = strlen(f->open);
     if (n && api_buf_add(&s->hold, text, n)) return -1;
     for (;;) {
         char *h = s->hold.p;
         size_t hn = s->hold.n;
         if (!s->in_call) {
-            const char *open = hn ? memmem(h, hn, OPEN, sizeof OPEN - 1) : NULL;
-            /* content up to the tag, or up to what could still become one */
+            const char *open = hn ? memmem(h, hn, f->open, ol) : NULL;
+            /* content up to the open text, or up to what could still become it */
             size_t safe = open ? (size_t)(open - h) : hn;
             if (!open)
-                for (size_t k = sizeof OPEN - 1; k > 0; k--)
-                    if (hn >= k && !memcmp(h + hn - k, OPEN, k)) {
+                for (size_t k = ol; k > 0; k--)
+                    if (hn >= k && !memcmp(h + hn - k, f->open, k)) {
                         safe = hn - k;
                         break;
                     }
+            /* blanks before a call are not content (a whole reply trims them) */
+            while (safe && (h[safe - 1] == '\n' || h[safe - 1] == ' ')) safe--;
             if (!s->seen_call && safe && api_buf_add(content, h, safe)) return -1;
             if (!open) {
                 memmove(h, h + safe, hn - safe);
@@ -229,20 +314,18 @@ int tools_stream(tools_stream_st *s, const char *text, size_t n, const char *req
             }
             s->in_call = 1;
             s->seen_call = 1;
-            memmove(h, open + sizeof OPEN - 1, hn - (size_t)(open - h) - (sizeof OPEN - 1));
-            s->hold.n = hn - (size_t)(open - h) - (sizeof OPEN - 1);
+            const size_t skip = (size_t)(open - h) + (f->keep_open ? 0 : ol);
+            memmove(h, h + skip, hn - skip);
+            s->hold.n = hn - skip;
             continue;
         }
-        const char *close = hn ? memmem(h, hn, CLOSE, sizeof CLOSE - 1) : NULL;
-        if (!close) return 0;
-        json_t *call = call_json(h, (size_t)(close - h), s->n_calls, req_id);
-        if (call) {
-            json_object_set_new(call, "index", json_integer(s->n_calls++));
-            if (json_array_append_new(calls, call)) return -1;
-        }
-        size_t used = (size_t)(close - h) + sizeof CLOSE - 1;
-        memmove(h, h + used, hn - used);
-        s->hold.n = hn - used;
+        long used = hn ? take_calls(fmt, h, hn, req_id, calls, &s->n_calls, 1) : 0;
+        if (used == -2) return -1;
+        /* incomplete: wait for more; cannot parse: held to the end, which
+         * treats it as a whole reply does */
+        if (used <= 0) return 0;
+        memmove(h, h + used, hn - (size_t)used);
+        s->hold.n = hn - (size_t)used;
         s->in_call = 0;
     }
 }

@@ -7,6 +7,8 @@
 #include "api.h"
 
 enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
+/* Call formats (see tools.c). */
+enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2 };
 
 /* A request's tools (borrowed from its JSON body). */
 typedef struct tools_req {
@@ -18,22 +20,30 @@ typedef struct tools_req {
 
 /* tools, tool_choice and parallel_tool_calls, checked. 0 or -1 with e. */
 int tools_parse(json_t *root, tools_req *t, api_err *e);
-/* The opening tag: under auto, the calls' grammar starts there. */
-const char *tools_trigger(void);
+/* The format the model's template teaches (native: the template renders the
+ * tools itself); Hermes otherwise. */
+int tools_format(const char *tmpl, int native);
+/* The text that opens the calls: under auto, the calls' grammar starts there. */
+const char *tools_trigger(int fmt);
+/* Whether the reply's text must show control tokens (Mistral's [TOOL_CALLS]). */
+int tools_special_text(int fmt);
+/* What a streamed reply must put back before held text when a call never
+ * completes (the open text, if the stream dropped it). */
+const char *tools_lost_open(int fmt);
 /* The system text that lists the tools for templates without tool support. */
 char *tools_system_text(json_t *tools);
 /* The grammar of the calls t allows: the tags around JSON whose arguments
  * validate against each function's parameters. */
-int tools_grammar(const tools_req *t, tl_grammar **out, tl_error *err);
+int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err);
 /* A whole reply: the calls in it (NULL if none) and the length of the
  * content before them. */
-json_t *tools_split(const char *text, size_t n, const char *req_id, size_t *content_len);
+json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, size_t *content_len);
 
 /* A streamed reply (tools_stream_st, in api.h): text is held back while it
  * may be the start of a tag; each call is emitted once its block is
- * complete. Adds text; appends content that is safe to send to content and finished
+ * complete, with its "index". Adds text; appends content that is safe to send to content and finished
  * calls (with their "index") to calls. */
-int tools_stream(tools_stream_st *s, const char *text, size_t n, const char *req_id, api_buf *content,
+int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, api_buf *content,
                  json_t *calls);
 
 #endif

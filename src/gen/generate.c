@@ -77,7 +77,7 @@ int tl_gen_new(const tl_model *model, const tl_gen_params *gp, tl_gen **out, tl_
         return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     }
     g->buf[0] = 0;
-    tl_detok_init(&g->dt, 0);
+    tl_detok_init(&g->dt, gp->special_text);
     *out = g;
     return 0;
 }

@@ -167,6 +167,16 @@ def main():
         srs, scs, sfin, _, scalls = stream(cl, **kw)
         check(srs == reasoning_of(m) and sfin == "tool_calls" and scalls == calls and not scs,
               f"streamed tool calls after reasoning: {sfin} {scalls} vs {calls}")
+        # under auto, the <tool_call> token (biased up) opens a call that the grammar completes
+        opener = post(srv.url + "/tokenize", {"content": "<tool_call>", "add_special": False})["tokens"]
+        r = cl.chat.completions.create(model="m", messages=MSGS, tools=tools, tool_choice="auto", max_tokens=200,
+                                       temperature=0.8, seed=3, parallel_tool_calls=False,
+                                       logit_bias={str(opener[0]): 100},
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        m = r.choices[0].message
+        check(len(opener) == 1 and r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1
+              and isinstance(json.loads(m.tool_calls[0].function.arguments).get("n"), int),
+              f"auto: a call opened by the <tool_call> token: {r.choices[0].finish_reason} {m.tool_calls} {m.content!r:.60}")
     finally:
         srv.stop()
     tlcheck.finish()

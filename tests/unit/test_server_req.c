@@ -9,6 +9,7 @@
 #include "api.h"
 #include "server.h"
 #include "tl_test.h"
+#include "tools.h"
 
 static const char *MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -419,6 +420,75 @@ static void test_misc(void) {
     free(es);
 }
 
+/* Each family's call format, split whole and streamed in chunks of every
+ * size: the same content and calls (name, arguments, id, index). */
+static void test_tool_formats(void) {
+    static const struct {
+        int fmt;
+        const char *text, *content, *names, *args0;
+    } C[] = {
+        {TOOLS_HERMES, "Hi.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>", "Hi.", "f,g", "{\"x\":1}"},
+        {TOOLS_LLAMA3, "{\"name\": \"f\", \"parameters\": {\"x\": [1, \"}\"]}}", "", "f", "{\"x\":[1,\"}\"]}"},
+        {TOOLS_LLAMA3, "Let me look. {\"name\": \"get\", \"parameters\": {}}", "Let me look.", "get", "{}"},
+        {TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": 1}}, "
+                        "{\"name\": \"g\", \"arguments\": {\"y\": \"]\"}}]", "", "f,g", "{\"x\":1}"},
+        {TOOLS_MISTRAL, "no calls [TOOL_CALL here", "no calls [TOOL_CALL here", "", NULL},
+        {TOOLS_LLAMA3, "{\"name\" is not JSON", "{\"name\" is not JSON", "", NULL},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
+        const size_t n = strlen(C[i].text);
+        size_t clen = 0;
+        json_t *calls = tools_split(C[i].fmt, C[i].text, n, "chatcmpl-abc", &clen);
+        char names[64] = "";
+        for (size_t j = 0; j < json_array_size(calls); j++) {
+            json_t *f = json_object_get(json_array_get(calls, j), "function");
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", j ? "," : "",
+                     json_string_value(json_object_get(f, "name")));
+        }
+        const char *a0 = json_string_value(
+            json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments"));
+        CHECK(clen == strlen(C[i].content) && !memcmp(C[i].text, C[i].content, clen) && !strcmp(names, C[i].names) &&
+                  (C[i].args0 ? a0 && !strcmp(a0, C[i].args0) : !calls),
+              "format %d case %zu: content %.*s, calls %s, arguments %s", C[i].fmt, i, (int)clen, C[i].text, names,
+              a0 ? a0 : "-");
+        const char *id0 = json_string_value(json_object_get(json_array_get(calls, 0), "id"));
+        if (C[i].fmt == TOOLS_MISTRAL && id0) {
+            int ok = strlen(id0) == 9;
+            for (const char *c = id0; *c; c++) ok &= (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9');
+            CHECK(ok, "Mistral's call ids are nine letters and digits: %s", id0);
+        }
+        if (!calls) continue; /* streamed ends without calls are the stream's end logic (api.c) */
+        for (size_t step = 1; step <= n; step += step < 4 ? 1 : 5) {
+            tools_stream_st st = {0};
+            api_buf content = {0};
+            json_t *got = json_array();
+            int rc = 0;
+            for (size_t at = 0; !rc && at < n; at += step)
+                rc = tools_stream(&st, C[i].fmt, C[i].text + at, at + step > n ? n - at : step, "chatcmpl-abc",
+                                  &content, got);
+            int same = !rc && json_array_size(got) == json_array_size(calls) && content.n == clen &&
+                       (!clen || !memcmp(content.p, C[i].text, clen));
+            for (size_t j = 0; same && j < json_array_size(got); j++) {
+                json_t *g = json_array_get(got, j), *w = json_array_get(calls, j);
+                same = json_integer_value(json_object_get(g, "index")) == (json_int_t)j &&
+                       json_equal(json_object_get(g, "function"), json_object_get(w, "function")) &&
+                       json_equal(json_object_get(g, "id"), json_object_get(w, "id"));
+            }
+            CHECK(same, "format %d case %zu streamed in %zu-byte chunks equals whole", C[i].fmt, i, step);
+            json_decref(got);
+            api_buf_free(&content);
+            api_buf_free(&st.hold);
+        }
+        json_decref(calls);
+    }
+    CHECK(tools_format("{{ '[TOOL_CALLS] [' }}{% for t in tools %}", 1) == TOOLS_MISTRAL &&
+              tools_format("<|python_tag|>{{ tools }}", 1) == TOOLS_LLAMA3 &&
+              tools_format("<tool_call>{{ tools }}", 1) == TOOLS_HERMES &&
+              tools_format("[TOOL_CALLS]", 0) == TOOLS_HERMES,
+          "the format follows the template");
+}
+
 int main(void) {
     tl_model *m = NULL;
     tl_error err = {0};
@@ -435,6 +505,7 @@ int main(void) {
     test_good();
     test_replies();
     test_misc();
+    test_tool_formats();
     /* and compiled per request, as where the server could not compile it */
     A.tmpl = NULL;
     test_messages();

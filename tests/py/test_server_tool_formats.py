@@ -1,0 +1,176 @@
+"""Tool calls in each family's own format, through the openai client, on
+random-weight models (scripts/mkmodel.py) that carry real chat templates:
+Llama 3.1's ({"name": ..., "parameters": ...} as the whole reply) and
+Mistral v3's ([TOOL_CALLS] [{"name": ..., "arguments": ...}], with
+[TOOL_CALLS] a control token). The server picks the format from the
+template; required and named choices make the model write it; every call's
+arguments validate against the function's schema; streamed equals whole
+(names, arguments, indices); Mistral's ids are nine letters and digits,
+as its template demands when the history comes back; the history with the
+calls and their results renders through the template. Under auto, a logit
+bias towards Mistral's control token opens a call, and the grammar completes
+it.
+Run: TL_BIN=build/tokenloop python3 tests/py/test_server_tool_formats.py"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import jsonschema
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tlcheck  # noqa: E402
+from tlcheck import ROOT, check  # noqa: E402
+from tlserver import SLOW, Server  # noqa: E402
+
+MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
+TEMPLATES = os.path.join(ROOT, "tests", "templates")
+VOCAB = os.path.join(os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab")),
+                     "ggml-vocab-gpt-2.gguf")
+FAMILIES = {
+    "llama3.1": dict(template="llama3.1.jinja", eos="<|eot_id|>",
+                     control=["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+                              "<|python_tag|>"]),
+    "mistral": dict(template="mistral-v3.jinja", eos=None,
+                    control=["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                             "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]),
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                         "unit": {"enum": ["c", "f"]}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MSGS = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
+
+
+def make_model(path, fam):
+    args = [sys.executable, MKMODEL, "qwen3", path, "--vocab", VOCAB, "--seed", "11",
+            "--template", os.path.join(TEMPLATES, fam["template"])]
+    for c in fam["control"]:
+        args += ["--add-control", c]
+    if fam["eos"]:
+        args += ["--eos", fam["eos"]]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    return check(p.returncode == 0, f"mkmodel: {p.stderr[-300:]}")
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60 * SLOW) as r:
+        return json.loads(r.read())
+
+
+def valid(calls):
+    try:
+        for c in calls:
+            jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
+        return bool(calls)
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        return False
+
+
+def strip_ids(calls):  # ids are per request
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
+
+
+def whole(cl, **kw):
+    r = cl.chat.completions.create(**kw)
+    m = r.choices[0].message
+    return r.choices[0].finish_reason, m.content, [{"id": c.id, "name": c.function.name,
+                                                    "arguments": c.function.arguments} for c in m.tool_calls or []]
+
+
+def streamed(cl, **kw):
+    content, finish, calls = "", None, {}
+    for ch in cl.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            c["id"] += tc.id or ""
+            if tc.function:
+                c["name"] += tc.function.name or ""
+                c["arguments"] += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    return finish, content or None, [calls[i] for i in sorted(calls)]
+
+
+def family(name, fam, tmp):
+    model = os.path.join(tmp, name + ".gguf")
+    if not make_model(model, fam):
+        return
+    srv = Server(model, ["-np", "2", "-c", "2048", "-t", "2"])
+    try:
+        if not check(srv.wait_ready(), f"{name}: server ready"):
+            return
+        cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+        # (a random model may write calls until max_tokens: one call is asked for where the seed does)
+        choices = [("required", 1, True), ("required", 2, False),
+                   ({"type": "function", "function": {"name": "add"}}, 3, False)]
+        last = None
+        for choice, seed, parallel in choices:
+            kw = dict(model="m", messages=MSGS, tools=TOOLS, tool_choice=choice, max_tokens=400, temperature=0.8,
+                      seed=seed, parallel_tool_calls=parallel)
+            fin, content, calls = whole(cl, **kw)
+            named = isinstance(choice, dict)
+            check(fin == "tool_calls" and valid(calls) and not content
+                  and (not named or all(c["name"] == "add" for c in calls))
+                  and (parallel or len(calls) == 1) and (name != "llama3.1" or len(calls) == 1),
+                  f"{name} {choice} seed {seed}: {fin} {calls} content {content!r:.60}")
+            if name == "mistral":
+                check(all(re.fullmatch(r"[A-Za-z0-9]{9}", c["id"]) for c in calls),
+                      f"{name}: ids of nine letters and digits: {[c['id'] for c in calls]}")
+            sfin, scontent, scalls = streamed(cl, **kw)
+            check((sfin, scontent, strip_ids(scalls)) == (fin, content, strip_ids(calls)),
+                  f"{name} {choice} seed {seed}: streamed {sfin} {scalls} vs whole {fin} {calls}")
+            last = calls
+        # the history comes back: the calls, their results, through the template
+        if last:
+            hist = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in last]}]
+            hist += [{"role": "tool", "tool_call_id": c["id"], "content": "42"} for c in last]
+            if name == "llama3.1":  # its template takes one call per message
+                hist = hist[:2] + hist[2:3]
+                hist[1]["tool_calls"] = hist[1]["tool_calls"][:1]
+            try:
+                r = cl.chat.completions.create(model="m", messages=hist, tools=TOOLS, max_tokens=8, temperature=0)
+                ok = r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+                err = ""
+            except openai.APIError as e:
+                ok, err = False, str(e)
+            check(ok, f"{name}: the history with calls and results renders: {err:.300}")
+        if name == "mistral":
+            tok = post(srv.url + "/tokenize", {"content": "[TOOL_CALLS]", "add_special": False})["tokens"]
+            check(len(tok) == 1, f"[TOOL_CALLS] is one token: {tok}")
+            kw = dict(model="m", messages=MSGS, tools=TOOLS, tool_choice="auto", max_tokens=400, temperature=0.8,
+                      seed=4, logit_bias={str(tok[0]): 100})
+            fin, content, calls = whole(cl, **kw)
+            check(fin == "tool_calls" and valid(calls), f"{name} auto, the control token biased: {fin} {calls}")
+            sfin, scontent, scalls = streamed(cl, **kw)
+            check((sfin, scontent, strip_ids(scalls)) == (fin, content, strip_ids(calls)),
+                  f"{name} auto: streamed {sfin} {scalls} equals whole {fin} {calls}")
+    finally:
+        srv.stop()
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="tl-toolfmt-") as tmp:
+        for name, fam in FAMILIES.items():
+            family(name, fam, tmp)
+    tlcheck.finish()
+
+
+if __name__ == "__main__":
+    main()
