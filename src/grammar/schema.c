@@ -6,7 +6,8 @@
  * additionalProperties (absent or false: only the listed properties; true or
  * a schema: others too), items / prefixItems / minItems / maxItems, enum,
  * const, string minLength / maxLength / pattern (a regex subset, anchored at
- * both ends) / format (date, time, date-time, uuid, email), integer, number,
+ * both ends) / format (date, time, date-time, uuid, email), integer (with
+ * minimum / maximum / exclusiveMinimum / exclusiveMaximum), number,
  * boolean, null, anyOf / oneOf (as alternatives), $ref to #/$defs/... or
  * #/definitions/... (recursion allowed), and the annotations (title,
  * description, default, examples, ...), which constrain nothing. Anything
@@ -17,6 +18,7 @@
  * Whitespace between tokens is bounded (llama.cpp's convention), so a model
  * cannot spend its budget on blank lines. */
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,7 +441,8 @@ static int known(const char *k, const char *const *list) {
 
 /* Under a list of types, each type's keywords are every listed type's. */
 static const char *const ANY_TYPE[] = {"type", "minLength", "maxLength", "pattern", "format", "items", "prefixItems",
-                                       "minItems", "maxItems", "properties", "required", "additionalProperties", NULL};
+                                       "minItems", "maxItems", "properties", "required", "additionalProperties",
+                                       "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
 
 static int check_keys(conv *c, json_t *s, const char *const *allowed, const char *path) {
     const char *k;
@@ -677,16 +680,139 @@ static int visit_object(conv *c, json_t *s, const char *path, sb *b) {
     return 0;
 }
 
+/* ---- integer ranges (minimum / maximum) ---- */
+
+#define INT_DIGITS 16 /* the integer rule's longest: [1-9] [0-9]{0,15} */
+
+/* Digit strings of one length n from lo to hi (both n digits, lo <= hi), as
+ * alternatives: a shared first digit recurses; different first digits give
+ * lo's tail up to all nines, the digits between with any tail, hi's first
+ * digit with tails from all zeros. */
+static void digits_range(sb *b, const char *lo, const char *hi, int n) {
+    if (n == 0) {
+        sb_str(b, "\"\"");
+        return;
+    }
+    int z = 1, nine = 1;
+    for (int i = 1; i < n; i++) z &= lo[i] == '0', nine &= hi[i] == '9';
+    if (z && nine) { /* [a-b] [0-9]{n-1} */
+        if (lo[0] == hi[0]) sb_fmt(b, "\"%c\"", lo[0]);
+        else sb_fmt(b, "[%c-%c]", lo[0], hi[0]);
+        if (n > 1) sb_fmt(b, " [0-9]{%d}", n - 1);
+        return;
+    }
+    if (lo[0] == hi[0]) {
+        sb_fmt(b, "\"%c\" (", lo[0]);
+        digits_range(b, lo + 1, hi + 1, n - 1);
+        sb_str(b, ")");
+        return;
+    }
+    char all9[INT_DIGITS + 1], all0[INT_DIGITS + 1];
+    memset(all9, '9', (size_t)n);
+    memset(all0, '0', (size_t)n);
+    sb_fmt(b, "\"%c\" (", lo[0]);
+    digits_range(b, lo + 1, all9, n - 1);
+    sb_str(b, ")");
+    if (lo[0] + 1 <= hi[0] - 1) {
+        if (lo[0] + 1 == hi[0] - 1) sb_fmt(b, " | \"%c\"", lo[0] + 1);
+        else sb_fmt(b, " | [%c-%c]", lo[0] + 1, hi[0] - 1);
+        if (n > 1) sb_fmt(b, " [0-9]{%d}", n - 1);
+    }
+    sb_fmt(b, " | \"%c\" (", hi[0]);
+    digits_range(b, all0, hi + 1, n - 1);
+    sb_str(b, ")");
+}
+
+/* The decimal numerals (no sign, no leading zero) from lo to hi, 0 <= lo <= hi. */
+static void nonneg_range(sb *b, long long lo, long long hi) {
+    char l[32], h[32];
+    int first = 1;
+    for (int n = snprintf(l, sizeof l, "%lld", lo); n <= INT_DIGITS; n++) {
+        long long top = 1;
+        for (int i = 0; i < n; i++) top *= 10;
+        long long a = lo, z = hi < top - 1 ? hi : top - 1;
+        if (n > (int)strlen(l)) a = top / 10;
+        if (a > z) break;
+        snprintf(l, sizeof l, "%lld", a);
+        snprintf(h, sizeof h, "%lld", z);
+        sb_str(b, first ? "(" : " | (");
+        digits_range(b, l, h, n);
+        sb_str(b, ")");
+        first = 0;
+        if (z == hi) break;
+    }
+}
+
+/* A bound of an integer: minimum/maximum, or exclusive ones moved inwards. */
+static int int_bound(conv *c, json_t *s, const char *key, const char *xkey, int upper, long long *out,
+                     const char *path) {
+    const double LIM = 9999999999999999.0; /* INT_DIGITS nines */
+    json_t *v = json_object_get(s, key), *x = json_object_get(s, xkey);
+    if ((v && !json_is_number(v)) || (x && !json_is_number(x)))
+        return refuse(c, path, "'%s' must be a number", v && !json_is_number(v) ? key : xkey);
+    int have = 0;
+    double best = upper ? LIM : -LIM;
+    if (v) {
+        double d = json_number_value(v);
+        d = upper ? floor(d) : ceil(d);
+        best = upper ? (d < best ? d : best) : (d > best ? d : best);
+        have = 1;
+    }
+    if (x) {
+        double d = json_number_value(x);
+        d = upper ? ceil(d) - 1 : floor(d) + 1;
+        best = upper ? (d < best ? d : best) : (d > best ? d : best);
+        have = 1;
+    }
+    if (best > LIM) best = LIM;
+    if (best < -LIM) best = -LIM;
+    *out = (long long)best;
+    return have;
+}
+
+/* An integer within [minimum, maximum] (exclusive bounds taken inwards). */
+static int visit_integer(conv *c, json_t *s, const char *path, sb *b) {
+    static const char *const keys[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    if (check_keys(c, s, keys, path)) return -1;
+    long long lo, hi;
+    int hl = int_bound(c, s, "minimum", "exclusiveMinimum", 0, &lo, path);
+    int hh = int_bound(c, s, "maximum", "exclusiveMaximum", 1, &hi, path);
+    if (hl < 0 || hh < 0) return -1;
+    if (!hl && !hh) {
+        use(c, P_INT);
+        sb_str(b, PRIM_NAME[P_INT]);
+        return 0;
+    }
+    if (lo > hi) return refuse(c, path, "no integer lies between the bounds");
+    int alt = 0;
+    if (lo < 0) { /* the negatives: a minus sign and their magnitudes */
+        sb_str(b, "\"-\" (");
+        nonneg_range(b, hi < 0 ? -hi : 1, -lo);
+        sb_str(b, ")");
+        alt = 1;
+    }
+    if (hi >= 0) {
+        if (alt) sb_str(b, " | ");
+        nonneg_range(b, lo > 0 ? lo : 0, hi);
+    }
+    return 0;
+}
+
 /* One type's rule body for schema s. */
 static int visit_type(conv *c, json_t *s, const char *type, const char *path, sb *b) {
     static const char *const scalar[] = {"type", NULL};
     if (!strcmp(type, "string")) return visit_string(c, s, path, b);
     if (!strcmp(type, "array")) return visit_array(c, s, path, b);
     if (!strcmp(type, "object")) return visit_object(c, s, path, b);
-    int p = !strcmp(type, "integer") ? P_INT : !strcmp(type, "number") ? P_NUMBER
+    if (!strcmp(type, "integer")) return visit_integer(c, s, path, b);
+    int p = !strcmp(type, "number") ? P_NUMBER
           : !strcmp(type, "boolean") ? P_BOOL : !strcmp(type, "null") ? P_NULL : -1;
     if (p < 0) return refuse(c, path, "unknown type '%s'", type);
     if (check_keys(c, s, scalar, path)) return -1;
+    static const char *const BOUNDS[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    for (int i = 0; p == P_NUMBER && i < 4; i++) /* beside "integer" in a list of types */
+        if (json_object_get(s, BOUNDS[i]))
+            return refuse(c, path, "unsupported keyword '%s' for a number (integers take it)", BOUNDS[i]);
     use(c, p);
     sb_str(b, PRIM_NAME[p]);
     return 0;

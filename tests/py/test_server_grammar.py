@@ -49,6 +49,14 @@ def random_schema(rng, depth=0, defs=None):
         return {"type": "string", "minLength": lo, "maxLength": lo + rng.randint(0, 12)}
     if k == "enum":
         return {"enum": rng.sample(["red", "green", "blue", 7, None, True, "a b", "x\"y"], rng.randint(1, 4))}
+    if k == "integer" and rng.random() < 0.5:  # bounds of either sign, one side open at times
+        lo = rng.randint(-300, 300)
+        b = {"minimum": lo, "maximum": lo + rng.randint(2, 2000)}
+        if rng.random() < 0.3:
+            del b[rng.choice(["minimum", "maximum"])]
+        if rng.random() < 0.3:
+            b = {"exclusiveM" + kk[1:]: v for kk, v in b.items()}
+        return {"type": "integer", **b}
     if k in ("integer", "number", "boolean", "null"):
         return {"type": k}
     if k == "format":
@@ -157,7 +165,7 @@ def main():
         except (ValueError, jsonschema.ValidationError) as e:
             check(False, f"json_schema on completions: {e}: {r.choices[0].text[:300]}")
         # refusals
-        for bad, want in (({"type": "integer", "minimum": 1}, "minimum"),
+        for bad, want in (({"type": "number", "minimum": 1}, "minimum"),
                           ({"type": "string", "format": "ipv4"}, "ipv4"),
                           ({"not": {"type": "string"}}, "not")):
             try:

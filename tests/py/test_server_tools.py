@@ -143,8 +143,8 @@ def main():
                                     (TOOLS, {"type": "function", "function": {"name": "nope"}}, "not in"),
                                     ([{"type": "function", "function": {"name": "f", "parameters":
                                                                         {"type": "object", "properties":
-                                                                         {"x": {"type": "integer", "minimum": 0}}}}}],
-                                     None, "minimum")):
+                                                                         {"x": {"type": "integer", "multipleOf": 2}}}}}],
+                                     None, "multipleOf")):
             try:
                 kw = {"tool_choice": choice} if choice else {}
                 cl.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=5, **kw)

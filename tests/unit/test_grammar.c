@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 #include <time.h>
 
 #include "tl_test.h"
@@ -122,6 +124,59 @@ static void check_texts(const tl_vocab_trie *t) {
         if (g) CHECK(accepts(g, t, cases[i].text) == cases[i].ok, "case %zu: %s on '%s'", i, cases[i].g, cases[i].text);
         tl_grammar_free(g);
     }
+}
+
+/* Integer bounds: every numeral near the bounds (and far out) is accepted
+ * exactly when it lies within them, for bounds of each sign, exclusive
+ * ones, fractional ones and one side open. */
+static void check_int_ranges(const tl_vocab_trie *t) {
+    static const char *const B[] = {
+        "\"minimum\": 0, \"maximum\": 9", "\"minimum\": 1, \"maximum\": 100",
+        "\"minimum\": 37, \"maximum\": 4210", "\"minimum\": -15, \"maximum\": 7",
+        "\"minimum\": -1000, \"maximum\": -999", "\"minimum\": 5", "\"maximum\": -3",
+        "\"exclusiveMinimum\": 0, \"exclusiveMaximum\": 10", "\"minimum\": 1.5, \"maximum\": 20.5",
+        "\"minimum\": 190, \"maximum\": 210", "\"minimum\": 0", "\"minimum\": -9, \"maximum\": 0",
+        "\"minimum\": 1000, \"maximum\": 1000",
+    };
+    static const long long V[] = {0, 1, 2, 5, 7, 9, 10, 11, 36, 37, 38, 99, 100, 101, 189, 190, 199, 200, 201, 209, 210,
+                                  211, 999, 1000, 1001, 4209, 4210, 4211, 99999};
+    tl_error err = {0};
+    for (size_t i = 0; i < sizeof B / sizeof *B; i++) {
+        char js[200];
+        snprintf(js, sizeof js, "{\"type\": \"integer\", %s}", B[i]);
+        json_t *o = json_loads(js, 0, NULL);
+        double lo = -1e18, hi = 1e18;
+        json_t *v;
+        if ((v = json_object_get(o, "minimum"))) lo = json_number_value(v);
+        if ((v = json_object_get(o, "maximum"))) hi = json_number_value(v);
+        if ((v = json_object_get(o, "exclusiveMinimum"))) lo = json_number_value(v) + 0.5;
+        if ((v = json_object_get(o, "exclusiveMaximum"))) hi = json_number_value(v) - 0.5;
+        json_decref(o);
+        tl_grammar *g = NULL;
+        CHECK(tl_grammar_from_json_schema(js, strlen(js), &g, &err) == 0, "%s: %s", js, err.msg);
+        int bad = 0;
+        for (size_t j = 0; g && j < 2 * sizeof V / sizeof *V; j++) {
+            const long long x = j % 2 ? -V[j / 2] : V[j / 2];
+            char num[32];
+            snprintf(num, sizeof num, "%lld", x);
+            const int want = (double)x >= lo && (double)x <= hi;
+            if (accepts(g, t, num) != want) {
+                fprintf(stderr, "  %s: %s %s\n", js, num, want ? "refused" : "accepted");
+                bad++;
+            }
+        }
+        if (g) CHECK(!bad && accepts(g, t, "007") == 0 && accepts(g, t, "-0") == 0, "integer bounds %s", B[i]);
+        tl_grammar_free(g);
+    }
+    const char *none = "{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 4}";
+    tl_grammar *g = NULL;
+    CHECK(tl_grammar_from_json_schema(none, strlen(none), &g, &err) != 0 && strstr(err.msg, "between"),
+          "empty bounds refused: %s", err.msg);
+    tl_grammar_free(g);
+    const char *num = "{\"type\": [\"number\", \"integer\"], \"minimum\": 5}";
+    CHECK(tl_grammar_from_json_schema(num, strlen(num), &g, &err) != 0 && strstr(err.msg, "minimum"),
+          "bounds on a number refused by name: %s", err.msg);
+    tl_grammar_free(g);
 }
 
 /* Whether token id may follow text[0..k): a probe matcher fed the text,
@@ -300,6 +355,7 @@ int main(void) {
         tl_matcher_free(mx);
         tl_grammar_free(g);
         check_texts(t);
+        check_int_ranges(t);
         check_masks(m, t, "SmolLM2");
         check_fresh(m, t, getenv("TL_ASAN") ? 5 : 20);
         check_sampling(m, t);
