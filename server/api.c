@@ -418,7 +418,7 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     json_t *v;
     json_object_foreach(msg, k, v) {
         if (!strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name") || !strcmp(k, "tool_calls") ||
-            !strcmp(k, "tool_call_id"))
+            !strcmp(k, "tool_call_id") || !strcmp(k, "reasoning_content"))
             continue;
         if (!strcmp(k, "function_call") || !strcmp(k, "refusal") || !strcmp(k, "audio")) {
             if (json_is_null(v)) continue;
@@ -480,6 +480,15 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
             }
         }
     }
+    /* an earlier turn's reasoning, as this server returned it: the
+     * template decides whether it renders (Qwen 3's keeps it after the last
+     * user turn, within a tool-calling loop) */
+    json_t *reas = field(msg, "reasoning_content");
+    if (reas && (!json_is_string(reas) || strcmp(ro, "assistant"))) {
+        json_decref(calls);
+        api_buf_free(&b);
+        return BAD(p, "'%s.reasoning_content' must be a string on an assistant message", p), NULL;
+    }
     json_t *tid = field(msg, "tool_call_id");
     if (tid && !json_is_string(tid)) {
         json_decref(calls);
@@ -505,7 +514,8 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     api_buf_free(&b);
     if (!o || !c || json_object_set_new(o, "role", json_string(role_out)) ||
         json_object_set_new(o, "content", c) || (calls && tools_native && json_object_set(o, "tool_calls", calls)) ||
-        (tid && tools_native && json_object_set(o, "tool_call_id", tid))) {
+        (tid && tools_native && json_object_set(o, "tool_call_id", tid)) ||
+        (reas && json_object_set(o, "reasoning_content", reas))) {
         json_decref(o);
         json_decref(calls);
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory"), NULL;

@@ -9,7 +9,8 @@ holds a marker, the reasoning tokens are the budget plus the close marker's,
 streamed equals whole. Also: no budget runs to max_tokens inside the
 reasoning; chat_template_kwargs enable_thinking=false leaves it all content;
 reasoning_effort low caps at its documented 256; a JSON schema and tool calls
-apply to the answer after the reasoning.
+apply to the answer after the reasoning; an assistant turn sent back with
+its reasoning_content renders through the template.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_think.py"""
 import json
 import os
@@ -167,6 +168,22 @@ def main():
         srs, scs, sfin, _, scalls = stream(cl, **kw)
         check(srs == reasoning_of(m) and sfin == "tool_calls" and scalls == calls and not scs,
               f"streamed tool calls after reasoning: {sfin} {scalls} vs {calls}")
+        # the assistant turn goes back as the client returned it (reasoning_content
+        # included); the template keeps the reasoning within the tool loop
+        back = m.model_dump(exclude_none=True)
+        hist = MSGS + [back, {"role": "tool", "tool_call_id": m.tool_calls[0].id,
+                              "content": "yes"}]
+        try:
+            r2 = cl.chat.completions.create(model="m", messages=hist, tools=tools, max_tokens=4, temperature=0)
+            ok, why = r2.choices[0].finish_reason is not None, ""
+        except openai.APIError as e:
+            ok, why = False, str(e)
+        check(ok and "reasoning_content" in back, f"history with reasoning_content accepted: {why:.200}")
+        said = dict(back, reasoning_content="I should call is_prime on seventeen.")
+        with_r = post(srv.url + "/tokenize", {"messages": MSGS + [said, hist[-1]]})["tokens"]
+        without = post(srv.url + "/tokenize", {"messages": MSGS + [{k: v for k, v in said.items()
+                                                                    if k != "reasoning_content"}, hist[-1]]})["tokens"]
+        check(len(with_r) > len(without) + 5, f"the template renders the loop's reasoning: {len(with_r)} vs {len(without)}")
         # under auto, the <tool_call> token (biased up) opens a call that the grammar completes
         opener = post(srv.url + "/tokenize", {"content": "<tool_call>", "add_special": False})["tokens"]
         r = cl.chat.completions.create(model="m", messages=MSGS, tools=tools, tool_choice="auto", max_tokens=200,
