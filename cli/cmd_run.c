@@ -1,6 +1,7 @@
 /* cli/run and cli/chat: the generation loop as a user drives it. Standard
  * output carries exactly the generated text, streamed; everything else
  * (stats, probabilities, warnings) goes to standard error. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "trace_out.h"
 
 #define MAX_STOPS 16
 
@@ -18,6 +20,8 @@ typedef struct run_opts {
     int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
     int chat, show_probs, print_ids, ignore_eos;
     int hide_thinking, think_budget; /* think_budget -1: none */
+    const char *trace;   /* --trace FILE.jsonl */
+    int show_loop;
     tl_sampler_params sp;
 } run_opts;
 
@@ -58,6 +62,10 @@ static const char RUN_HELP[] =
     "      --show-probs        show each token's probability and the top 5 alternatives\n"
     "                          on stderr\n"
     "      --ids               print the generated token ids as a JSON array instead of text\n"
+    "      --trace FILE        write one JSON line per forward call: the phase, each token with\n"
+    "                          its probability, alternatives and source, time, bytes read,\n"
+    "                          KV blocks, running totals (docs/TRACE.md; '-' for stdout)\n"
+    "      --show-loop         print the same per call as a live table on stderr\n"
     "\n"
     "Generation stops at an end-of-generation token, a stop string, -n tokens or a\n"
     "full context. A stats line goes to stderr.\n";
@@ -138,6 +146,10 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             o->hide_thinking = 1;
         } else if (!strcmp(a, "--thinking-budget")) {
             VAL(); if (cli_int(a, v, 0, 1 << 30, &o->think_budget)) return -1;
+        } else if (!strcmp(a, "--trace")) {
+            VAL(); o->trace = v;
+        } else if (!strcmp(a, "--show-loop")) {
+            o->show_loop = 1;
         } else if (!strcmp(a, "--show-probs")) {
             o->show_probs = 1;
         } else if (!strcmp(a, "--ids") && !is_chat) {
@@ -282,9 +294,13 @@ typedef struct session {
     tl_vocab_trie *trie;
     tl_matcher *matcher;
     tl_chat_template *tmpl; /* the model's, compiled at the first chat turn */
+    cli_trace trace;        /* --trace, --show-loop */
+    tl_tracer *tracer;      /* one for the session: chat turns number on */
 } session;
 
 static void session_free(session *s) {
+    tl_tracer_free(s->tracer);
+    if (s->trace.file && s->trace.file != stdout) fclose(s->trace.file);
     tl_chat_template_free(s->tmpl);
     tl_matcher_free(s->matcher);
     tl_vocab_trie_free(s->trie);
@@ -330,6 +346,18 @@ static int session_open(session *s, const run_opts *o) {
         session_free(s);
         return -1;
     }
+    s->trace.model = s->m;
+    s->trace.show = o->show_loop;
+    if (o->trace && !(s->trace.file = strcmp(o->trace, "-") ? fopen(o->trace, "w") : stdout)) {
+        cli_error("--trace %s: cannot write: %s", o->trace, strerror(errno));
+        session_free(s);
+        return -1;
+    }
+    if ((s->trace.file || s->trace.show) && tl_tracer_new(s->ctx, cli_trace_record, &s->trace, &s->tracer, &err)) {
+        cli_tl_error(&err);
+        session_free(s);
+        return -1;
+    }
     if (o->grammar && o->json_schema) {
         cli_error("give --grammar or --json-schema, not both");
         session_free(s);
@@ -367,13 +395,15 @@ static int session_open(session *s, const run_opts *o) {
 }
 
 /* Runs the generation loop on prompt tokens; os collects what chat needs. */
-static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_t n, out_state *os,
+static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_t n, int cached, out_state *os,
                         tl_gen_stats *st) {
     tl_error err = {0};
+    const int traced = s->tracer != NULL;
     tl_gen_params gp = {.n_predict = o->n_predict, .stop = o->stop, .n_stop = o->n_stop,
-                        .n_top = o->show_probs ? 5 : 0, .ignore_eog = o->ignore_eos,
+                        .n_top = o->show_probs || traced ? 5 : 0, .ignore_eog = o->ignore_eos,
                         .on_token = on_token, .user = os, .spec = o->spec, .draft_ctx = s->dctx,
-                        .grammar = s->matcher, .think_budget = o->think_budget};
+                        .grammar = s->matcher, .think_budget = o->think_budget,
+                        .tracer = s->tracer, .trace_cached = cached};
     if (os->think) {
         gp.think_open = "<think>";
         gp.think_close = "</think>";
@@ -412,7 +442,7 @@ static int generate_text(session *s, const run_opts *o, const char *prompt, size
     }
     out_state os = {s->m, o, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
     think_setup(&os, prompt, len);
-    int rc = generate_ids(s, o, ids, n, &os, st);
+    int rc = generate_ids(s, o, ids, n, 0, &os, st);
     tl_free(ids);
     return rc;
 }
@@ -525,7 +555,7 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
         return -1;
     }
     out_state os = {s->m, o, 0, answer, NULL, 0, 0, 0, probe.tty, probe.think, probe.think_started};
-    rc = generate_ids(s, o, ids + keep, n - keep, &os, st);
+    rc = generate_ids(s, o, ids + keep, n - keep, (int)keep, &os, st);
     /* What the cache holds now: the prompt, then the generated tokens it evaluated. */
     size_t past = (size_t)tl_ctx_n_past(s->ctx), total = n + os.n_gen;
     int32_t *all = rc ? NULL : malloc((total ? total : 1) * sizeof *all);

@@ -346,6 +346,14 @@ typedef enum tl_stop_reason {
     TL_STOP_CALLBACK    /* the callback asked to stop */
 } tl_stop_reason;
 
+/* Where an emitted token came from. */
+typedef enum tl_token_source {
+    TL_SOURCE_SAMPLED = 0, /* drawn by the sampler */
+    TL_SOURCE_DRAFT = 1,   /* a speculative guess the sampler's draw confirmed */
+    TL_SOURCE_GRAMMAR = 2, /* the only token the grammar allowed */
+    TL_SOURCE_FORCED = 3   /* written by the loop (the reasoning budget's close) */
+} tl_token_source;
+
 typedef struct tl_gen_event {
     int32_t token;
     const char *text;  /* text now safe to emit (complete UTF-8, stop strings held back) */
@@ -355,10 +363,89 @@ typedef struct tl_gen_event {
     int n_top;
     int reasoning;     /* the token belongs to the reasoning (its markers included) */
     int forced;        /* the loop chose it (the reasoning budget's close), not the sampler */
+    int source;        /* tl_token_source */
 } tl_gen_event;
 
 /* Return nonzero to stop. */
 typedef int (*tl_gen_callback)(const tl_gen_event *ev, void *user);
+
+/* ---- the loop's trace (docs/TRACE.md) ---------------------------------------
+ *
+ * One record per forward call: which sequences it served and how (a prompt
+ * chunk, a decode step, or a verification of speculative guesses), the
+ * tokens each emitted after it, with their probabilities, alternatives and
+ * source, the call's time and the bytes it read, and running totals. The
+ * pointers in a record are valid only during the callback. */
+
+#define TL_TRACE_VERSION 1
+
+typedef enum tl_trace_phase {
+    TL_PHASE_PREFILL = 1, /* a chunk of prompt */
+    TL_PHASE_DECODE = 2,  /* the last token, for the next one */
+    TL_PHASE_VERIFY = 3   /* the last token and guesses, verified together */
+} tl_trace_phase;
+
+typedef struct tl_trace_token {
+    int32_t token;       /* -1: text released at the end (held back before) */
+    const char *text;    /* the text this token released (may be empty) */
+    size_t text_len;
+    tl_token_prob chosen;
+    const tl_token_prob *top; /* n_top alternatives, most probable first */
+    int n_top;
+    int source;          /* tl_token_source */
+    int reasoning;       /* part of the reasoning */
+} tl_trace_token;
+
+typedef struct tl_trace_seq {
+    int seq;             /* the sequence (0: the implicit one of tl_ctx_eval) */
+    int id;              /* the caller's id for it (the server's request number) */
+    int phase;           /* tl_trace_phase */
+    int n_fed;           /* tokens this call evaluated for it */
+    int n_cached;        /* prompt tokens it skipped, already in the cache (first prefill only) */
+    int n_drafted;       /* VERIFY: guesses fed */
+    int n_accepted;      /* VERIFY: of those, kept */
+    int pos;             /* positions it holds after the call */
+    const tl_trace_token *tokens; /* emitted after this call */
+    int n_tokens;
+} tl_trace_seq;
+
+typedef struct tl_trace_step {
+    int version;         /* TL_TRACE_VERSION */
+    uint64_t step;       /* 0, 1, ... per tracer */
+    double t_s;          /* the call's start, seconds since the tracer began */
+    double wall_s;       /* the forward call's time */
+    double emit_s;       /* sampling and emitting after it */
+    int n_rows;          /* tokens in the call */
+    const tl_trace_seq *seqs;
+    int n_seqs;
+    uint64_t weight_bytes; /* weights read (once per call) */
+    uint64_t kv_bytes;   /* KV cache read (each sequence's positions, once) */
+    double gbps;         /* (weight_bytes + kv_bytes) / wall_s / 1e9 */
+    int kv_used, kv_cached, kv_blocks; /* KV blocks held, cached-only, in the pool */
+    uint64_t tokens_in;  /* prompt tokens evaluated so far */
+    uint64_t tokens_cached; /* prompt tokens skipped as cached so far */
+    uint64_t tokens_out; /* tokens emitted so far */
+    double ttft_s;       /* the first emitted token's time since the tracer began (-1: none yet) */
+    double tok_s;        /* tokens emitted per second of decoding so far */
+} tl_trace_step;
+
+typedef void (*tl_trace_fn)(const tl_trace_step *step, void *user);
+
+/* Builds the records and hands them to fn: give one to tl_generate
+ * (tl_gen_params.tracer), or drive it from a loop that makes forward calls
+ * itself (the server's scheduler).
+ * Per call: tl_tracer_call, tl_tracer_seq for each sequence in it, the
+ * forward call, tl_tracer_called, tl_tracer_token for each token emitted,
+ * tl_tracer_emit. Nothing is allocated once the buffers have grown. */
+typedef struct tl_tracer tl_tracer;
+int tl_tracer_new(const tl_ctx *ctx, tl_trace_fn fn, void *user, tl_tracer **out, tl_error *err);
+void tl_tracer_free(tl_tracer *t);
+void tl_tracer_call(tl_tracer *t);
+int tl_tracer_seq(tl_tracer *t, int seq, int id, int phase, int n_fed, int n_cached, int n_drafted);
+void tl_tracer_called(tl_tracer *t, int n_rows);
+/* A token sequence seq emitted (after tl_tracer_called); unknown sequences are ignored. */
+int tl_tracer_token(tl_tracer *t, int seq, const tl_gen_event *ev);
+void tl_tracer_emit(tl_tracer *t);
 
 /* Speculative decoding: guessed tokens verified in the same forward call,
  * kept only when the token sampled at their position equals them, so the
@@ -401,6 +488,9 @@ typedef struct tl_gen_params {
     const char *grammar_trigger; /* with grammar: free text until the output contains this
                                 * string, then the grammar, fed from the trigger's first byte
                                 * (a tool call under tool_choice auto); NULL: from the start */
+    tl_tracer *tracer;         /* tl_generate: one record per forward call (docs/TRACE.md), numbered
+                                * and totalled across calls that share it; NULL: none */
+    int trace_cached;          /* tl_generate: prompt tokens the context already held, for the trace */
     int special_text;          /* control tokens' text shows in the output (a tool-call marker
                                 * such as Mistral's [TOOL_CALLS]); end-of-generation ones never */
 } tl_gen_params;

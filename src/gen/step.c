@@ -434,12 +434,25 @@ static int watch_trigger(tl_step *st, tl_error *err) {
     return TL_OK;
 }
 
+/* Whether a mask allows exactly one token. */
+static int single_bit(const uint32_t *bits, int n) {
+    int seen = 0;
+    for (int w = 0; w < (n + 31) / 32; w++)
+        if (bits[w]) {
+            if (seen || (bits[w] & (bits[w] - 1))) return 0;
+            seen = 1;
+        }
+    return seen;
+}
+
 /* Emits one sampled token; returns why generation stops after it. */
-static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top, int reasoning, int forced) {
+static int emit(tl_step *st, int32_t tok, const tl_token_prob *chosen, int n_top, int reasoning, int forced,
+                int source) {
     tl_gen_event ev;
     int why = tl_gen_push(st->gen, tok, chosen, n_top ? st->top : NULL, n_top, &ev);
     ev.reasoning = reasoning;
     ev.forced = forced;
+    ev.source = source;
     int cb = st->on_token ? st->on_token(&ev, st->user) : 0;
     if (why == TL_STOP_EOG || why == TL_STOP_STRING) return why;
     return cb ? TL_STOP_CALLBACK : why; /* a callback stop outranks the length cap */
@@ -459,6 +472,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
         tl_token_prob chosen;
         int32_t tok;
         const int forced = st->force_at < st->n_close;
+        int only = 0; /* the grammar allowed this token alone */
         if (forced) { /* the reasoning budget's close: written, not drawn */
             tok = st->close_ids[st->force_at++];
             tl_sampler_report(st->smp, rows[j], tok, &chosen, st->n_top ? st->top : NULL, st->n_top);
@@ -468,6 +482,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
                 const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
                 mask_record(st, tl_now() - t0);
                 if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
+                only = single_bit(bits, st->n_vocab);
                 tl_sampler_set_allowed(st->smp, bits);
             }
             tok = tl_sampler_sample(st->smp, rows[j], &chosen, st->n_top ? st->top : NULL, st->n_top);
@@ -493,7 +508,10 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
         tl_sampler_accept(st->smp, tok);
         if (fed) keep = j + 1; /* row j came after fed tokens 0..j, all of them right */
         st->last = tok;
-        stop = emit(st, tok, &chosen, st->n_top, reasoning, forced);
+        const int source = forced ? TL_SOURCE_FORCED
+                           : fed && !st->fed_forced && j + 1 < fed && st->feed[j + 1] == tok ? TL_SOURCE_DRAFT
+                           : only ? TL_SOURCE_GRAMMAR : TL_SOURCE_SAMPLED;
+        stop = emit(st, tok, &chosen, st->n_top, reasoning, forced, source);
         if (!stop && len0 + keep + 1 >= st->n_ctx)
             stop = TL_STOP_CONTEXT;
         if (stop || j + 1 >= n_rows) break;
