@@ -446,6 +446,10 @@ void tl_tracer_called(tl_tracer *t, int n_rows);
 /* A token sequence seq emitted (after tl_tracer_called); unknown sequences are ignored. */
 int tl_tracer_token(tl_tracer *t, int seq, const tl_gen_event *ev);
 void tl_tracer_emit(tl_tracer *t);
+/* The record as one line of JSON (no newline), as docs/TRACE.md describes:
+ * written to buf (NUL-terminated, cut at cap - 1); returns the length it
+ * needs, as snprintf does. model gives the alternatives' text (may be NULL). */
+size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, size_t cap);
 
 /* Speculative decoding: guessed tokens verified in the same forward call,
  * kept only when the token sampled at their position equals them, so the

@@ -1,0 +1,112 @@
+/* trace_json: a trace record as one line of JSON (docs/TRACE.md; the CLI's
+ * --trace file and the server's /v1/loop stream write the same). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tokenloop.h"
+
+static const char *const PHASE[] = {"?", "prefill", "decode", "verify"};
+static const char *const SOURCE[] = {"sampled", "draft", "grammar", "forced"};
+
+/* snprintf's contract over a running buffer: what does not fit is counted. */
+typedef struct jw {
+    char *buf;
+    size_t cap, n;
+} jw;
+
+static void put(jw *w, const char *s, size_t k) {
+    if (w->n < w->cap) {
+        size_t room = w->cap - w->n;
+        memcpy(w->buf + w->n, s, k < room ? k : room);
+    }
+    w->n += k;
+}
+
+static __attribute__((format(printf, 2, 3))) void pf(jw *w, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k > 0) put(w, tmp, (size_t)k < sizeof tmp ? (size_t)k : sizeof tmp - 1);
+}
+
+/* A JSON string: escapes, and U+FFFD for bytes that are not UTF-8 (a
+ * token may end inside a character the next one completes). */
+static void jstr(jw *w, const char *s, size_t n) {
+    put(w, "\"", 1);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            put(w, e, 2);
+            i++;
+        } else if (c < 0x20) {
+            pf(w, "\\u%04x", c);
+            i++;
+        } else if (c < 0x80) {
+            put(w, s + i, 1);
+            i++;
+        } else {
+            size_t k = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+            int ok = k && i + k <= n;
+            for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
+            if (ok) {
+                put(w, s + i, k);
+                i += k;
+            } else {
+                put(w, "\\ufffd", 6);
+                i++;
+            }
+        }
+    }
+    put(w, "\"", 1);
+}
+
+static void piece(jw *w, const tl_model *m, int32_t id) {
+    char buf[256];
+    size_t n = m ? tl_token_piece(m, id, 1, buf, sizeof buf) : 0;
+    jstr(w, buf, n < sizeof buf ? n : sizeof buf - 1);
+}
+
+size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, size_t cap) {
+    jw w = {buf, cap, 0};
+    pf(&w, "{\"v\":%d,\"step\":%llu,\"t_ms\":%.3f,\"wall_ms\":%.3f,\"emit_ms\":%.3f,\"rows\":%d,\"seqs\":[", st->version,
+       (unsigned long long)st->step, st->t_s * 1e3, st->wall_s * 1e3, st->emit_s * 1e3, st->n_rows);
+    for (int i = 0; i < st->n_seqs; i++) {
+        const tl_trace_seq *s = &st->seqs[i];
+        pf(&w, "%s{\"seq\":%d,\"id\":%d,\"phase\":\"%s\",\"fed\":%d,\"cached\":%d,\"drafted\":%d,\"accepted\":%d,"
+               "\"pos\":%d,\"tokens\":[",
+           i ? "," : "", s->seq, s->id, PHASE[s->phase >= 1 && s->phase <= 3 ? s->phase : 0], s->n_fed, s->n_cached,
+           s->n_drafted, s->n_accepted, s->pos);
+        for (int j = 0; j < s->n_tokens; j++) {
+            const tl_trace_token *t = &s->tokens[j];
+            pf(&w, "%s{\"id\":%d,\"text\":", j ? "," : "", t->token);
+            jstr(&w, t->text, t->text_len);
+            if (t->token >= 0) {
+                pf(&w, ",\"p\":%.6g,\"logprob\":%.6g,\"source\":\"%s\",\"reasoning\":%s,\"top\":[", t->chosen.prob,
+                   t->chosen.logprob, SOURCE[t->source >= 0 && t->source <= 3 ? t->source : 0],
+                   t->reasoning ? "true" : "false");
+                for (int k = 0; k < t->n_top; k++) {
+                    pf(&w, "%s{\"id\":%d,\"text\":", k ? "," : "", t->top[k].token);
+                    piece(&w, model, t->top[k].token);
+                    pf(&w, ",\"p\":%.6g,\"logprob\":%.6g}", t->top[k].prob, t->top[k].logprob);
+                }
+                put(&w, "]", 1);
+            }
+            put(&w, "}", 1);
+        }
+        put(&w, "]}", 2);
+    }
+    pf(&w, "],\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"gbps\":%.3f,\"kv_blocks\":{\"used\":%d,\"cached\":%d,"
+           "\"total\":%d},\"totals\":{\"tokens_in\":%llu,\"tokens_cached\":%llu,\"tokens_out\":%llu,",
+       (unsigned long long)st->weight_bytes, (unsigned long long)st->kv_bytes, st->gbps, st->kv_used, st->kv_cached,
+       st->kv_blocks, (unsigned long long)st->tokens_in, (unsigned long long)st->tokens_cached,
+       (unsigned long long)st->tokens_out);
+    if (st->ttft_s >= 0) pf(&w, "\"ttft_ms\":%.3f,", st->ttft_s * 1e3);
+    else put(&w, "\"ttft_ms\":null,", 15);
+    pf(&w, "\"tok_s\":%.3f}}", st->tok_s);
+    if (cap) buf[w.n < cap ? w.n : cap - 1] = 0;
+    return w.n;
+}
