@@ -22,7 +22,7 @@ TEST_SRC = $(wildcard tests/unit/test_*.c)
 TOOL_SRC = $(wildcard tests/tools/*.c)
 
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/%.o)
-SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/page_html.o
 CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN = $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TOOL_BIN = $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
@@ -61,6 +61,18 @@ $(BUILD)/%.o: %.c
 $(BUILD)/libtokenloop.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# The live page (server/page.html) as bytes in the binary: no other file to
+# ship, no JavaScript build step.
+$(BUILD)/server/page_html.c: server/page.html
+	@mkdir -p $(dir $@)
+	@{ echo '/* generated from server/page.html by the Makefile */'; echo '#include <stddef.h>'; \
+	  echo 'extern const char srv_page_html[]; extern const size_t srv_page_len;'; \
+	  echo 'const char srv_page_html[] = {'; od -An -v -tx1 $< | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	  echo '0};'; echo 'const size_t srv_page_len = sizeof srv_page_html - 1;'; } > $@
+
+$(BUILD)/server/page_html.o: $(BUILD)/server/page_html.c
+	$(CC) $(CFLAGS) -c $< -o $@
 
 # `tokenloop serve` and its tests: HTTP, JSON, scheduler and metrics.
 $(BUILD)/libtlserver.a: $(SERVER_OBJ)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../server/http.h"
+#include "../server/loop.h"
 #include "cli.h"
 
 static const char SERVE_HELP[] =
@@ -20,6 +21,10 @@ static const char SERVE_HELP[] =
     "(streaming with \"stream\": true), GET /v1/models, POST /tokenize, POST /detokenize,\n"
     "GET /health, GET /ready, GET /metrics (Prometheus). Every live request shares each\n"
     "forward call; prompt prefixes are cached and reused across requests.\n"
+    "GET / is a live page of the loop: every sequence's tokens as they are chosen, with\n"
+    "their probabilities and alternatives, the forward calls, speed and cache use, and a\n"
+    "prompt box. GET /v1/loop streams the same records (server-sent events, one trace\n"
+    "record per forward call, docs/TRACE.md) while someone follows it.\n"
     "\n"
     "  -m, --model FILE        GGUF model (default: models/SmolLM2-135M-Instruct.Q4_1.gguf\n"
     "                          or $TOKENLOOP_MODEL)\n"
@@ -29,8 +34,8 @@ static const char SERVE_HELP[] =
     "  -c, --ctx-size N        context per sequence in tokens (default: min(training, 4096))\n"
     "      --kv-mem MiB        KV cache memory, shared by the sequences and the prefix\n"
     "                          cache (default: 1.5 x np x ctx positions)\n"
-    "      --api-key KEY       require 'Authorization: Bearer KEY' on /v1/*, /tokenize and\n"
-    "                          /detokenize (401 otherwise)\n"
+    "      --api-key KEY       require 'Authorization: Bearer KEY' on /v1/* (the live loop's\n"
+    "                          stream too), /tokenize and /detokenize (401 otherwise)\n"
     "      --max-queue N       requests waiting beyond -np before 503 + Retry-After (default 64)\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
     CLI_NUMERICS_HELP
@@ -41,6 +46,8 @@ static const char SERVE_HELP[] =
     "                          when the template does not), off (all of it is content)\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
+    "      --no-loop           no live page or /v1/loop (and no top-5 alternatives computed\n"
+    "                          for it)\n"
     "\n"
     "SIGTERM or SIGINT drains: new completions and /ready get 503, running requests\n"
     "finish (up to --drain-timeout), then the server exits 0. A second signal exits 1 at\n"
@@ -57,6 +64,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->model_path = v;
         } else if (!strcmp(a, "--host")) {
             VAL(); o->host = v;
+        } else if (!strcmp(a, "--no-loop")) {
+            o->no_loop = 1;
         } else if (!strcmp(a, "--port")) {
             VAL(); if (cli_int(a, v, 1, 65535, &o->port)) return -1;
         } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
@@ -168,9 +177,16 @@ static int serve(srv_opts *o, sigs *sg) {
         cli_error("out of memory");
         return 1;
     }
+    if (!o->no_loop && srv_loop_new(256, &app.loop)) {
+        cli_error("out of memory");
+        srv_metrics_free(app.mx);
+        return 1;
+    }
+    o->loop = app.loop;
     srv_http *h = NULL;
     if (srv_http_start(&app, &h, &err)) {
         cli_tl_error(&err);
+        srv_loop_free(app.loop);
         srv_metrics_free(app.mx);
         return 1;
     }
@@ -208,7 +224,9 @@ static int serve(srv_opts *o, sigs *sg) {
     if (app.sched) srv_sched_free(app.sched);
     double end = now_s() + 1;
     while (atomic_load(&app.busy) > 0 && now_s() < end) usleep(10000);
+    srv_loop_close(app.loop); /* its readers end their streams */
     srv_http_stop(h);
+    srv_loop_free(app.loop);
     srv_metrics_free(app.mx);
     tl_chat_template_free(ctmpl);
     tl_model_free(dm);

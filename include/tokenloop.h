@@ -413,6 +413,8 @@ typedef struct tl_trace_step {
     int version;         /* TL_TRACE_VERSION */
     uint64_t step;       /* 0, 1, ... per tracer */
     double t_s;          /* the call's start, seconds since the tracer began */
+    double unix_s;       /* the record's time on the wall clock (seconds since 1970), to compare
+                          * with a reader's clock */
     double wall_s;       /* the forward call's time */
     double emit_s;       /* sampling and emitting after it */
     int n_rows;          /* tokens in the call */

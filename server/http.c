@@ -17,13 +17,18 @@
 #include <microhttpd.h>
 
 #include "http.h"
+#include "loop.h"
+
+/* The live page (server/page.html, made into page_html.c by the build). */
+extern const char srv_page_html[];
+extern const size_t srv_page_len;
 
 struct srv_http {
     struct MHD_Daemon *d;
     srv_app *app;
 };
 
-enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK };
+enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP };
 
 static const struct {
     const char *path, *method;
@@ -38,6 +43,8 @@ static const struct {
     {"/metrics", "GET", R_METRICS, 0, 0},
     {"/tokenize", "POST", R_TOKENIZE, 1, 1},
     {"/detokenize", "POST", R_DETOK, 1, 1},
+    {"/", "GET", R_PAGE, 0, 0},
+    {"/v1/loop", "GET", R_LOOP, 1, 0},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -218,6 +225,70 @@ static enum MHD_Result start_stream(srv_app *app, struct MHD_Connection *c, conn
     return ret;
 }
 
+/* ---- the live loop ------------------------------------------------------------------ */
+
+/* A /v1/loop reader: the records the scheduler publishes, as SSE. */
+typedef struct loop_reader {
+    srv_loop *l;
+    uint64_t next;
+    int fd;
+    api_buf out;
+    size_t off;
+} loop_reader;
+
+static ssize_t loop_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    loop_reader *s = cls;
+    for (;;) {
+        if (s->off < s->out.n) {
+            size_t k = s->out.n - s->off < max ? s->out.n - s->off : max;
+            memcpy(buf, s->out.p + s->off, k);
+            s->off += k;
+            if (s->off == s->out.n) s->off = s->out.n = 0;
+            return (ssize_t)k;
+        }
+        if (srv_loop_closed(s->l)) return MHD_CONTENT_READER_END_OF_STREAM;
+        int got = srv_loop_read(s->l, &s->next, &s->out, 1000);
+        if (got < 0) break;
+        if (got > 0) continue;
+        struct pollfd p = {s->fd, POLLRDHUP, 0};
+        if (s->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) break;
+        if (api_buf_add(&s->out, ": keep-alive\n\n", 14)) break;
+    }
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void loop_free(void *cls) {
+    loop_reader *s = cls;
+    srv_loop_leave(s->l);
+    api_buf_free(&s->out);
+    free(s);
+}
+
+static enum MHD_Result start_loop(srv_app *app, struct MHD_Connection *c, int ri) {
+    if (!app->loop) return fail(app, c, ri, 404, "not_found_error", "the live loop is off (--no-loop)");
+    loop_reader *s = calloc(1, sizeof *s);
+    if (!s) return reply_json(app, c, ri, 500, NULL, 0);
+    s->l = app->loop;
+    s->fd = conn_fd(c);
+    s->next = srv_loop_join(s->l);
+    /* a first comment, so the client sees the stream open at once */
+    if (api_buf_add(&s->out, ": tokenloop trace v1\n\n", 22)) {
+        loop_free(s);
+        return reply_json(app, c, ri, 500, NULL, 0);
+    }
+    struct MHD_Response *rsp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, loop_read, s, loop_free);
+    if (!rsp) {
+        loop_free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, rsp);
+    MHD_destroy_response(rsp);
+    if (app->mx) srv_metrics_request(app->mx, endpoint(ri), 200);
+    return ret;
+}
+
 /* ---- completions ------------------------------------------------------------------ */
 
 static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *k) {
@@ -279,6 +350,20 @@ static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, int ri
         if (phase == SRV_PHASE_READY) return reply_str(app, c, ri, 200, "{\"status\":\"ready\"}");
         return reply_str(app, c, ri, 503, phase == SRV_PHASE_LOADING ? "{\"status\":\"loading\"}"
                                                                     : "{\"status\":\"draining\"}");
+    case R_PAGE: { /* static: no other host is referenced */
+        struct MHD_Response *rsp = MHD_create_response_from_buffer(srv_page_len, (void *)srv_page_html,
+                                                                   MHD_RESPMEM_PERSISTENT);
+        if (!rsp) return MHD_NO;
+        MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8");
+        MHD_add_response_header(rsp, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, rsp);
+        MHD_destroy_response(rsp);
+        if (app->mx) srv_metrics_request(app->mx, endpoint(ri), 200);
+        return ret;
+    }
+    case R_LOOP:
+        return start_loop(app, c, ri);
     case R_METRICS: {
         char *s = NULL;
         size_t n = 0;

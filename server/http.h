@@ -21,6 +21,7 @@ typedef struct srv_app {
     api_ctx api;
     atomic_int phase;
     atomic_int busy; /* completion requests whose connection is still open */
+    struct srv_loop *loop; /* the live loop's hub (GET /v1/loop), or NULL */
 } srv_app;
 
 typedef struct srv_http srv_http;

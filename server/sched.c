@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "loop.h"
 #include "server.h"
 #include "tools.h"
 
@@ -33,6 +34,8 @@ typedef struct slot {
     int prompt_lp;      /* echo with logprobs: a row for every prompt token */
     int need_blocks;    /* blocks the sequence may hold at its longest */
     double t_last;      /* when the last token was sampled (inter-token latency) */
+    int reused;         /* prompt tokens the prefix cache gave it (reported by its first traced chunk) */
+    int n_step;         /* tokens its step put in the current batch */
     uint64_t order;     /* admission order: prefill goes oldest first */
 } slot;
 
@@ -49,6 +52,11 @@ struct srv_sched {
     tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
     tl_vocab_trie *trie; /* the vocabulary's byte trie, made at the first grammar (scheduler thread) */
+    srv_loop *loop;      /* the live loop's readers (o->loop) */
+    tl_tracer *tracer;   /* records for them, made only while someone watches */
+    int tracing;         /* this step is traced */
+    char *tjson;         /* a record's JSON line, reused */
+    size_t tjson_cap;
 
     pthread_t th;
     int th_started;
@@ -176,6 +184,7 @@ static int slot_token(const tl_gen_event *ge, void *user) {
     if (tl_step_count(sl->step) == 1) srv_metrics_ttft(s->mx, t - sl->r->t_arrival);
     else srv_metrics_itl(s->mx, t - sl->t_last);
     sl->t_last = t;
+    if (s->tracing) tl_tracer_token(s->tracer, sl->seq, ge);
     ev.text = dup_text(ge->text ? ge->text : "", ge->text ? ge->text_len : 0);
     ev.text_len = ev.text && ge->text ? ge->text_len : 0;
     push_event(sl->r, &ev);
@@ -193,6 +202,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.stop = (const char *const *)r->stop;
     gp.n_stop = r->n_stop;
     gp.n_top = r->logprobs ? r->top_logprobs : 0;
+    if (s->loop && gp.n_top < 5) gp.n_top = 5; /* the live page shows each token's alternatives */
     gp.on_token = slot_token;
     gp.user = sl;
     gp.spec = s->spec;
@@ -258,6 +268,7 @@ static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
     sl->r = r;
     sl->seq = seq;
     sl->n_fed = reused;
+    sl->reused = reused;
     sl->prompt_lp = prompt_lp;
     sl->need_blocks = need;
     sl->order = s->next_order++;
@@ -370,6 +381,7 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
     int32_t feed[TL_STEP_MAX_FEED];
     int n_gen = 0; /* generating sequences: each feeds at least a row */
     for (int i = 0; i < s->np; i++) n_gen += s->slots[i].r && s->slots[i].n_fed >= s->slots[i].r->n_prompt;
+    for (int i = 0; i < s->np; i++) s->slots[i].n_step = 0;
     for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
         slot *sl = &s->slots[i];
         sl->n_take = 0;
@@ -380,6 +392,7 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
         int others = n + (n_gen - 1 > 0 ? n_gen - 1 : 0);
         n_gen--;
         int k = tl_step_feed(sl->step, others, feed, room < TL_STEP_MAX_FEED ? room : TL_STEP_MAX_FEED);
+        sl->n_step = k;
         for (int t = 0; t < k; t++) batch_add(s, &n, feed[t], sl->seq, 1, &n_rows, i, -1);
     }
     int budget = s->chunk < s->n_batch - n ? s->chunk : s->n_batch - n;
@@ -447,13 +460,32 @@ static void fail_batch(srv_sched *s, int n, const char *msg) {
     }
 }
 
+/* The call's sequences, for the trace: a prompt chunk, or a step's tokens. */
+static void trace_call(srv_sched *s) {
+    tl_tracer_call(s->tracer);
+    for (int i = 0; i < s->np; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->r) continue;
+        const int id = (int)sl->order + 1;
+        if (sl->n_take > 0) {
+            tl_tracer_seq(s->tracer, sl->seq, id, TL_PHASE_PREFILL, sl->n_take, sl->reused, 0);
+            sl->reused = 0;
+        } else if (sl->n_step > 0) {
+            tl_tracer_seq(s->tracer, sl->seq, id, sl->n_step > 1 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, sl->n_step, 0,
+                          sl->n_step - 1);
+        }
+    }
+}
+
 static void run_batch(srv_sched *s, int n, int n_rows) {
     tl_batch b = {.n = n, .token = s->b_tok, .seq = s->b_seq, .logits = s->b_lg, .pending = 1};
     tl_error err = {0};
+    if (s->tracing) trace_call(s);
     if (tl_ctx_decode(s->ctx, &b, &err) != 0) {
         fail_batch(s, n, err.msg[0] ? err.msg : "decode failed");
         return;
     }
+    if (s->tracing) tl_tracer_called(s->tracer, n);
     /* Prompt tokens stay whole; a generating slot's step commits its own. */
     for (int i = 0; i < s->np; i++) {
         slot *sl = &s->slots[i];
@@ -486,6 +518,21 @@ static void run_batch(srv_sched *s, int n, int n_rows) {
         }
         step_rows(s, sl, rows, run); /* the prompt's last row starts the loop */
     }
+    if (s->tracing) tl_tracer_emit(s->tracer);
+}
+
+/* A record for the live loop's readers. */
+static void sched_trace(const tl_trace_step *st, void *user) {
+    srv_sched *s = user;
+    size_t n = tl_trace_json(st, s->m, s->tjson, s->tjson_cap);
+    if (n >= s->tjson_cap) {
+        char *p = realloc(s->tjson, n + 1);
+        if (!p) return;
+        s->tjson = p;
+        s->tjson_cap = n + 1;
+        tl_trace_json(st, s->m, s->tjson, s->tjson_cap);
+    }
+    srv_loop_publish(s->loop, s->tjson, n);
 }
 
 static void drop_cancelled_running(srv_sched *s) {
@@ -541,6 +588,7 @@ static void *sched_main(void *arg) {
         admit(s);
         int n_rows = 0;
         int n = build_batch(s, &n_rows);
+        s->tracing = s->tracer && srv_loop_watched(s->loop);
         if (n > 0) run_batch(s, n, n_rows);
         publish_state(s);
         if (n == 0) idle_wait(s);
@@ -580,6 +628,8 @@ static void sched_release_mem(srv_sched *s) {
     free(s->b_lg);
     free(s->rows);
     free(s->order_idx);
+    tl_tracer_free(s->tracer);
+    free(s->tjson);
     tl_ctx_free(s->dctx); /* before ctx: it runs on ctx's threads */
     tl_ctx_free(s->ctx);
     pthread_mutex_destroy(&s->mu);
@@ -671,6 +721,11 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     s->max_queue = o->max_queue > 0 ? o->max_queue : 64;
     s->w_cap = s->max_queue + 1;
     if ((rc = sched_alloc(s, err)) != 0) {
+        sched_release_mem(s);
+        return rc;
+    }
+    s->loop = o->loop;
+    if (s->loop && (rc = tl_tracer_new(s->ctx, sched_trace, s, &s->tracer, err)) != 0) {
         sched_release_mem(s);
         return rc;
     }

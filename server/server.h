@@ -36,6 +36,8 @@ typedef struct srv_opts {
     size_t max_body;       /* bytes (8 MiB) */
     const char *model_id;  /* name in replies and /v1/models (file's base name) */
     int reasoning;         /* --reasoning: 0 off, 1 auto (the template speaks of <think>), 2 on */
+    int no_loop;           /* --no-loop */
+    struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
 } srv_opts;
 
 /* ---- a request and its events ------------------------------------------------ */

@@ -6,6 +6,7 @@
  * and are reused, so a steady loop allocates nothing. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "forward.h"
 #include "tokenloop.h"
@@ -174,6 +175,9 @@ void tl_tracer_emit(tl_tracer *t) {
     st.t_s = t->t_call - t->t0;
     st.wall_s = t->t_called - t->t_call;
     st.emit_s = now - t->t_called;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    st.unix_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     st.n_rows = t->n_rows;
     st.weight_bytes = t->n_rows > 0 ? t->weight_bytes : 0;
     /* tokens grouped by sequence, in the order they came; pointers fixed now

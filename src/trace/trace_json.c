@@ -72,8 +72,8 @@ static void piece(jw *w, const tl_model *m, int32_t id) {
 
 size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, size_t cap) {
     jw w = {buf, cap, 0};
-    pf(&w, "{\"v\":%d,\"step\":%llu,\"t_ms\":%.3f,\"wall_ms\":%.3f,\"emit_ms\":%.3f,\"rows\":%d,\"seqs\":[", st->version,
-       (unsigned long long)st->step, st->t_s * 1e3, st->wall_s * 1e3, st->emit_s * 1e3, st->n_rows);
+    pf(&w, "{\"v\":%d,\"step\":%llu,\"t_ms\":%.3f,\"unix_ms\":%.3f,\"wall_ms\":%.3f,\"emit_ms\":%.3f,\"rows\":%d,\"seqs\":[", st->version,
+       (unsigned long long)st->step, st->t_s * 1e3, st->unix_s * 1e3, st->wall_s * 1e3, st->emit_s * 1e3, st->n_rows);
     for (int i = 0; i < st->n_seqs; i++) {
         const tl_trace_seq *s = &st->seqs[i];
         pf(&w, "%s{\"seq\":%d,\"id\":%d,\"phase\":\"%s\",\"fed\":%d,\"cached\":%d,\"drafted\":%d,\"accepted\":%d,"
