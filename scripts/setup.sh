@@ -2,7 +2,8 @@
 # Installs what the build and the tests need and is missing: a C compiler,
 # make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
-# (openai, prometheus-client, jsonschema). Idempotent and quiet when everything is there.
+# (openai, prometheus-client, jsonschema), and Chromium with selenium for the
+# live page's test. Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
@@ -13,6 +14,9 @@ command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
 [ -f /usr/include/microhttpd.h ] || need_pkgs+=(libmicrohttpd-dev)
 [ -f /usr/include/jansson.h ] || need_pkgs+=(libjansson-dev)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
+# the live page's browser test (tests/py/test_page.py): Chromium and its driver
+[ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_pkgs+=(chromium-driver)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -24,8 +28,8 @@ if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
     python3 -m pip install -q gguf numpy jinja2 >&2 ||
         python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
 fi
-if ! python3 -c 'import openai, prometheus_client, jsonschema' >/dev/null 2>&1; then
-    echo "setup: installing Python packages openai, prometheus-client, jsonschema" >&2
-    python3 -m pip install -q openai prometheus-client jsonschema >&2 ||
-        python3 -m pip install -q --break-system-packages openai prometheus-client jsonschema >&2
+if ! python3 -c 'import openai, prometheus_client, jsonschema, selenium' >/dev/null 2>&1; then
+    echo "setup: installing Python packages openai, prometheus-client, jsonschema, selenium" >&2
+    python3 -m pip install -q openai prometheus-client jsonschema selenium >&2 ||
+        python3 -m pip install -q --break-system-packages openai prometheus-client jsonschema selenium >&2
 fi
