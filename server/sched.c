@@ -51,7 +51,7 @@ struct srv_sched {
     tl_ctx *ctx;
     tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
-    tl_vocab_trie *trie; /* the vocabulary's byte trie, made at the first grammar (scheduler thread) */
+    tl_vocab_trie *trie; /* the vocabulary's byte trie for grammars, made at start */
     srv_loop *loop;      /* the live loop's readers (o->loop) */
     tl_tracer *tracer;   /* records for them, made only while someone watches */
     int tracing;         /* this step is traced */
@@ -721,6 +721,13 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     s->max_queue = o->max_queue > 0 ? o->max_queue : 64;
     s->w_cap = s->max_queue + 1;
     if ((rc = sched_alloc(s, err)) != 0) {
+        sched_release_mem(s);
+        return rc;
+    }
+    /* the vocabulary's byte trie for grammars, made now rather than in the
+     * first constrained request's time to first token (0.03 s on SmolLM2's
+     * 49k tokens, 0.2 s on Gemma 3's 262k) */
+    if ((rc = tl_vocab_trie_new(m, &s->trie, err)) != 0) {
         sched_release_mem(s);
         return rc;
     }
