@@ -143,6 +143,10 @@ static void slot_done(srv_sched *s, slot *sl, int reason) {
     const char *tail = "";
     size_t n = 0;
     if (sl->step && reason != TL_STOP_STRING) n = tl_step_flush(sl->step, &tail);
+    if (n && s->tracing) { /* the held-back text: the trace's texts join to the reply */
+        tl_gen_event te = {.token = -1, .text = tail, .text_len = n};
+        tl_tracer_token(s->tracer, sl->seq, &te);
+    }
     ev.text = dup_text(tail, n);
     ev.text_len = ev.text ? n : 0;
     ev.finish_reason = (reason == TL_STOP_EOG || reason == TL_STOP_STRING) ? "stop" : "length";

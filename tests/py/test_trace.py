@@ -62,6 +62,62 @@ def tokens(lines):
     return [t for ln in lines for s in ln["seqs"] for t in s["tokens"]]
 
 
+def server_trace(srv, cl):
+    """GET /v1/loop while two requests run: valid records, and per sequence
+    the texts join to that request's reply with the same logprobs."""
+    import http.client
+    import threading
+    recs, ready = [], threading.Event()
+
+    def follow():
+        c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60 * SLOW)
+        c.request("GET", "/v1/loop")
+        resp = c.getresponse()
+        ready.set()
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if line.startswith(b"data: "):
+                recs.append(json.loads(line[6:]))
+                if recs[-1].get("stop"):
+                    break
+    th = threading.Thread(target=follow, daemon=True)
+    th.start()
+    ready.wait(30 * SLOW)
+    import time
+    time.sleep(0.2)
+    outs = [None, None]
+
+    def ask(i):
+        outs[i] = cl.completions.create(model="m", prompt=["Rivers of Europe:", "A short poem:"][i], max_tokens=20,
+                                        temperature=0.9, seed=i + 7, logprobs=2, stop=["\n\n"])
+    ts = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    time.sleep(0.5)
+    validate(list(recs), "server trace")
+    by_id = {}
+    for ln in recs:
+        for q in ln["seqs"]:
+            by_id.setdefault(q["id"], []).extend(q["tokens"])
+    matched = 0
+    for o in outs:
+        text = o.choices[0].text
+        lps = o.choices[0].logprobs.token_logprobs
+        for toks in by_id.values():
+            if "".join(t["text"] for t in toks) == text:
+                mine = [t["logprob"] for t in toks if t["id"] >= 0]
+                matched += len(mine) == len(lps) and all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
+                                                         for a, b in zip(lps, mine))
+                break
+    shared = sum(1 for ln in recs if len(ln["seqs"]) > 1)
+    check(matched == 2, f"server trace: each request's tokens, texts and logprobs ({matched} of 2 matched; "
+                        f"{len(recs)} records, {shared} calls shared by both)")
+
+
 def main():
     if not check(os.path.exists(MODEL), f"{MODEL} (make models)"):
         tlcheck.finish()
@@ -104,6 +160,7 @@ def main():
                 check(same and r.choices[0].text == text,
                       f"the trace's logprobs are the server's: {lp.token_logprobs[:4]} vs "
                       f"{[t['logprob'] for t in mine[:4]]}")
+                server_trace(srv, cl)
         finally:
             srv.stop()
 
