@@ -1,7 +1,7 @@
 """The live page (GET /) in a real browser: headless Chromium from Debian's
 packages, driven by selenium with Debian's chromedriver (SE_AVOID_STATS set,
 the driver's path given: nothing is downloaded, no statistics are sent).
-While several requests run, the page shows each one's tokens in order (the
+While sixteen requests run together, the page shows each one's tokens in order (the
 texts the API returned), a chosen token's alternatives, the forward calls and
 the loop's numbers; a prompt sent from the page's own form gets its reply;
 the page references no other host and asks for nothing elsewhere; the
@@ -63,7 +63,7 @@ def main():
     if not check(os.path.exists(DRIVER) and os.path.exists("/usr/bin/chromium"),
                  "chromium and chromium-driver installed (scripts/setup.sh installs them)"):
         tlcheck.finish()
-    srv = Server(MODEL, ["-np", "4", "-t", "2", "-c", "1024"])
+    srv = Server(MODEL, ["-np", "16", "-t", "2", "-c", "512"])
     drv = None
     try:
         if not check(srv.wait_ready(), "server ready"):
@@ -76,13 +76,14 @@ def main():
         from selenium.webdriver.common.by import By
         check(wait_for(lambda: "live" in drv.find_element(By.ID, "status").text, 30 * SLOW),
               f"the page follows the loop: {drv.find_element(By.ID, 'status').text!r}")
-        # several requests at once
-        results = [None] * len(PROMPTS)
+        # sixteen requests at once: every sequence live together
+        n_req = 16
+        results = [None] * n_req
 
         def one(i):
-            results[i] = post(srv.url + "/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 24 + 4 * i,
-                                                            "temperature": 0.7, "seed": i})
-        ths = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+            results[i] = post(srv.url + "/v1/completions", {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16 + i,
+                                                            "temperature": 0.9, "seed": i})
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(n_req)]
         for t in ths:
             t.start()
         for t in ths:
@@ -94,11 +95,12 @@ def main():
             for el in drv.find_elements(By.CSS_SELECTOR, "#seqs .seq .text"):
                 out.append(drv.execute_script(
                     "return Array.from(arguments[0].childNodes).filter(n => !(n.classList && "
-                    "n.classList.contains('cached'))).map(n => n.textContent).join('')", el))
+                    "(n.classList.contains('cached') || n.classList.contains('rej')))).map(n => n.textContent).join('')",
+                    el))
             return out
         got = wait_for(lambda: all(t in shown() for t in texts) and shown(), 20 * SLOW)
         check(got and all(t in got for t in texts),
-              f"every reply shown, its tokens in order: {[t[:30] for t in texts]} in {[g[:30] for g in got or []]}")
+              f"all {n_req} replies shown, their tokens in order: {[t[:20] for t in texts]} in {[g[:20] for g in got or []]}")
         # a chosen token's alternatives
         toks = drv.find_elements(By.CSS_SELECTOR, "#seqs .tok")
         ok = False
