@@ -24,6 +24,7 @@
 #define CACHE_N 64       /* allowed-token sets kept per matcher */
 #define IST_CAP 256      /* distinct states one walk interns */
 #define MAX_EXPAND 200000 /* rule expansions one step may take */
+#define CP_ANY 0xFFFFFFFFu /* a partial code point whose completions every stack takes alike */
 
 /* ---- the vocabulary trie ---- */
 
@@ -39,7 +40,20 @@ typedef struct tnode {
     uint8_t byte;           /* the edge from the parent */
     uint8_t cls;            /* the classes of every byte below this node */
     uint8_t depth;          /* the longest path below this node (255 at most) */
+    uint8_t ok;             /* bit k: every token below, from here on, is text (plain ASCII, whole
+                             * characters, perhaps one cut short at its end) when k continuation
+                             * bytes are due first */
 } tnode;
+
+/* The continuation bytes a lead byte announces, for leads every continuation
+ * of which is a character (not E0, ED, F0, F4: those cut the next byte's
+ * range); -1 for anything else. */
+static int safe_lead(uint8_t b) {
+    if (b >= 0xC2 && b < 0xE0) return 1;
+    if ((b >= 0xE1 && b < 0xF0 && b != 0xED)) return 2;
+    if (b >= 0xF1 && b < 0xF4) return 3;
+    return -1;
+}
 
 static uint8_t byte_cls(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\' ? CLS_PLAIN : CLS_OTHER; }
 
@@ -74,6 +88,7 @@ static int trie_build(tl_vocab_trie *t, const tpiece *pc, int at, int lo, int hi
     t->node[at].tok = lo;
     t->node[at].n_tok = i - lo;
     t->node[at].tok_end = hi;
+    t->node[at].ok = 0xF; /* children narrow it */
     int groups = 0;
     for (int j = i; j < hi;) {
         int k = j;
@@ -100,7 +115,15 @@ static int trie_build(tl_vocab_trie *t, const tpiece *pc, int at, int lo, int hi
         memset(&t->node[first + g], 0, sizeof(tnode));
         t->node[first + g].byte = pc[t->ord[j]].b[d];
         if (trie_build(t, pc, first + g, j, k, d + 1)) return -1;
-        t->node[at].cls |= (uint8_t)(byte_cls(t->node[first + g].byte) | t->node[first + g].cls);
+        const tnode *c = &t->node[first + g];
+        t->node[at].cls |= (uint8_t)(byte_cls(c->byte) | c->cls);
+        /* text from here: a continuation where one is due, else plain ASCII
+         * or a safe lead and what it announces */
+        uint8_t ok = 0;
+        if (c->byte >= 0x80 && c->byte < 0xC0) ok |= (uint8_t)((c->ok << 1) & 0xE);
+        if (byte_cls(c->byte) == CLS_PLAIN && (c->ok & 1)) ok |= 1;
+        else if (safe_lead(c->byte) > 0 && (c->ok >> safe_lead(c->byte) & 1)) ok |= 1;
+        t->node[at].ok &= ok;
         const int dd = 1 + t->node[first + g].depth;
         if (dd > t->node[at].depth) t->node[at].depth = (uint8_t)(dd > 255 ? 255 : dd);
         j = k;
@@ -275,6 +298,7 @@ struct tl_matcher {
     gstate ist[IST_CAP];
     uint64_t ist_hash[IST_CAP];
     int16_t ist_run[IST_CAP]; /* plain bytes in a row this state takes alike: -1 unknown */
+    int8_t ist_text[IST_CAP]; /* any text leads back to this state (1), or not (0); -1 unknown */
     int n_ist;
     int32_t *trans;           /* [IST_CAP][256] */
     uint32_t *key; /* the current state's key */
@@ -351,6 +375,40 @@ static void advance_cp(tl_matcher *m, const gstate *in, uint32_t c, gstate *out)
     }
 }
 
+/* out = in after a code point every stack's set holds (a canonical partial
+ * state completing: which one it is no longer matters). */
+static void advance_all(tl_matcher *m, const gstate *in, gstate *out) {
+    st_clear(out);
+    m->n_expand = 0;
+    for (int i = 0; i < in->n; i++) {
+        const int len = in->off[i + 1] - in->off[i];
+        if (m->n_scratch + len > m->cap_scratch) {
+            m->failed = 1;
+            return;
+        }
+        uint32_t *s = m->scratch + m->n_scratch;
+        memcpy(s, in->pos + in->off[i], (size_t)len * sizeof *s);
+        s[len - 1]++;
+        m->n_scratch += len;
+        expand(m, out, s, len);
+        m->n_scratch -= len;
+    }
+}
+
+/* How stack i's set meets [lo, hi]: 2 holds all of it, 0 none of it, 1 part
+ * (or cannot tell from single ranges). */
+static int set_meets(const tl_matcher *m, const gstate *s, int i, uint32_t lo, uint32_t hi) {
+    const tl_gelem *e = &m->g->el[s->pos[s->off[i + 1] - 1]];
+    const tl_grange *r = m->g->rg + e->a;
+    int covered = 0, touched = 0;
+    for (uint32_t k = 0; k < e->n; k++) {
+        covered |= r[k].lo <= lo && r[k].hi >= hi;
+        touched |= r[k].lo <= hi && r[k].hi >= lo;
+    }
+    if (e->neg) return covered ? 0 : touched ? 1 : 2;
+    return covered ? 2 : touched ? 1 : 0;
+}
+
 /* Whether some stack's set holds a code point in [lo, hi]. */
 static int any_in_range(const tl_matcher *m, const gstate *s, uint32_t lo, uint32_t hi) {
     for (int i = 0; i < s->n; i++) {
@@ -388,6 +446,18 @@ static int advance_byte(tl_matcher *m, const gstate *in, uint8_t b, gstate *out)
         else return 0;
     } else {
         if ((b & 0xC0) != 0x80) return 0;
+        if (in->cp == CP_ANY) { /* canonical: every continuation completes alike */
+            if (in->need == 1) {
+                advance_all(m, in, out);
+                return out->n > 0 || out->accept;
+            }
+            if (st_copy(out, in)) {
+                m->failed = 1;
+                return 0;
+            }
+            out->need = in->need - 1;
+            return 1;
+        }
         cp = in->cp << 6 | (b & 0x3F);
         need = in->need - 1;
         if (need == 0) {
@@ -407,6 +477,26 @@ static int advance_byte(tl_matcher *m, const gstate *in, uint8_t b, gstate *out)
     if (lo >= 0xD800 && lo <= 0xDFFF) lo = 0xE000;
     if (hi >= 0xD800 && hi <= 0xDFFF) hi = 0xD7FF;
     if (lo > hi || !any_in_range(m, in, lo, hi)) return 0;
+    /* When every completion of the prefix is a character (the range was
+     * not cut: no overlong, surrogate or too-large form is left to rule out)
+     * and each stack's set holds all of them or none, which bits came so far
+     * no longer matters: the stacks that hold them all, with CP_ANY, make
+     * one state where there were thousands (a 262k vocabulary's multi-byte
+     * tokens would otherwise each lead somewhere new). */
+    int canon = lo == cp << (6 * need) && hi == (lo | ((1u << (6 * need)) - 1));
+    for (int i = 0; canon && i < in->n; i++) canon = set_meets(m, in, i, lo, hi) != 1;
+    if (canon) {
+        st_clear(out);
+        for (int i = 0; i < in->n; i++)
+            if (set_meets(m, in, i, lo, hi) == 2 && st_add(out, in->pos + in->off[i], in->off[i + 1] - in->off[i])) {
+                m->failed = 1;
+                return 0;
+            }
+        out->cp = CP_ANY;
+        out->need = need;
+        out->len = total;
+        return 1;
+    }
     if (st_copy(out, in)) {
         m->failed = 1;
         return 0;
@@ -456,6 +546,7 @@ static int intern(tl_matcher *m, const gstate *s) {
     }
     m->ist_hash[id] = h;
     m->ist_run[id] = -1;
+    m->ist_text[id] = -1;
     for (int b = 0; b < 256; b++) m->trans[id * 256 + b] = -2;
     m->n_ist++;
     return id;
@@ -499,6 +590,27 @@ static int plain_run(tl_matcher *m, int id, gstate *tmp, int depth) {
     return run;
 }
 
+/* Whether state id takes any text alike: every plain byte leads back to it,
+ * and so does every character after a safe lead (inside an unbounded JSON
+ * string). Then a subtree whose tokens are all text (tnode.ok) is allowed
+ * whole, whatever characters they hold. */
+static int text_loop(tl_matcher *m, int id, gstate *tmp) {
+    if (m->ist_text[id] >= 0) return m->ist_text[id];
+    m->ist_text[id] = 0;
+    if (m->ist[id].need || plain_run(m, id, tmp, 0) != 255) return 0;
+    for (int b = 0xC2; b < 0xF4; b++) {
+        const int k = safe_lead((uint8_t)b);
+        if (k < 0) continue;
+        int at = trans(m, id, (uint8_t)b, tmp);
+        for (int j = 0; j < k && at >= 0; j++) {
+            if (m->ist[at].cp != CP_ANY) return 0; /* depends on which character */
+            at = trans(m, at, 0x80, tmp);
+        }
+        if (at != id) return 0;
+    }
+    return m->ist_text[id] = 1;
+}
+
 static void walk_memo(tl_matcher *m, const tnode *nd, int id, int depth, uint32_t *bits) {
     const tl_vocab_trie *t = m->t;
     for (int i = 0; i < nd->n_tok; i++) {
@@ -507,7 +619,7 @@ static void walk_memo(tl_matcher *m, const tnode *nd, int id, int depth, uint32_
     }
     if (!nd->n_child || depth + 1 >= m->n_lvl) return;
     gstate *tmp = &m->lvl[depth + 1];
-    if (nd->cls == CLS_PLAIN && nd->depth <= plain_run(m, id, tmp, 0)) {
+    if ((nd->cls == CLS_PLAIN && nd->depth <= plain_run(m, id, tmp, 0)) || ((nd->ok & 1) && text_loop(m, id, tmp))) {
         for (int32_t i = nd->tok + nd->n_tok; i < nd->tok_end; i++) {
             const int32_t tk = t->ord[i];
             bits[tk >> 5] |= 1u << (tk & 31);

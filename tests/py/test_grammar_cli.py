@@ -156,7 +156,7 @@ def main():
                     good = False
                 check(good, f"grammar {g.splitlines()[0]!r} temp {temp}: {out!r} {err[-200:]}")
         # refusals: named keyword, grammar line
-        for schema, want in (({"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}, "minimum"),
+        for schema, want in (({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
                              ({"type": "string", "format": "hostname"}, "hostname"),
                              ({"allOf": [{"type": "string"}]}, "allOf"),
                              ({"$ref": "https://example.com/s.json"}, "$ref"),
