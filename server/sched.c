@@ -34,7 +34,7 @@ typedef struct slot {
     int prompt_lp;      /* echo with logprobs: a row for every prompt token */
     int need_blocks;    /* blocks the sequence may hold at its longest */
     double t_last;      /* when the last token was sampled (inter-token latency) */
-    int reused;         /* prompt tokens the prefix cache gave it (reported by its first traced chunk) */
+    int reused;         /* prompt tokens the prefix cache gave it (the trace reports them with the next chunk) */
     int n_step;         /* tokens its step put in the current batch */
     uint64_t order;     /* admission order: prefill goes oldest first */
 } slot;
@@ -385,10 +385,11 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
     int32_t feed[TL_STEP_MAX_FEED];
     int n_gen = 0; /* generating sequences: each feeds at least a row */
     for (int i = 0; i < s->np; i++) n_gen += s->slots[i].r && s->slots[i].n_fed >= s->slots[i].r->n_prompt;
-    for (int i = 0; i < s->np; i++) s->slots[i].n_step = 0;
+    /* every slot starts the step with nothing in the batch (the loop below
+     * may stop before it reaches them all) */
+    for (int i = 0; i < s->np; i++) s->slots[i].n_step = s->slots[i].n_take = 0;
     for (int i = 0; i < s->np && n < s->n_batch && n_rows < s->max_rows; i++) {
         slot *sl = &s->slots[i];
-        sl->n_take = 0;
         if (!sl->r || !sl->step || sl->n_fed < sl->r->n_prompt) continue; /* still prefilling */
         int room = s->n_batch - n < s->max_rows - n_rows ? s->n_batch - n : s->max_rows - n_rows;
         /* the call's other rows: those already in it (guesses included)
@@ -471,9 +472,9 @@ static void trace_call(srv_sched *s) {
         slot *sl = &s->slots[i];
         if (!sl->r) continue;
         const int id = (int)sl->order + 1;
-        if (sl->n_take > 0) {
-            tl_tracer_seq(s->tracer, sl->seq, id, TL_PHASE_PREFILL, sl->n_take, sl->reused, 0);
-            sl->reused = 0;
+        if (sl->n_take > 0) { /* the cached prefix is reported with the first chunk after it */
+            tl_tracer_seq(s->tracer, sl->seq, id, TL_PHASE_PREFILL, sl->n_take, sl->n_fed == sl->reused ? sl->reused : 0,
+                          0);
         } else if (sl->n_step > 0) {
             tl_tracer_seq(s->tracer, sl->seq, id, sl->n_step > 1 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, sl->n_step, 0,
                           sl->n_step - 1);

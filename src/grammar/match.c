@@ -597,7 +597,9 @@ static int plain_run(tl_matcher *m, int id, gstate *tmp, int depth) {
 static int text_loop(tl_matcher *m, int id, gstate *tmp) {
     if (m->ist_text[id] >= 0) return m->ist_text[id];
     m->ist_text[id] = 0;
-    if (m->ist[id].need || plain_run(m, id, tmp, 0) != 255) return 0;
+    /* plain bytes back to this very state (a run of 255 may also mean they
+     * lead to another state that loops) */
+    if (m->ist[id].need || plain_run(m, id, tmp, 0) != 255 || trans(m, id, 'a', tmp) != id) return 0;
     for (int b = 0xC2; b < 0xF4; b++) {
         const int k = safe_lead((uint8_t)b);
         if (k < 0) continue;

@@ -1,5 +1,6 @@
 /* trace_json: a trace record as one line of JSON (docs/TRACE.md; the CLI's
  * --trace file and the server's /v1/loop stream write the same). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,6 +65,14 @@ static void jstr(jw *w, const char *s, size_t n) {
     put(w, "\"", 1);
 }
 
+/* JSON has no infinities: a -inf logprob (a banned or -inf logit) is null. */
+static void num(jw *w, double v) {
+    if (isfinite(v)) pf(w, "%.6g", v);
+    else put(w, "null", 4);
+}
+
+static double finite_or0(double v) { return isfinite(v) ? v : 0; }
+
 static void piece(jw *w, const tl_model *m, int32_t id) {
     char buf[256];
     size_t n = m ? tl_token_piece(m, id, 1, buf, sizeof buf) : 0;
@@ -85,13 +94,16 @@ size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, 
             pf(&w, "%s{\"id\":%d,\"text\":", j ? "," : "", t->token);
             jstr(&w, t->text, t->text_len);
             if (t->token >= 0) {
-                pf(&w, ",\"p\":%.6g,\"logprob\":%.6g,\"source\":\"%s\",\"reasoning\":%s,\"top\":[", t->chosen.prob,
-                   t->chosen.logprob, SOURCE[t->source >= 0 && t->source <= 3 ? t->source : 0],
-                   t->reasoning ? "true" : "false");
+                pf(&w, ",\"p\":%.6g,\"logprob\":", finite_or0(t->chosen.prob));
+                num(&w, t->chosen.logprob);
+                pf(&w, ",\"source\":\"%s\",\"reasoning\":%s,\"top\":[",
+                   SOURCE[t->source >= 0 && t->source <= 3 ? t->source : 0], t->reasoning ? "true" : "false");
                 for (int k = 0; k < t->n_top; k++) {
                     pf(&w, "%s{\"id\":%d,\"text\":", k ? "," : "", t->top[k].token);
                     piece(&w, model, t->top[k].token);
-                    pf(&w, ",\"p\":%.6g,\"logprob\":%.6g}", t->top[k].prob, t->top[k].logprob);
+                    pf(&w, ",\"p\":%.6g,\"logprob\":", finite_or0(t->top[k].prob));
+                    num(&w, t->top[k].logprob);
+                    put(&w, "}", 1);
                 }
                 put(&w, "]", 1);
             }

@@ -64,10 +64,20 @@ def main():
                  "chromium and chromium-driver installed (scripts/setup.sh installs them)"):
         tlcheck.finish()
     srv = Server(MODEL, ["-np", "16", "-t", "2", "-c", "512"])
-    drv = None
     try:
         if not check(srv.wait_ready(), "server ready"):
             tlcheck.finish()
+        page_checks(srv)
+    except Exception as e:  # a failure is counted and reported, not a traceback without a summary
+        check(False, f"the page test stopped: {type(e).__name__}: {e}")
+    finally:
+        srv.stop()
+    tlcheck.finish()
+
+
+def page_checks(srv):
+    drv = None
+    try:
         html = urllib.request.urlopen(srv.url + "/", timeout=30).read().decode()
         hosts = re.findall(r"(?:https?:)?//[a-zA-Z0-9.-]+", html)
         check(not hosts and "/v1/loop" in html, f"the page references no other host: {hosts[:5]}")
@@ -151,8 +161,6 @@ def main():
     finally:
         if drv:
             drv.quit()
-        srv.stop()
-    tlcheck.finish()
 
 
 if __name__ == "__main__":

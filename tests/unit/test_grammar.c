@@ -242,6 +242,50 @@ static void check_masks(const tl_model *model, const tl_vocab_trie *t, const cha
     tl_grammar_free(g);
 }
 
+/* Grammars where characters and plain bytes lead to different states, or
+ * where only some multi-byte characters fit: the mask after each prefix
+ * equals the token-by-token check (a bulk allowance once let tokens through
+ * that accepting them refused). */
+static void check_char_sets(const tl_model *model, const tl_vocab_trie *t, const char *label) {
+    static const struct {
+        const char *g;
+        const char *pre[3];
+    } G[] = {
+        {"root ::= na* pl*\nna ::= [^\\x00-\\x7F]\npl ::= [ !#-\\[\\]-~]\n", {"", "\xc3\xa9", "ab"}},
+        {"root ::= [a-z\\u4e00-\\u9fff]*\n", {"", "x", "\xe4\xb8"}},
+        {"root ::= \"\\\"\" [^\"\\\\]{0,3} \"\\\"\"\n", {"\"", "\"\xc3\xa9", "\"ab"}},
+        {"root ::= (\"caf\xc3\xa9\" | \"\xe2\x82\xac\" | [\\u0400-\\u04ff])+\n", {"", "caf", "\xe2\x82"}},
+    };
+    const int nv = tl_model_n_vocab(model);
+    for (size_t gi = 0; gi < sizeof G / sizeof *G; gi++) {
+        tl_error err = {0};
+        tl_grammar *g = parse(G[gi].g, &err);
+        tl_matcher *m = NULL, *probe = NULL;
+        if (!g || tl_matcher_new(g, t, &m, &err) || tl_matcher_new(g, t, &probe, &err)) {
+            CHECK(0, "%s: grammar %zu: %s", label, gi, err.msg);
+            tl_matcher_free(m);
+            tl_grammar_free(g);
+            continue;
+        }
+        for (int pi = 0; pi < 3; pi++) {
+            const char *pre = G[gi].pre[pi];
+            tl_matcher_reset(m, &err);
+            const uint32_t *bits = tl_matcher_accept_bytes(m, pre, strlen(pre), &err) ? NULL : tl_matcher_allowed(m, &err);
+            int wrong = 0, first = -1, allowed = 0;
+            for (int id = 0; bits && id < nv; id++) {
+                const int in = bits[id >> 5] >> (id & 31) & 1;
+                allowed += in;
+                if (in != token_fits(model, probe, pre, strlen(pre), id) && wrong++ == 0) first = id;
+            }
+            CHECK(bits && !wrong, "%s: grammar %zu after '%s': %d allowed, %d differ from token-by-token (first %d)",
+                  label, gi, pre, allowed, wrong, first);
+        }
+        tl_matcher_free(probe);
+        tl_matcher_free(m);
+        tl_grammar_free(g);
+    }
+}
+
 /* A fresh matcher per prefix of a schema's output, where tokens end the
  * output inside the walk (the state with no stack left: it crashed once on
  * a level never used before), each mask against the token-by-token check. */
@@ -357,6 +401,7 @@ int main(void) {
         check_texts(t);
         check_int_ranges(t);
         check_masks(m, t, "SmolLM2");
+        check_char_sets(m, t, "SmolLM2");
         check_fresh(m, t, getenv("TL_ASAN") ? 5 : 20);
         check_sampling(m, t);
     }
@@ -370,6 +415,7 @@ int main(void) {
         CHECK(tl_vocab_trie_new(gm, &t, &err) == 0, "Gemma trie: %s", err.msg);
         printf("Gemma 3 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
         if (t && !getenv("TL_ASAN")) check_masks(gm, t, "Gemma 3");
+        if (t && !getenv("TL_ASAN")) check_char_sets(gm, t, "Gemma 3");
         if (t) check_fresh(gm, t, getenv("TL_ASAN") ? 1 : 4);
         tl_vocab_trie_free(t);
     }
