@@ -494,6 +494,8 @@ typedef struct tl_gen_params {
     const char *grammar_trigger; /* with grammar: free text until the output contains this
                                 * string, then the grammar, fed from the trigger's first byte
                                 * (a tool call under tool_choice auto); NULL: from the start */
+    int grammar_trigger_start;   /* the trigger counts only at the output's start (after blanks):
+                                * Llama 3's JSON call is the whole reply */
     tl_tracer *tracer;         /* tl_generate: one record per forward call (docs/TRACE.md), numbered
                                 * and totalled across calls that share it; NULL: none */
     int trace_cached;          /* tl_generate: prompt tokens the context already held, for the trace */

@@ -62,6 +62,7 @@ void api_buf_free(api_buf *b);
 typedef struct tools_stream_st {
     api_buf hold;
     int in_call, seen_call, n_calls;
+    int plain; /* the reply has shown it holds no calls (a format whose calls open it) */
 } tools_stream_st;
 
 /* Stream state across events of one request. */

@@ -221,7 +221,10 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
         if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;
         if ((rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;
         gp.grammar = sl->matcher;
-        if (r->grammar_lazy) gp.grammar_trigger = tools_trigger(r->tool_fmt);
+        if (r->grammar_lazy) {
+            gp.grammar_trigger = tools_trigger(r->tool_fmt);
+            gp.grammar_trigger_start = tools_at_start(r->tool_fmt);
+        }
     }
     if (s->dctx && tl_seq_open(s->dctx, &sl->dseq, err) == 0) { /* without one it guesses from the text */
         gp.draft_ctx = s->dctx;

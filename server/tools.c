@@ -31,12 +31,14 @@ typedef struct fmt_def {
     int array;         /* one JSON array of calls after the open text (Mistral) */
     const char *args;  /* the arguments' key */
     int special;       /* the open text is a control token whose text must show */
+    int at_start;      /* calls only open the reply (after blanks, or Llama 3's <|python_tag|>) */
 } fmt_def;
 
 static const fmt_def FMT[] = {
-    [TOOLS_HERMES] = {OPEN, 0, CLOSE, 0, "arguments", 0},
-    [TOOLS_LLAMA3] = {"{\"name\"", 1, NULL, 0, "parameters", 0},
-    [TOOLS_MISTRAL] = {"[TOOL_CALLS]", 0, NULL, 1, "arguments", 1},
+    [TOOLS_HERMES] = {OPEN, 0, CLOSE, 0, "arguments", 0, 0},
+    /* a JSON object may well appear in an answer: a call is the whole reply */
+    [TOOLS_LLAMA3] = {"{\"name\"", 1, NULL, 0, "parameters", 0, 1},
+    [TOOLS_MISTRAL] = {"[TOOL_CALLS]", 0, NULL, 1, "arguments", 1, 0},
 };
 
 int tools_format(const char *tmpl, int native) {
@@ -48,6 +50,16 @@ int tools_format(const char *tmpl, int native) {
 
 const char *tools_trigger(int fmt) { return FMT[fmt].open; }
 int tools_special_text(int fmt) { return FMT[fmt].special; }
+int tools_at_start(int fmt) { return FMT[fmt].at_start; }
+
+/* Whether text[0..n) is blanks, after Llama 3's <|python_tag|> if there. */
+static int blank_lead(const char *text, size_t n) {
+    static const char TAG[] = "<|python_tag|>";
+    size_t k = n >= sizeof TAG - 1 && !memcmp(text, TAG, sizeof TAG - 1) ? sizeof TAG - 1 : 0;
+    for (; k < n; k++)
+        if (text[k] != ' ' && text[k] != '\n' && text[k] != '\t' && text[k] != '\r') return 0;
+    return 1;
+}
 
 static int bad(api_err *e, const char *param, const char *msg) {
     return api_fail(e, 400, "invalid_request_error", param, NULL, "%s", msg);
@@ -259,6 +271,7 @@ json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, siz
     const fmt_def *f = &FMT[fmt];
     const size_t ol = strlen(f->open);
     const char *open = memmem(text, n, f->open, ol);
+    if (open && f->at_start && !blank_lead(text, (size_t)(open - text))) open = NULL;
     *content_len = open ? (size_t)(open - text) : n;
     if (!open) return NULL;
     while (*content_len && (text[*content_len - 1] == '\n' || text[*content_len - 1] == ' ')) (*content_len)--;
@@ -294,8 +307,29 @@ int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const 
     for (;;) {
         char *h = s->hold.p;
         size_t hn = s->hold.n;
+        if (!s->in_call && s->plain) { /* decided: no calls in this reply */
+            if (hn && api_buf_add(content, h, hn)) return -1;
+            s->hold.n = 0;
+            return 0;
+        }
         if (!s->in_call) {
             const char *open = hn ? memmem(h, hn, f->open, ol) : NULL;
+            if (f->at_start && !s->seen_call) {
+                /* held while it may still be blanks (after a <|python_tag|>)
+                 * and the open text; anything else: no call comes */
+                static const char TAG[] = "<|python_tag|>";
+                const size_t tl = sizeof TAG - 1;
+                size_t lead = 0;
+                if (hn >= tl && !memcmp(h, TAG, tl)) lead = tl;
+                else if (hn < tl && !memcmp(h, TAG, hn)) return 0;
+                while (lead < hn && (h[lead] == ' ' || h[lead] == '\n' || h[lead] == '\t' || h[lead] == '\r')) lead++;
+                const size_t rest = hn - lead;
+                if (memcmp(h + lead, f->open, rest < ol ? rest : ol)) {
+                    s->plain = 1;
+                    continue;
+                }
+                if (rest < ol) return 0;
+            }
             /* content up to the open text, or up to what could still become it */
             size_t safe = open ? (size_t)(open - h) : hn;
             if (!open)

@@ -27,6 +27,8 @@ int tools_format(const char *tmpl, int native);
 const char *tools_trigger(int fmt);
 /* Whether the reply's text must show control tokens (Mistral's [TOOL_CALLS]). */
 int tools_special_text(int fmt);
+/* Whether calls only open the reply (Llama 3's: the whole reply is the call). */
+int tools_at_start(int fmt);
 /* What a streamed reply must put back before held text when a call never
  * completes (the open text, if the stream dropped it). */
 const char *tools_lost_open(int fmt);

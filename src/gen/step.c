@@ -51,8 +51,10 @@ struct tl_step {
     char tail[TAIL_CAP];
     int n_tail;
     int tail_seen; /* tail bytes already searched for the markers */
+    int tail_dropped; /* the tail no longer starts at the output's start */
     /* reasoning: 0 not (yet) in it, 1 inside, 2 over; the close marker's
      * tokens, queued when the budget is spent */
+    int trigger_start; /* the trigger counts only at the output's start */
     const char *think_open, *think_close;
     int think, think_budget, n_think;
     int32_t close_ids[MAX_FORCE];
@@ -110,6 +112,7 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
     st->smp = smp;
     st->grammar = gp->grammar;
     st->trigger = gp->grammar && gp->grammar_trigger && *gp->grammar_trigger ? gp->grammar_trigger : NULL;
+    st->trigger_start = gp->grammar_trigger_start;
     st->think_open = gp->think_open && *gp->think_open ? gp->think_open : NULL;
     st->think_close = gp->think_close && *gp->think_close ? gp->think_close : NULL;
     st->think = st->think_close && gp->think_started ? 1 : 0;
@@ -371,6 +374,7 @@ static void tail_add(tl_step *st, int32_t tok) {
     size_t n = tl_token_piece(tl_ctx_model(st->ctx), tok, 1, piece, sizeof piece);
     if (n > sizeof piece) n = sizeof piece;
     if (st->n_tail + (int)n > TAIL_CAP) { /* keep the last quarter: no marker is longer */
+        st->tail_dropped = 1;
         const int keep = TAIL_CAP / 4;
         memmove(st->tail, st->tail + st->n_tail - keep, (size_t)keep);
         st->tail_seen -= st->n_tail - keep;
@@ -416,6 +420,18 @@ static int watch_think(tl_step *st, int forced) {
     return 1;
 }
 
+/* Whether the output before tail byte i is blanks only (the tail still
+ * holds the whole output then). */
+static int only_blanks_before(const tl_step *st, int i) {
+    if (st->tail_dropped) return 0;
+    static const char TAG[] = "<|python_tag|>"; /* Llama 3 may open a call with it */
+    int k = 0;
+    if (i >= (int)sizeof TAG - 1 && !memcmp(st->tail, TAG, sizeof TAG - 1)) k = (int)sizeof TAG - 1;
+    for (; k < i; k++)
+        if (st->tail[k] != ' ' && st->tail[k] != '\n' && st->tail[k] != '\t' && st->tail[k] != '\r') return 0;
+    return 1;
+}
+
 /* A lazy grammar's watch: once the tail holds the trigger, the grammar starts
  * there and follows the bytes since (if they do not fit it, the output stays
  * free). */
@@ -423,6 +439,10 @@ static int watch_trigger(tl_step *st, tl_error *err) {
     const size_t tl = strlen(st->trigger);
     for (int i = st->tail_seen - (int)tl + 1 < 0 ? 0 : st->tail_seen - (int)tl + 1; i + (int)tl <= st->n_tail; i++)
         if (!memcmp(st->tail + i, st->trigger, tl)) {
+            if (st->trigger_start && !only_blanks_before(st, i)) { /* not at the start: free text to the end */
+                st->trigger = NULL;
+                return TL_OK;
+            }
             int rc = tl_matcher_reset(st->grammar, err);
             if (rc) return rc;
             if (tl_matcher_accept_bytes(st->grammar, st->tail + i, (size_t)(st->n_tail - i), err) == 0)

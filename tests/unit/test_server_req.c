@@ -430,7 +430,10 @@ static void test_tool_formats(void) {
         {TOOLS_HERMES, "Hi.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
                        "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>", "Hi.", "f,g", "{\"x\":1}"},
         {TOOLS_LLAMA3, "{\"name\": \"f\", \"parameters\": {\"x\": [1, \"}\"]}}", "", "f", "{\"x\":[1,\"}\"]}"},
-        {TOOLS_LLAMA3, "Let me look. {\"name\": \"get\", \"parameters\": {}}", "Let me look.", "get", "{}"},
+        {TOOLS_LLAMA3, "\n {\"name\": \"get\", \"parameters\": {}}", "", "get", "{}"},
+        /* Llama 3's call is the whole reply: JSON later in an answer is content */
+        {TOOLS_LLAMA3, "Let me look. {\"name\": \"get\", \"parameters\": {}}",
+         "Let me look. {\"name\": \"get\", \"parameters\": {}}", "", NULL},
         {TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": 1}}, "
                         "{\"name\": \"g\", \"arguments\": {\"y\": \"]\"}}]", "", "f,g", "{\"x\":1}"},
         {TOOLS_MISTRAL, "no calls [TOOL_CALL here", "no calls [TOOL_CALL here", "", NULL},
@@ -458,7 +461,29 @@ static void test_tool_formats(void) {
             for (const char *c = id0; *c; c++) ok &= (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9');
             CHECK(ok, "Mistral's call ids are nine letters and digits: %s", id0);
         }
-        if (!calls) continue; /* streamed ends without calls are the stream's end logic (api.c) */
+        if (!calls) { /* streamed: what went out as content and what is held are the whole text */
+            for (size_t step = 1; step <= n; step += step < 4 ? 1 : 5) {
+                tools_stream_st st = {0};
+                api_buf content = {0};
+                json_t *got = json_array();
+                int rc = 0;
+                for (size_t at = 0; !rc && at < n; at += step)
+                    rc = tools_stream(&st, C[i].fmt, C[i].text + at, at + step > n ? n - at : step, "chatcmpl-abc",
+                                      &content, got);
+                /* the end, as api.c's stream_tools has it */
+                if (!rc && !st.in_call && !st.seen_call) rc = api_buf_add(&content, st.hold.p, st.hold.n);
+                else if (!rc && st.in_call && !st.n_calls)
+                    rc = api_buf_add(&content, tools_lost_open(C[i].fmt), strlen(tools_lost_open(C[i].fmt))) ||
+                         api_buf_add(&content, st.hold.p, st.hold.n);
+                CHECK(!rc && !json_array_size(got) && content.n == n && !memcmp(content.p, C[i].text, n),
+                      "format %d case %zu streamed in %zu-byte chunks: no calls, the text as content", C[i].fmt, i,
+                      step);
+                json_decref(got);
+                api_buf_free(&content);
+                api_buf_free(&st.hold);
+            }
+            continue;
+        }
         for (size_t step = 1; step <= n; step += step < 4 ? 1 : 5) {
             tools_stream_st st = {0};
             api_buf content = {0};
