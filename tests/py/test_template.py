@@ -5,6 +5,7 @@ published formats, over several conversations; raise_exception and
 unsupported constructs must fail with their message.
 Usage: TL_BIN=build/tokenloop python3 tests/py/test_template.py"""
 import datetime
+import functools
 import glob
 import json
 import os
@@ -55,6 +56,7 @@ def hf_env():
     return env
 
 
+@functools.lru_cache(maxsize=None)  # reading a GGUF file in Python takes a while: once per file
 def gguf_info(path):
     r = gguf.GGUFReader(path)
 
