@@ -307,6 +307,7 @@ int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const 
     for (;;) {
         char *h = s->hold.p;
         size_t hn = s->hold.n;
+        if (!hn) return 0; /* nothing held (h may be NULL) */
         if (!s->in_call && s->plain) { /* decided: no calls in this reply */
             if (hn && api_buf_add(content, h, hn)) return -1;
             s->hold.n = 0;
@@ -353,7 +354,7 @@ int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const 
             s->hold.n = hn - skip;
             continue;
         }
-        long used = hn ? take_calls(fmt, h, hn, req_id, calls, &s->n_calls, 1) : 0;
+        long used = take_calls(fmt, h, hn, req_id, calls, &s->n_calls, 1);
         if (used == -2) return -1;
         /* incomplete: wait for more; cannot parse: held to the end, which
          * treats it as a whole reply does */
