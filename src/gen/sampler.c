@@ -280,6 +280,30 @@ static double exp_row(const float *in, float sub, float mul, float *out, int n) 
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+/* The sum of exp((in[i] - sub) * mul), nothing stored (probabilities for a
+ * report need only the normaliser). */
+static double exp_sum(const float *in, float sub, float mul, int n) {
+    v4f acc0 = {0, 0, 0, 0}, acc1 = {0, 0, 0, 0};
+    double total = 0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v4f a, b;
+        memcpy(&a, in + i, sizeof a);
+        memcpy(&b, in + i + 4, sizeof b);
+        acc0 += vexp((a - sub) * mul);
+        acc1 += vexp((b - sub) * mul);
+        if ((i & 1023) == 1016) { /* into double now and then: float lanes would lose the small terms */
+            v4f t = acc0 + acc1;
+            total += (double)t[0] + (double)t[1] + (double)t[2] + (double)t[3];
+            acc0 = acc1 = (v4f){0, 0, 0, 0};
+        }
+    }
+    v4f t = acc0 + acc1;
+    total += (double)t[0] + (double)t[1] + (double)t[2] + (double)t[3];
+    for (; i < n; i++) total += exp_le0((in[i] - sub) * mul);
+    return total;
+}
+
 /* ---- candidate selection --------------------------------------------------------------- */
 
 /* Candidate order: higher logit first, ties by lower id (deterministic). */
@@ -559,7 +583,7 @@ static int report(tl_sampler *s, const float *logits, int32_t tok, tl_token_prob
                   tl_token_prob *top, int n_top) {
     if (!chosen && !(top && n_top > 0)) return 0;
     float mx = max_over(logits, NULL, s->n_vocab);
-    double sum = mx > -INFINITY ? exp_row(logits, mx, 1.0f, s->prob, s->n_vocab) : 0.0;
+    double sum = mx > -INFINITY ? exp_sum(logits, mx, 1.0f, s->n_vocab) : 0.0;
     double log_sum = log(sum);
     if (chosen) fill_prob(chosen, tok, logits[tok], mx, log_sum);
     if (top && n_top > 0) {
