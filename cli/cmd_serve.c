@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../server/http.h"
+#include "../server/agent.h"
 #include "../server/loop.h"
 #include "cli.h"
 
@@ -46,6 +47,10 @@ static const char SERVE_HELP[] =
     "                          when the template does not), off (all of it is content)\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
+    "      --agent-port N      answer HAProxy's agent-check on port N (same host): 'up ready W%'\n"
+    "                          with W from this replica's load (sequences and queue, KV\n"
+    "                          cache), 'drain' while draining, 'down' while loading\n"
+    "                          (deploy/haproxy/)\n"
     "      --no-loop           no live page or /v1/loop (and no top-5 alternatives computed\n"
     "                          for it)\n"
     "\n"
@@ -64,6 +69,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->model_path = v;
         } else if (!strcmp(a, "--host")) {
             VAL(); o->host = v;
+        } else if (!strcmp(a, "--agent-port")) {
+            VAL(); if (cli_int(a, v, 1, 65535, &o->agent_port)) return -1;
         } else if (!strcmp(a, "--no-loop")) {
             o->no_loop = 1;
         } else if (!strcmp(a, "--port")) {
@@ -190,6 +197,15 @@ static int serve(srv_opts *o, sigs *sg) {
         srv_metrics_free(app.mx);
         return 1;
     }
+    srv_agent *agent = NULL;
+    if (o->agent_port && srv_agent_start(&app, o->host, o->agent_port, &agent, &err)) {
+        cli_tl_error(&err);
+        srv_loop_close(app.loop);
+        srv_http_stop(h);
+        srv_loop_free(app.loop);
+        srv_metrics_free(app.mx);
+        return 1;
+    }
     fprintf(stderr, "tokenloop serve: listening on http://%s:%d, loading %s\n", o->host, o->port,
             o->model_path);
     tl_model *m = NULL, *dm = NULL;
@@ -224,6 +240,7 @@ static int serve(srv_opts *o, sigs *sg) {
     if (app.sched) srv_sched_free(app.sched);
     double end = now_s() + 1;
     while (atomic_load(&app.busy) > 0 && now_s() < end) usleep(10000);
+    srv_agent_stop(agent);
     srv_loop_close(app.loop); /* its readers end their streams */
     srv_http_stop(h);
     srv_loop_free(app.loop);

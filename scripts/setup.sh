@@ -2,8 +2,8 @@
 # Installs what the build and the tests need and is missing: a C compiler,
 # make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
-# (openai, prometheus-client, jsonschema), and Chromium with selenium for the
-# live page's test. Idempotent and quiet when everything is there.
+# (openai, prometheus-client, jsonschema), Chromium with selenium for the
+# live page's test, and HAProxy for the scale-out test. Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
@@ -17,6 +17,9 @@ command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
 # the live page's browser test (tests/py/test_page.py): Chromium and its driver
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)
 [ -x /usr/bin/chromedriver ] || need_pkgs+=(chromium-driver)
+# scale-out behind HAProxy (deploy/cluster.sh, tests/py/test_cluster.py)
+command -v haproxy >/dev/null 2>&1 || need_pkgs+=(haproxy)
+command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo

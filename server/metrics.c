@@ -144,6 +144,14 @@ void srv_metrics_state(srv_metrics *mx, int waiting, int running, const tl_kv_st
     pthread_mutex_unlock(&mx->mu);
 }
 
+void srv_metrics_load(srv_metrics *mx, int *waiting, int *running, tl_kv_stats *kv) {
+    pthread_mutex_lock(&mx->mu);
+    *waiting = mx->waiting;
+    *running = mx->running;
+    *kv = mx->kv;
+    pthread_mutex_unlock(&mx->mu);
+}
+
 /* ---- rendering ------------------------------------------------------------------ */
 
 typedef struct sbuf {

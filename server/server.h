@@ -37,6 +37,7 @@ typedef struct srv_opts {
     const char *model_id;  /* name in replies and /v1/models (file's base name) */
     int reasoning;         /* --reasoning: 0 off, 1 auto (the template speaks of <think>), 2 on */
     int no_loop;           /* --no-loop */
+    int agent_port;        /* --agent-port: HAProxy's agent-check (0: none) */
     struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
 } srv_opts;
 
@@ -144,6 +145,8 @@ void srv_metrics_ttft(srv_metrics *mx, double seconds);
 void srv_metrics_itl(srv_metrics *mx, double seconds);
 /* Gauges, set by the scheduler each step. */
 void srv_metrics_state(srv_metrics *mx, int waiting, int running, const tl_kv_stats *kv);
+/* The last state the scheduler published (any thread). */
+void srv_metrics_load(srv_metrics *mx, int *waiting, int *running, tl_kv_stats *kv);
 /* Prometheus text 0.0.4; *out malloc'ed. */
 int srv_metrics_render(srv_metrics *mx, const char *model_id, char **out, size_t *len);
 

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# deploy/cluster.sh: N `tokenloop serve` replicas on loopback behind HAProxy
+# (deploy/haproxy/haproxy.cfg, docs/SCALING.md).
+#
+#   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [-- SERVE-FLAGS]
+#       starts replica i on port P+i (agent-check on P+100+i), HAProxy on P;
+#       returns once /ready answers through the proxy. Installs HAProxy from
+#       the Debian package if it is missing.
+#   deploy/cluster.sh status [--dir DIR]   each replica's state and load
+#   deploy/cluster.sh down [--dir DIR]     drains the replicas (SIGTERM), stops HAProxy
+#
+# Logs, pid files and the generated haproxy.cfg live in DIR (default
+# deploy/run/). The replicas get `-t` threads each (SERVE-FLAGS; by default
+# this machine's cores divided among them).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cmd=${1:-}
+[ -n "$cmd" ] && shift
+replicas=3 port=8080 model="" dir="$ROOT/deploy/run"
+serve_flags=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --replicas) replicas=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    -m | --model) model=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
+    --) shift; serve_flags=("$@"); break ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+ready() { # url -> 0 when /ready answers 200
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1/ready" 2>/dev/null)" = 200 ]
+}
+
+up() {
+    [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: --replicas must be a positive number" >&2; exit 2; }
+    command -v curl >/dev/null || { echo "cluster.sh: needs curl" >&2; exit 1; }
+    if ! command -v haproxy >/dev/null; then
+        echo "cluster.sh: installing haproxy (Debian package)" >&2
+        SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq haproxy >/dev/null
+    fi
+    local bin="${TOKENLOOP_BIN:-$ROOT/tokenloop}" # the binary (TOKENLOOP_BIN: another build)
+    [ -x "$bin" ] || { echo "cluster.sh: $bin missing (run make)" >&2; exit 1; }
+    mkdir -p "$dir"
+    if [ -f "$dir/haproxy.pid" ] && kill -0 "$(cat "$dir/haproxy.pid")" 2>/dev/null; then
+        echo "cluster.sh: a cluster already runs from $dir (cluster.sh down first)" >&2; exit 1
+    fi
+    local threads=$(( $(nproc) / replicas )); [ "$threads" -ge 1 ] || threads=1
+    local flags=(-t "$threads")
+    [ ${#serve_flags[@]} -gt 0 ] && flags=("${serve_flags[@]}")
+    local servers="" agents=""
+    for i in $(seq 1 "$replicas"); do
+        local p=$((port + i)) a=$((port + 100 + i))
+        "$bin" serve ${model:+-m "$model"} --port "$p" --agent-port "$a" "${flags[@]}" \
+            >"$dir/replica$i.log" 2>&1 &
+        echo $! >"$dir/replica$i.pid"
+        echo "$p $a" >"$dir/replica$i.ports"
+        servers+="server r$i 127.0.0.1:$p\n    "
+        agents+="server r$i 127.0.0.1:$p agent-port $a\n    "
+    done
+    sed -e "s/@PORT@/$port/" -e "s|# @SERVERS@|$servers|" -e "s|# @SERVERS_AGENT@|$agents|" \
+        "$ROOT/deploy/haproxy/haproxy.cfg" >"$dir/haproxy.cfg"
+    haproxy -c -q -f "$dir/haproxy.cfg" || { echo "cluster.sh: bad haproxy.cfg ($dir)" >&2; down; exit 1; }
+    haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
+    local t=0
+    until ready "http://127.0.0.1:$port"; do
+        sleep 0.2; t=$((t + 1))
+        if [ "$t" -gt 900 ]; then echo "cluster.sh: not ready after 180 s; logs in $dir" >&2; exit 1; fi
+    done
+    # every replica, not only the first one up
+    for i in $(seq 1 "$replicas"); do
+        read -r p _ <"$dir/replica$i.ports"
+        until ready "http://127.0.0.1:$p"; do sleep 0.2; done
+    done
+    echo "cluster: $replicas replicas behind http://127.0.0.1:$port (logs in $dir)"
+}
+
+status() {
+    [ -f "$dir/haproxy.pid" ] || { echo "cluster.sh: no cluster in $dir" >&2; exit 1; }
+    local hp; hp=$(cat "$dir/haproxy.pid")
+    echo "haproxy: pid $hp $(kill -0 "$hp" 2>/dev/null && echo running || echo stopped)"
+    for f in "$dir"/replica*.pid; do
+        [ -f "$f" ] || continue
+        local i=${f##*/replica}; i=${i%.pid}
+        local pid; pid=$(cat "$f")
+        read -r p a <"$dir/replica$i.ports"
+        local state load=""
+        if ! kill -0 "$pid" 2>/dev/null; then state=stopped
+        elif ready "http://127.0.0.1:$p"; then state=ready
+        else state="not ready"; fi
+        [ "$state" = stopped ] || load=$(exec 3<>"/dev/tcp/127.0.0.1/$a" && head -1 <&3 || true)
+        local m; m=$(curl -s --max-time 2 "http://127.0.0.1:$p/metrics" 2>/dev/null |
+            awk '/^vllm:num_requests_running/{r=$NF} /^vllm:num_requests_waiting/{w=$NF} /^vllm:kv_cache_usage_perc/{k=$NF} END{if (r != "") printf "running %s, waiting %s, KV use %s", r, w, k}')
+        echo "replica $i: port $p, pid $pid, $state${load:+, agent: $load}${m:+, $m}"
+    done
+}
+
+down() {
+    for f in "$dir"/replica*.pid; do
+        [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true
+    done
+    for f in "$dir"/replica*.pid; do
+        [ -f "$f" ] || continue
+        local pid; pid=$(cat "$f")
+        for _ in $(seq 1 400); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+        rm -f "$f"
+    done
+    if [ -f "$dir/haproxy.pid" ]; then
+        kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
+        rm -f "$dir/haproxy.pid"
+    fi
+    echo "cluster: down"
+}
+
+case "$cmd" in
+up) up ;;
+status) status ;;
+down) down ;;
+*) echo "usage: deploy/cluster.sh up|status|down [options] (try --help)" >&2; exit 2 ;;
+esac
