@@ -562,6 +562,9 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
 /* Once stopped: the text still held back (tl_gen_flush). */
 size_t tl_step_flush(tl_step *st, const char **text);
 int tl_step_count(const tl_step *st); /* tokens emitted */
+/* Alternatives reported per token from now on (as tl_gen_params.n_top): a
+ * server computes them only while someone watches the loop. */
+void tl_step_set_top(tl_step *st, int n_top);
 int tl_step_reasoning_count(const tl_step *st); /* of those, reasoning (markers included) */
 /* Grammar masks so far: how many, their median time (within 19%) and total. */
 void tl_step_mask_stats(const tl_step *st, int *n, double *median_us, double *total_s);

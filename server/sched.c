@@ -206,7 +206,6 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.stop = (const char *const *)r->stop;
     gp.n_stop = r->n_stop;
     gp.n_top = r->logprobs ? r->top_logprobs : 0;
-    if (s->loop && gp.n_top < 5) gp.n_top = 5; /* the live page shows each token's alternatives */
     gp.on_token = slot_token;
     gp.user = sl;
     gp.spec = s->spec;
@@ -450,6 +449,10 @@ static void emit_prompt_row(srv_sched *s, slot *sl, const float *lg, int pos) {
 /* Gives a generating slot its rows; finishes the request if it stops. */
 static void step_rows(srv_sched *s, slot *sl, const float *const *rows, int n) {
     tl_error err = {0};
+    /* the live page shows 5 alternatives of each token: computed only while
+     * someone watches (a pass over the vocabulary per token otherwise) */
+    const int top = sl->r->logprobs ? sl->r->top_logprobs : 0;
+    tl_step_set_top(sl->step, s->tracing && top < 5 ? 5 : top);
     int stop = tl_step_take(sl->step, rows, n, &err);
     if (stop < 0) slot_fail(s, sl, err.msg[0] ? err.msg : "sampling failed");
     else if (stop != TL_STOP_NONE) slot_done(s, sl, stop);

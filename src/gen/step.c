@@ -182,6 +182,11 @@ void tl_step_free(tl_step *st) {
 
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
 
+void tl_step_set_top(tl_step *st, int n_top) {
+    st->n_top = n_top < 0 ? 0 : (n_top > MAX_TOP ? MAX_TOP : n_top);
+    if (st->n_top > st->n_vocab) st->n_top = st->n_vocab;
+}
+
 int tl_step_reasoning_count(const tl_step *st) { return st->n_think; }
 
 static void mask_record(tl_step *st, double s) {
