@@ -7,6 +7,9 @@
 #       returns once /ready answers through the proxy. Installs HAProxy from
 #       the Debian package if it is missing.
 #   deploy/cluster.sh status [--dir DIR]   each replica's state and load
+#   deploy/cluster.sh restart I [--dir DIR]  starts replica I again if it is not running
+#                                          (after a crash or a drain); HAProxy takes it back
+#                                          once its /ready answers
 #   deploy/cluster.sh down [--dir DIR]     drains the replicas (SIGTERM), stops HAProxy
 #
 # Logs, pid files and the generated haproxy.cfg live in DIR (default
@@ -16,6 +19,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cmd=${1:-}
 [ -n "$cmd" ] && shift
+which_replica=""
+if [ "$cmd" = restart ]; then which_replica=${1:-}; [ -n "$which_replica" ] && shift; fi
 replicas=3 port=8080 model="" dir="$ROOT/deploy/run"
 serve_flags=()
 while [ $# -gt 0 ]; do
@@ -25,10 +30,14 @@ while [ $# -gt 0 ]; do
     -m | --model) model=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --) shift; serve_flags=("$@"); break ;;
-    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
+
+alive() { # pid -> 0 when the process runs (a zombie does not: nobody may reap a killed replica)
+    kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
 
 ready() { # url -> 0 when /ready answers 200
     [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1/ready" 2>/dev/null)" = 200 ]
@@ -45,7 +54,7 @@ up() {
     local bin="${TOKENLOOP_BIN:-$ROOT/tokenloop}" # the binary (TOKENLOOP_BIN: another build)
     [ -x "$bin" ] || { echo "cluster.sh: $bin missing (run make)" >&2; exit 1; }
     mkdir -p "$dir"
-    if [ -f "$dir/haproxy.pid" ] && kill -0 "$(cat "$dir/haproxy.pid")" 2>/dev/null; then
+    if [ -f "$dir/haproxy.pid" ] && alive "$(cat "$dir/haproxy.pid")"; then
         echo "cluster.sh: a cluster already runs from $dir (cluster.sh down first)" >&2; exit 1
     fi
     local threads=$(( $(nproc) / replicas )); [ "$threads" -ge 1 ] || threads=1
@@ -54,8 +63,9 @@ up() {
     local servers="" agents=""
     for i in $(seq 1 "$replicas"); do
         local p=$((port + i)) a=$((port + 100 + i))
-        "$bin" serve ${model:+-m "$model"} --port "$p" --agent-port "$a" "${flags[@]}" \
-            >"$dir/replica$i.log" 2>&1 &
+        local line=("$bin" serve ${model:+-m "$model"} --port "$p" --agent-port "$a" "${flags[@]}")
+        printf '%q ' "${line[@]}" >"$dir/replica$i.cmd"
+        "${line[@]}" >"$dir/replica$i.log" 2>&1 &
         echo $! >"$dir/replica$i.pid"
         echo "$p $a" >"$dir/replica$i.ports"
         servers+="server r$i 127.0.0.1:$p\n    "
@@ -81,21 +91,38 @@ up() {
 status() {
     [ -f "$dir/haproxy.pid" ] || { echo "cluster.sh: no cluster in $dir" >&2; exit 1; }
     local hp; hp=$(cat "$dir/haproxy.pid")
-    echo "haproxy: pid $hp $(kill -0 "$hp" 2>/dev/null && echo running || echo stopped)"
+    echo "haproxy: pid $hp $(alive "$hp" && echo running || echo stopped)"
     for f in "$dir"/replica*.pid; do
         [ -f "$f" ] || continue
         local i=${f##*/replica}; i=${i%.pid}
         local pid; pid=$(cat "$f")
         read -r p a <"$dir/replica$i.ports"
         local state load=""
-        if ! kill -0 "$pid" 2>/dev/null; then state=stopped
+        if ! alive "$pid"; then state=stopped
         elif ready "http://127.0.0.1:$p"; then state=ready
         else state="not ready"; fi
-        [ "$state" = stopped ] || load=$(exec 3<>"/dev/tcp/127.0.0.1/$a" && head -1 <&3 || true)
-        local m; m=$(curl -s --max-time 2 "http://127.0.0.1:$p/metrics" 2>/dev/null |
+        [ "$state" = stopped ] || load=$( (exec 3<>"/dev/tcp/127.0.0.1/$a" && head -1 <&3) 2>/dev/null || true)
+        local m; m=$({ curl -s --max-time 2 "http://127.0.0.1:$p/metrics" 2>/dev/null || true; } |
             awk '/^vllm:num_requests_running/{r=$NF} /^vllm:num_requests_waiting/{w=$NF} /^vllm:kv_cache_usage_perc/{k=$NF} END{if (r != "") printf "running %s, waiting %s, KV use %s", r, w, k}')
         echo "replica $i: port $p, pid $pid, $state${load:+, agent: $load}${m:+, $m}"
     done
+}
+
+restart() {
+    local i=$which_replica
+    [[ "$i" =~ ^[0-9]+$ ]] && [ -f "$dir/replica$i.cmd" ] || { echo "cluster.sh: no replica '$i' in $dir" >&2; exit 2; }
+    if [ -f "$dir/replica$i.pid" ] && alive "$(cat "$dir/replica$i.pid")"; then
+        echo "cluster.sh: replica $i is running" >&2; exit 1
+    fi
+    eval "$(cat "$dir/replica$i.cmd")" >>"$dir/replica$i.log" 2>&1 &
+    echo $! >"$dir/replica$i.pid"
+    local p _a; read -r p _a <"$dir/replica$i.ports"
+    local t=0
+    until ready "http://127.0.0.1:$p"; do
+        sleep 0.2; t=$((t + 1))
+        if [ "$t" -gt 900 ]; then echo "cluster.sh: replica $i not ready after 180 s" >&2; exit 1; fi
+    done
+    echo "cluster: replica $i back on port $p"
 }
 
 down() {
@@ -105,7 +132,7 @@ down() {
     for f in "$dir"/replica*.pid; do
         [ -f "$f" ] || continue
         local pid; pid=$(cat "$f")
-        for _ in $(seq 1 400); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 1 400); do alive "$pid" || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
         rm -f "$f"
     done
@@ -119,6 +146,8 @@ down() {
 case "$cmd" in
 up) up ;;
 status) status ;;
+restart) restart ;;
 down) down ;;
-*) echo "usage: deploy/cluster.sh up|status|down [options] (try --help)" >&2; exit 2 ;;
+-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' ;;
+*) echo "usage: deploy/cluster.sh up|status|restart I|down [options] (try --help)" >&2; exit 2 ;;
 esac
