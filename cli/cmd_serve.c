@@ -47,6 +47,10 @@ static const char SERVE_HELP[] =
     "                          when the template does not), off (all of it is content)\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
+    "      --max-conns-per-client N  open connections one client address may hold\n"
+    "                          (default 512 of the server's 1000; more are closed at once,\n"
+    "                          so one client cannot lock the others out; a proxy in front\n"
+    "                          should queue beyond it, as deploy/haproxy/haproxy.cfg does)\n"
     "      --agent-port N      answer HAProxy's agent-check on port N (same host): 'up ready W%'\n"
     "                          with W from this replica's load (sequences and queue, KV\n"
     "                          cache), 'drain' while draining, 'down' while loading\n"
@@ -68,6 +72,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->model_path = v;
         } else if (!strcmp(a, "--host")) {
             VAL(); o->host = v;
+        } else if (!strcmp(a, "--max-conns-per-client")) {
+            VAL(); if (cli_int(a, v, 1, 1000, &o->max_conn_per_ip)) return -1;
         } else if (!strcmp(a, "--agent-port")) {
             VAL(); if (cli_int(a, v, 1, 65535, &o->agent_port)) return -1;
         } else if (!strcmp(a, "--no-loop")) {

@@ -503,6 +503,11 @@ int srv_http_start(srv_app *app, srv_http **out, tl_error *err) {
     h->d = MHD_start_daemon(flags, (uint16_t)app->o->port, NULL, NULL, handler, app,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, completed,
                             app, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                            /* one address cannot take every connection (a client that
+                             * opens many and never finishes them): the others, and
+                             * /health, /ready and /metrics, still get in */
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(app->o->max_conn_per_ip > 0 ? app->o->max_conn_per_ip : 512),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -38,6 +38,7 @@ typedef struct srv_opts {
     int reasoning;         /* --reasoning: 0 off, 1 auto (the template speaks of <think>), 2 on */
     int no_loop;           /* --no-loop */
     int agent_port;        /* --agent-port: HAProxy's agent-check (0: none) */
+    int max_conn_per_ip;   /* --max-conns-per-client: open connections one address may hold (512) */
     struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
 } srv_opts;
 
