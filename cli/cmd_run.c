@@ -301,6 +301,7 @@ typedef struct session {
 static void session_free(session *s) {
     tl_tracer_free(s->tracer);
     if (s->trace.file && s->trace.file != stdout) fclose(s->trace.file);
+    free(s->trace.buf);
     tl_chat_template_free(s->tmpl);
     tl_matcher_free(s->matcher);
     tl_vocab_trie_free(s->trie);

@@ -10,14 +10,16 @@
 static const char *const PHASE[] = {"?", "prefill", "decode", "verify"};
 
 static void write_json(cli_trace *ct, const tl_trace_step *st) {
-    char small[8192];
-    size_t n = tl_trace_json(st, ct->model, small, sizeof small);
-    char *buf = n < sizeof small ? small : malloc(n + 1); /* a long record: verify steps with 5 alternatives */
-    if (!buf) return;
-    if (buf != small) tl_trace_json(st, ct->model, buf, n + 1);
-    fwrite(buf, 1, n, ct->file);
+    size_t n = tl_trace_json(st, ct->model, ct->buf, ct->cap);
+    if (n >= ct->cap) { /* grown once to the longest record (a verify step's tokens) */
+        char *b = realloc(ct->buf, n + 1);
+        if (!b) return;
+        ct->buf = b;
+        ct->cap = n + 1;
+        tl_trace_json(st, ct->model, ct->buf, ct->cap);
+    }
+    fwrite(ct->buf, 1, n, ct->file);
     fputc('\n', ct->file);
-    if (buf != small) free(buf);
 }
 
 /* One line per call: what it was, its cost, what came out. */

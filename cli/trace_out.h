@@ -10,6 +10,8 @@ typedef struct cli_trace {
     FILE *file;          /* --trace: one JSON line per forward call; NULL: none */
     int show;            /* --show-loop: a table row per call on stderr */
     const tl_model *model;
+    char *buf;           /* a record's JSON line, reused */
+    size_t cap;
 } cli_trace;
 
 /* A tl_trace_fn; user is a cli_trace. */

@@ -168,16 +168,19 @@ static int stream_take(stream *s) {
     return n;
 }
 
+/* Hands MHD what a stream has formatted and not yet sent (out from *off). */
+static ssize_t drain(api_buf *out, size_t *off, char *buf, size_t max) {
+    size_t k = out->n - *off < max ? out->n - *off : max;
+    memcpy(buf, out->p + *off, k);
+    *off += k;
+    if (*off == out->n) *off = out->n = 0;
+    return (ssize_t)k;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *s = cls;
     for (;;) {
-        if (s->off < s->out.n) {
-            size_t k = s->out.n - s->off < max ? s->out.n - s->off : max;
-            memcpy(buf, s->out.p + s->off, k);
-            s->off += k;
-            if (s->off == s->out.n) s->off = s->out.n = 0;
-            return (ssize_t)k;
-        }
+        if (s->off < s->out.n) return drain(&s->out, &s->off, buf, max);
         if (s->st.ended) return MHD_CONTENT_READER_END_OF_STREAM;
         int got = stream_take(s);
         if (got < 0) break;
@@ -239,13 +242,7 @@ typedef struct loop_reader {
 static ssize_t loop_read(void *cls, uint64_t pos, char *buf, size_t max) {
     loop_reader *s = cls;
     for (;;) {
-        if (s->off < s->out.n) {
-            size_t k = s->out.n - s->off < max ? s->out.n - s->off : max;
-            memcpy(buf, s->out.p + s->off, k);
-            s->off += k;
-            if (s->off == s->out.n) s->off = s->out.n = 0;
-            return (ssize_t)k;
-        }
+        if (s->off < s->out.n) return drain(&s->out, &s->off, buf, max);
         if (srv_loop_closed(s->l)) return MHD_CONTENT_READER_END_OF_STREAM;
         int got = srv_loop_read(s->l, &s->next, &s->out, 1000);
         if (got < 0) break;
