@@ -51,6 +51,9 @@ static const char SERVE_HELP[] =
     "                          (default 512 of the server's 1000; more are closed at once,\n"
     "                          so one client cannot lock the others out; a proxy in front\n"
     "                          should queue beyond it, as deploy/haproxy/haproxy.cfg does)\n"
+    "      --read-timeout S    seconds a client has to send a whole request (headers and\n"
+    "                          body), counted from connecting or from the end of its previous\n"
+    "                          reply, so idle keep-alive connections close too (default 30)\n"
     "      --agent-port N      answer HAProxy's agent-check on port N (same host): 'up ready W%'\n"
     "                          with W from this replica's load (sequences and queue, KV\n"
     "                          cache), 'drain' while draining, 'down' while loading\n"
@@ -74,6 +77,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->host = v;
         } else if (!strcmp(a, "--max-conns-per-client")) {
             VAL(); if (cli_int(a, v, 1, 1000, &o->max_conn_per_ip)) return -1;
+        } else if (!strcmp(a, "--read-timeout")) {
+            VAL(); if (cli_int(a, v, 1, 86400, &o->read_timeout_s)) return -1;
         } else if (!strcmp(a, "--agent-port")) {
             VAL(); if (cli_int(a, v, 1, 65535, &o->agent_port)) return -1;
         } else if (!strcmp(a, "--no-loop")) {
@@ -259,7 +264,7 @@ static int serve(srv_opts *o, sigs *sg) {
 int cmd_serve(int argc, char **argv) {
     char buf[4096];
     srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
-                  .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .reasoning = 1,
+                  .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .read_timeout_s = 30, .reasoning = 1,
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
@@ -23,10 +24,35 @@
 extern const char srv_page_html[];
 extern const size_t srv_page_len;
 
+/* One open connection, for the read deadline: from its opening, or the end of
+ * its previous reply, a client has --read-timeout seconds to send a whole
+ * request (headers and body). MHD's own timeout only counts silence, so a
+ * client that sends a byte now and then, or an idle keep-alive connection,
+ * would hold its thread for ever. */
+typedef struct sock {
+    struct sock *prev, *next;
+    int fd;
+    int replying;   /* the request is read: no deadline until its reply ends */
+    int cut;        /* shut down by the reaper */
+    struct srv_http *h;
+    double since;   /* CLOCK_MONOTONIC seconds the wait for a request began */
+} sock;
+
 struct srv_http {
     struct MHD_Daemon *d;
     srv_app *app;
+    pthread_mutex_t mu; /* guards socks and stop */
+    pthread_cond_t cv;
+    sock socks;         /* list head */
+    int stop, reaper_on;
+    pthread_t reaper;
 };
+
+static double mono(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP };
 
@@ -430,13 +456,15 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
         return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
     if (phase == SRV_PHASE_DRAINING && (r == R_CHAT || r == R_COMPL))
         return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
-    if (!ROUTES[ri].post) return simple_get(app, c, ri);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    if (cl && strtoull(cl, NULL, 10) > app->o->max_body) {
+    if (ROUTES[ri].post && cl && strtoull(cl, NULL, 10) > app->o->max_body) {
         char m[96];
         snprintf(m, sizeof m, "the request body is larger than %zu bytes", app->o->max_body);
         return fail(app, c, ri, 413, "invalid_request_error", m);
     }
+    /* A GET is answered at the next call too: MHD closes a connection whose
+     * reply was queued at the first call, and keep-alive matters to a scraper
+     * or a proxy's connection pool. */
     conn *k = calloc(1, sizeof *k);
     if (!k) return MHD_NO;
     k->ri = ri;
@@ -444,24 +472,42 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     return MHD_YES;
 }
 
+/* The connection's request is read (replying) or its reply is over (the wait
+ * for the next request, and its deadline, start now). */
+static void sock_mark(struct MHD_Connection *c, int replying) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sock *s = ci ? ci->socket_context : NULL;
+    if (!s) return;
+    pthread_mutex_lock(&s->h->mu);
+    s->replying = replying;
+    if (!replying) s->since = mono();
+    pthread_mutex_unlock(&s->h->mu);
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload,
                                size_t *upload_size, void **con_cls) {
     srv_app *app = cls;
     conn *k = *con_cls;
-    if (!k) return first_call(app, c, url, method, con_cls);
+    if (!k) {
+        enum MHD_Result ret = first_call(app, c, url, method, con_cls);
+        if (!*con_cls) sock_mark(c, 1); /* answered from the headers alone */
+        return ret;
+    }
     if (*upload_size) {
         int rc = body_add(app, k, upload, *upload_size);
         *upload_size = 0;
         return rc ? MHD_NO : MHD_YES;
     }
-    return body_done(app, c, k);
+    sock_mark(c, 1);
+    return ROUTES[k->ri].post ? body_done(app, c, k) : simple_get(app, c, k->ri);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
     srv_app *app = cls;
     conn *k = *con_cls;
+    sock_mark(c, 0);
     if (!k) return;
     if (k->req) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) atomic_store(&k->req->cancelled, 1);
@@ -471,6 +517,63 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(k->body);
     free(k);
     *con_cls = NULL;
+}
+
+/* ---- the read deadline -------------------------------------------------------------- */
+
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code) {
+    srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        sock *s = calloc(1, sizeof *s);
+        if (!s) return; /* no deadline for this one; MHD's idle timeout still holds */
+        s->h = h;
+        s->fd = conn_fd(c);
+        s->since = mono();
+        pthread_mutex_lock(&h->mu);
+        s->next = h->socks.next;
+        s->prev = &h->socks;
+        h->socks.next->prev = s;
+        h->socks.next = s;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = s;
+        srv_metrics_conns(h->app->mx, 1);
+    } else if (*socket_context) {
+        /* MHD tells of the close before it closes the socket: while the
+         * record is listed, its fd is this connection's */
+        sock *s = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        s->prev->next = s->next;
+        s->next->prev = s->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(s);
+        *socket_context = NULL;
+        srv_metrics_conns(h->app->mx, -1);
+    }
+}
+
+/* Shuts down each connection past its deadline; MHD's thread then reads the
+ * end of the stream and closes it. */
+static void *reaper(void *arg) {
+    srv_http *h = arg;
+    double limit = h->app->o->read_timeout_s > 0 ? h->app->o->read_timeout_s : 30;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 250000000;
+        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&h->cv, &h->mu, &t);
+        double now = mono();
+        for (sock *s = h->socks.next; s != &h->socks; s = s->next)
+            if (!s->replying && !s->cut && s->fd >= 0 && now - s->since > limit) {
+                shutdown(s->fd, SHUT_RDWR);
+                s->cut = 1;
+                if (h->app->mx) srv_metrics_timeout(h->app->mx);
+            }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 /* ---- the daemon ------------------------------------------------------------------ */
@@ -495,11 +598,21 @@ int srv_http_start(srv_app *app, srv_http **out, tl_error *err) {
         return TL_ERR_NOMEM;
     }
     h->app = app;
+    h->socks.next = h->socks.prev = &h->socks;
+    if (pthread_mutex_init(&h->mu, NULL)) {
+        free(h);
+        freeaddrinfo(ai);
+        err->status = TL_ERR_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "cannot create a mutex");
+        return TL_ERR_NOMEM;
+    }
+    pthread_cond_init(&h->cv, NULL);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     h->d = MHD_start_daemon(flags, (uint16_t)app->o->port, NULL, NULL, handler, app,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, completed,
-                            app, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                            app, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
                             /* one address cannot take every connection (a client that
                              * opens many and never finishes them): the others, and
                              * /health, /ready and /metrics, still get in */
@@ -508,7 +621,13 @@ int srv_http_start(srv_app *app, srv_http **out, tl_error *err) {
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
     freeaddrinfo(ai);
+    if (h->d && pthread_create(&h->reaper, NULL, reaper, h)) {
+        MHD_stop_daemon(h->d);
+        h->d = NULL;
+    }
     if (!h->d) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
         free(h);
         err->status = TL_ERR_IO;
         snprintf(err->msg, sizeof err->msg, "cannot listen on %s:%d (in use?)", app->o->host,
@@ -521,6 +640,13 @@ int srv_http_start(srv_app *app, srv_http **out, tl_error *err) {
 
 void srv_http_stop(srv_http *h) {
     if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->stop = 1;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->reaper, NULL);
     MHD_stop_daemon(h->d);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
     free(h);
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server.h"
 
@@ -43,6 +44,8 @@ struct srv_metrics {
     hist ttft, itl;
     int waiting, running;
     tl_kv_stats kv;
+    uint64_t timeouts;
+    int conns;
 };
 
 srv_metrics *srv_metrics_new(void) {
@@ -92,6 +95,20 @@ void srv_metrics_request(srv_metrics *mx, const char *endpoint, int code) {
     snprintf(rc->endpoint, sizeof rc->endpoint, "%s", endpoint);
     rc->code = code;
     rc->n = 1;
+    pthread_mutex_unlock(&mx->mu);
+}
+
+void srv_metrics_timeout(srv_metrics *mx) {
+    if (!mx) return;
+    pthread_mutex_lock(&mx->mu);
+    mx->timeouts++;
+    pthread_mutex_unlock(&mx->mu);
+}
+
+void srv_metrics_conns(srv_metrics *mx, int delta) {
+    if (!mx) return;
+    pthread_mutex_lock(&mx->mu);
+    mx->conns += delta;
     pthread_mutex_unlock(&mx->mu);
 }
 
@@ -256,6 +273,21 @@ static void render_ours(sbuf *b, const srv_metrics *mx) {
               "Prompt positions reused from the prefix cache.", (double)mx->kv.hit_tokens);
     sb_simple(b, "tokenloop_prefix_cache_query_tokens_total", "counter",
               "Prompt tokens looked up in the prefix cache.", (double)mx->kv.query_tokens);
+    sb_simple(b, "tokenloop_connections_open", "gauge", "HTTP connections open.", mx->conns);
+    sb_simple(b, "tokenloop_connections_timed_out_total", "counter",
+              "Connections closed for not sending a whole request within --read-timeout.",
+              (double)mx->timeouts);
+    /* the process's resident memory, as Prometheus's client libraries name it:
+     * flat under steady load once the KV pool has been touched */
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    if (rss > 0)
+        sb_simple(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+                  (double)rss * (double)sysconf(_SC_PAGESIZE));
 }
 
 static void render_vllm(sbuf *b, const srv_metrics *mx, const char *model) {

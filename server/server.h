@@ -39,6 +39,7 @@ typedef struct srv_opts {
     int no_loop;           /* --no-loop */
     int agent_port;        /* --agent-port: HAProxy's agent-check (0: none) */
     int max_conn_per_ip;   /* --max-conns-per-client: open connections one address may hold (512) */
+    int read_timeout_s;    /* --read-timeout: seconds to send a whole request, from connecting or the last reply (30) */
     struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
 } srv_opts;
 
@@ -142,6 +143,9 @@ void srv_metrics_free(srv_metrics *mx);
 void srv_metrics_request(srv_metrics *mx, const char *endpoint, int code);
 void srv_metrics_tokens(srv_metrics *mx, int prompt, int generated, int cached);
 void srv_metrics_spec(srv_metrics *mx, int drafted, int accepted);
+/* A connection cut at its read deadline; connections opened (+1) or closed (-1). */
+void srv_metrics_timeout(srv_metrics *mx);
+void srv_metrics_conns(srv_metrics *mx, int delta);
 void srv_metrics_ttft(srv_metrics *mx, double seconds);
 void srv_metrics_itl(srv_metrics *mx, double seconds);
 /* Gauges, set by the scheduler each step. */

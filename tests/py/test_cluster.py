@@ -11,6 +11,9 @@ loopback, with SmolLM2:
     those it did not hold succeed, new ones go to the others, and restarted
     (cluster.sh restart) it serves again;
 (d) the same reply at temperature 0 whichever replica answers;
+(e) 4,000 connections from 127.0.0.2 to the proxy that send part of a
+    request and stop: the proxy holds 512 of them, /health through it from
+    127.0.0.1 answers within a second and a completion succeeds;
 and the agent-check line of a replica.
 HAProxy comes from Debian's package (scripts/setup.sh installs it).
 Run: python3 tests/py/test_cluster.py"""
@@ -31,7 +34,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
 from tlcheck import ROOT, check  # noqa: E402
-from tlserver import SLOW, TL_BIN  # noqa: E402
+from tlserver import SLOW, TL_BIN, flood, raise_fd_limit  # noqa: E402
 
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 CLUSTER = os.path.join(ROOT, "deploy", "cluster.sh")
@@ -124,6 +127,7 @@ def main():
         tlcheck.finish()
     if not check(shutil.which("haproxy") is not None, "haproxy installed (scripts/setup.sh installs it)"):
         tlcheck.finish()
+    n_flood = min(4000, raise_fd_limit(3 * 4000) // 3)  # HAProxy needs two per connection
     tmp = tempfile.mkdtemp(prefix="tl-cluster-")
     port = free_port_block(3)
     env = dict(os.environ)
@@ -143,6 +147,28 @@ def main():
         msgs = [{"role": "user", "content": "Name three colours."}]
         replies = [chat(f"http://127.0.0.1:{port + i}", msgs, max_tokens=12)[0] for i in (1, 2, 3)]
         check(len(set(replies)) == 1 and replies[0], f"the same reply from each replica: {replies}")
+        # (e) a flood of unfinished requests from one address
+        socks, closed, refused = flood(port, n_flood)
+        try:
+            held = len(socks) - closed
+            t1 = time.time()
+            try:
+                code = urllib.request.urlopen(url + "/health", timeout=5).status
+            except OSError as e:
+                code = str(e)
+            dt = time.time() - t1
+            check(code == 200 and dt < 1.0 * SLOW, f"/health through the proxy while {n_flood} connections hang: "
+                                                   f"{code} in {dt * 1e3:.0f} ms")
+            try:
+                got = chat(url, [{"role": "user", "content": "Hi"}], max_tokens=3)[1]
+            except OSError as e:
+                got = {"error": str(e)}
+            check(got and got.get("completion_tokens") == 3, f"a completion through the proxy meanwhile: {got}")
+            print(f"{n_flood} connections to the proxy from 127.0.0.2: {held} held, {closed} closed, {refused} refused")
+            check(held <= 512, f"the proxy holds at most 512 of one address's connections: {held}")
+        finally:
+            for s in socks:
+                s.close()
         # (a) unkeyed, then keyed (other documents, so no cache carries over)
         un = sessions(url, False, 100)
         ke = sessions(url, True, 200)

@@ -3,6 +3,7 @@ until /ready, and stop() that always leaves no process. TL_SERVER_LOG=1 shows
 the server's output; otherwise it is kept and printed if it never got ready."""
 import http.client
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -56,3 +57,45 @@ class Server:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def raise_fd_limit(n):
+    """Lets this process, and what it starts, open n descriptors; returns how many it may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n if hard == resource.RLIM_INFINITY else min(hard, n)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
+
+
+def flood(port, n, src="127.0.0.2"):
+    """n connections from address src to port, each sending part of a
+    completion's headers and body and then nothing. Returns (open sockets,
+    how many the server closed within half a second, how many connects failed)."""
+    part = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{")
+    socks, refused = [], 0
+    for _ in range(n):
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.bind((src, 0))
+            s.connect(("127.0.0.1", port))
+            s.sendall(part)
+            socks.append(s)
+        except OSError:
+            refused += 1
+            s.close()
+    # the ones over a cap are closed at once: reading them gives EOF or a reset
+    time.sleep(0.5)
+    closed = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                closed += 1
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+    return socks, closed, refused
