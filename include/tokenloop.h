@@ -231,6 +231,7 @@ typedef struct tl_kv_stats {
     int n_used;          /* blocks some sequence holds */
     int n_cached;        /* blocks nobody holds that keep a cached prefix */
     int n_free;          /* blocks that can be handed out now (free + cached) */
+    int n_touched;       /* blocks ever handed out: the pool's memory written so far */
     uint64_t query_tokens; /* prompt tokens looked up in the prefix cache */
     uint64_t hit_tokens;   /* of those, positions reused */
 } tl_kv_stats;

@@ -269,6 +269,10 @@ static void render_ours(sbuf *b, const srv_metrics *mx) {
     sb_simple(b, "tokenloop_kv_blocks_total", "gauge", "KV blocks in the pool.", mx->kv.n_blocks);
     sb_simple(b, "tokenloop_kv_blocks_cached", "gauge", "KV blocks nobody holds that keep a cached prefix.",
               mx->kv.n_cached);
+    sb_simple(b, "tokenloop_kv_blocks_touched", "gauge",
+              "KV blocks ever handed out: the pool's memory written so far.", mx->kv.n_touched);
+    sb_simple(b, "tokenloop_kv_block_bytes", "gauge", "Memory of one KV block (all layers, K and V).",
+              (double)mx->kv.block_bytes);
     sb_simple(b, "tokenloop_prefix_cache_hit_tokens_total", "counter",
               "Prompt positions reused from the prefix cache.", (double)mx->kv.hit_tokens);
     sb_simple(b, "tokenloop_prefix_cache_query_tokens_total", "counter",

@@ -30,6 +30,7 @@ struct tl_kv {
     int32_t free_head;
     int32_t lru_head, lru_tail; /* head = evicted first */
     int n_free, n_cached;
+    int n_touched;       /* the free list starts in index order: blocks [0, n_touched) were handed out */
     uint64_t next_serial;
     uint64_t query_tokens, hit_tokens;
     tl_kv_seq *seq;
@@ -158,6 +159,7 @@ static int32_t block_alloc(tl_kv *kv) {
         return -1;
     }
     kv->b[i].ref = 1;
+    if (i >= kv->n_touched) kv->n_touched = i + 1;
     return i;
 }
 
@@ -296,6 +298,7 @@ void tl_kv_get_stats(const tl_kv *kv, tl_kv_stats *o) {
     o->n_cached = kv->n_cached;
     o->n_free = kv->n_free + kv->n_cached;
     o->n_used = kv->n_blocks - o->n_free;
+    o->n_touched = kv->n_touched;
     o->query_tokens = kv->query_tokens;
     o->hit_tokens = kv->hit_tokens;
 }
