@@ -3,7 +3,8 @@
 # make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
 # (openai, prometheus-client, jsonschema), Chromium with selenium for the
-# live page's test, and HAProxy for the scale-out test. Idempotent and quiet when everything is there.
+# live page's test, HAProxy for the scale-out test and kubernetes-validate
+# for deploy/k8s/. Idempotent and quiet when everything is there.
 set -euo pipefail
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
@@ -35,4 +36,9 @@ if ! python3 -c 'import openai, prometheus_client, jsonschema, selenium' >/dev/n
     echo "setup: installing Python packages openai, prometheus-client, jsonschema, selenium" >&2
     python3 -m pip install -q openai prometheus-client jsonschema selenium >&2 ||
         python3 -m pip install -q --break-system-packages openai prometheus-client jsonschema selenium >&2
+fi
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    echo "setup: installing Python package kubernetes-validate (deploy/k8s/ checks)" >&2
+    python3 -m pip install -q kubernetes-validate >&2 ||
+        python3 -m pip install -q --break-system-packages kubernetes-validate >&2
 fi
