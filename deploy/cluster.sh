@@ -2,10 +2,11 @@
 # deploy/cluster.sh: N `tokenloop serve` replicas on loopback behind HAProxy
 # (deploy/haproxy/haproxy.cfg, docs/SCALING.md).
 #
-#   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [-- SERVE-FLAGS]
+#   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [--haproxy-cfg FILE] [-- SERVE-FLAGS]
 #       starts replica i on port P+i (agent-check on P+100+i), HAProxy on P;
 #       returns once /ready answers through the proxy. Installs HAProxy from
-#       the Debian package if it is missing.
+#       the Debian package if it is missing. --haproxy-cfg: another template
+#       than deploy/haproxy/haproxy.cfg (same markers).
 #   deploy/cluster.sh status [--dir DIR]   each replica's state and load
 #   deploy/cluster.sh restart I [--dir DIR]  starts replica I again if it is not running
 #                                          (after a crash or a drain); HAProxy takes it back
@@ -21,7 +22,7 @@ cmd=${1:-}
 [ -n "$cmd" ] && shift
 which_replica=""
 if [ "$cmd" = restart ]; then which_replica=${1:-}; [ -n "$which_replica" ] && shift; fi
-replicas=3 port=8080 model="" dir="$ROOT/deploy/run"
+replicas=3 port=8080 model="" dir="$ROOT/deploy/run" cfg="$ROOT/deploy/haproxy/haproxy.cfg"
 serve_flags=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -29,8 +30,9 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     -m | --model) model=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
+    --haproxy-cfg) cfg=$2; shift 2 ;;
     --) shift; serve_flags=("$@"); break ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -72,7 +74,7 @@ up() {
         agents+="server r$i 127.0.0.1:$p agent-port $a\n    "
     done
     sed -e "s/@PORT@/$port/" -e "s|# @SERVERS@|$servers|" -e "s|# @SERVERS_AGENT@|$agents|" \
-        "$ROOT/deploy/haproxy/haproxy.cfg" >"$dir/haproxy.cfg"
+        "$cfg" >"$dir/haproxy.cfg"
     haproxy -c -q -f "$dir/haproxy.cfg" || { echo "cluster.sh: bad haproxy.cfg ($dir)" >&2; down; exit 1; }
     haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
     local t=0
@@ -148,6 +150,6 @@ up) up ;;
 status) status ;;
 restart) restart ;;
 down) down ;;
--h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' ;;
 *) echo "usage: deploy/cluster.sh up|status|restart I|down [options] (try --help)" >&2; exit 2 ;;
 esac

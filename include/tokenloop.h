@@ -537,6 +537,8 @@ int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_
 size_t tl_gen_flush(tl_gen *g, const char **text);
 /* Tokens pushed so far. */
 int tl_gen_count(const tl_gen *g);
+/* The index in params->stop of the stop string that ended generation, or -1. */
+int tl_gen_stop_index(const tl_gen *g);
 
 /* One sequence's token loop between forward calls, the same for tl_generate
  * and the server: what the sequence feeds next, sampling from the rows that
@@ -563,6 +565,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
 /* Once stopped: the text still held back (tl_gen_flush). */
 size_t tl_step_flush(tl_step *st, const char **text);
 int tl_step_count(const tl_step *st); /* tokens emitted */
+int tl_step_stop_index(const tl_step *st); /* the stop string that ended it (index), or -1 */
 /* Alternatives reported per token from now on (as tl_gen_params.n_top): a
  * server computes them only while someone watches the loop. */
 void tl_step_set_top(tl_step *st, int n_top);

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "dialect.h"
 #include "chat.h"
 #include "tools.h"
 
@@ -146,7 +147,7 @@ int api_json_depth(const char *s, size_t n) {
     return max;
 }
 
-static json_t *load_body(const char *body, size_t len, api_err *e) {
+json_t *api_load_body(const char *body, size_t len, api_err *e) {
     if (api_json_depth(body, len) > MAX_DEPTH) {
         BAD(NULL, "JSON nesting deeper than %d levels", MAX_DEPTH);
         return NULL;
@@ -789,6 +790,10 @@ static int check_length(const api_ctx *a, srv_req *r, api_err *e) {
     const char *p = r->kind == SRV_CHAT ? "messages" : "prompt";
     if (r->n_prompt == 0) return BAD(p, "the prompt is empty");
     int room = r->max_tokens > 0 ? r->max_tokens : r->max_tokens == 0 ? 0 : 1;
+    /* Anthropic's and the Responses clients ask for more than a small
+     * context holds (Claude Code: 32,000): they get what is left */
+    if (r->dialect && r->max_tokens > 0 && (long long)r->n_prompt + room > a->n_ctx && r->n_prompt < a->n_ctx)
+        r->max_tokens = room = a->n_ctx - r->n_prompt;
     if ((long long)r->n_prompt + room > a->n_ctx)
         return api_fail(e, 400, "invalid_request_error", p, "context_length_exceeded",
                         "this model's context is %d tokens; the prompt has %d and %d more were "
@@ -796,11 +801,7 @@ static int check_length(const api_ctx *a, srv_req *r, api_err *e) {
     return 0;
 }
 
-int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t len, srv_req *r,
-                      api_err *e) {
-    memset(e, 0, sizeof *e);
-    json_t *root = load_body(body, len, e);
-    if (!root) return -1;
+static int parse_root(const api_ctx *a, srv_kind kind, json_t *root, srv_req *r, int count_only, api_err *e) {
     r->kind = kind;
     int rc = check_keys(root, kind, e);
     if (!rc) rc = parse_common(a, root, kind, r, e);
@@ -808,11 +809,24 @@ int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t 
     if (!rc) rc = parse_stop(root, r, e);
     if (!rc) rc = parse_format(root, r, e);
     if (!rc) rc = kind == SRV_CHAT ? parse_chat(a, root, r, e) : parse_completion(a, root, r, e);
-    if (!rc) rc = check_length(a, r, e);
-    json_decref(root);
+    if (!rc && !count_only) rc = check_length(a, r, e);
     if (rc) return -1;
     make_id(r);
     return 0;
+}
+
+int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t len, srv_req *r,
+                      api_err *e) {
+    memset(e, 0, sizeof *e);
+    json_t *root = api_load_body(body, len, e);
+    if (!root) return -1;
+    int rc = parse_root(a, kind, root, r, 0, e);
+    json_decref(root);
+    return rc;
+}
+
+int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_only, api_err *e) {
+    return parse_root(a, SRV_CHAT, root, r, count_only, e);
 }
 
 /* ---- replies ----------------------------------------------------------------- */
@@ -1100,7 +1114,7 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     return c;
 }
 
-char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
+json_t *api_reply_obj(const api_ctx *a, const srv_req *r) {
     json_t *o = reply_head(a, r, r->kind == SRV_CHAT ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     if (!o || !choices || jpush(choices, reply_choice(a, r)) ||
@@ -1109,12 +1123,31 @@ char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
         if (!o) json_decref(choices);
         return NULL;
     }
+    return o;
+}
+
+char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
+    json_t *o = api_reply_obj(a, r);
+    if (!o) return NULL;
+    if (r->dialect == SRV_DIALECT_RESPONSES) return resp_reply(a, r, o, len);
+    if (r->dialect == SRV_DIALECT_MESSAGES) return msg_reply(a, r, o, len);
     return dump(o, len);
+}
+
+void api_stream_free(api_stream *st) {
+    api_buf_free(&st->tools.hold);
+    api_buf_free(&st->think_hold);
+    dialect_stream_free(st->ds);
+    st->ds = NULL;
 }
 
 /* ---- streams ----------------------------------------------------------------- */
 
-static int frame(api_buf *out, json_t *j) {
+/* One chunk (taken) out: as an SSE data line, or through the request's
+ * dialect, which turns chat chunks into its own events. */
+static int frame(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out, json_t *j) {
+    if (r->dialect == SRV_DIALECT_RESPONSES) return resp_stream_chunk(a, r, &st->ds, j, out);
+    if (r->dialect == SRV_DIALECT_MESSAGES) return msg_stream_chunk(a, r, &st->ds, j, out);
     char *s = dump(j, NULL);
     if (!s) return -1;
     int rc = api_buf_add(out, "data: ", 6) || api_buf_add(out, s, strlen(s)) ||
@@ -1124,7 +1157,7 @@ static int frame(api_buf *out, json_t *j) {
 }
 
 /* One chunk with a single choice; text/role/lp/finish may be NULL (lp taken). */
-static int chunk(const api_ctx *a, const srv_req *r, api_buf *out, const char *role,
+static int chunk(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out, const char *role,
                  const char *text, size_t tlen, json_t *lp, const char *finish) {
     int chat = r->kind == SRV_CHAT;
     json_t *o = reply_head(a, r, chat ? "chat.completion.chunk" : "text_completion");
@@ -1151,16 +1184,16 @@ static int chunk(const api_ctx *a, const srv_req *r, api_buf *out, const char *r
         json_decref(o);
         return -1;
     }
-    return frame(out, o);
+    return frame(a, r, st, out, o);
 }
 
-static int usage_chunk(const api_ctx *a, const srv_req *r, api_buf *out) {
+static int usage_chunk(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out) {
     json_t *o = reply_head(a, r, r->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
     if (!o || jset(o, "choices", json_array()) || jset(o, "usage", usage_json(r))) {
         json_decref(o);
         return -1;
     }
-    return frame(out, o);
+    return frame(a, r, st, out, o);
 }
 
 static int stream_error(const srv_event *ev, api_buf *out) {
@@ -1203,16 +1236,17 @@ static json_t *event_lp(const api_ctx *a, const srv_req *r, api_stream *st, cons
 
 static int stream_start(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out) {
     st->started = 1;
-    if (r->kind == SRV_CHAT) return chunk(a, r, out, "assistant", "", 0, NULL, NULL);
+    if (r->kind == SRV_CHAT) return chunk(a, r, st, out, "assistant", "", 0, NULL, NULL);
     if (!r->echo) return 0;
     api_buf t = {0};
-    int rc = echo_text(a, r, &t) || chunk(a, r, out, NULL, t.p, t.n, NULL, NULL);
+    int rc = echo_text(a, r, &t) || chunk(a, r, st, out, NULL, t.p, t.n, NULL, NULL);
     api_buf_free(&t);
     return rc ? -1 : 0;
 }
 
 /* A chat chunk whose delta is {key: value} (value taken): tool calls, reasoning. */
-static int chunk_delta(const api_ctx *a, const srv_req *r, api_buf *out, const char *key, json_t *value) {
+static int chunk_delta(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out, const char *key,
+                       json_t *value) {
     json_t *o = reply_head(a, r, "chat.completion.chunk");
     json_t *c = value ? json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", key, value, "logprobs",
                                   "finish_reason")
@@ -1223,7 +1257,7 @@ static int chunk_delta(const api_ctx *a, const srv_req *r, api_buf *out, const c
         json_decref(o);
         return -1;
     }
-    return frame(out, o);
+    return frame(a, r, st, out, o);
 }
 
 /* Text of a tool-calling reply: content while it cannot be a tag, each call
@@ -1246,9 +1280,9 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
     } else if (!rc && last && st->tools.in_call && !st->tools.n_calls) {
         rc = api_buf_add(&content, lost, strlen(lost));
     }
-    if (!rc && (content.n || lp)) rc = chunk(a, r, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
+    if (!rc && (content.n || lp)) rc = chunk(a, r, st, out, NULL, content.p ? content.p : "", content.n, lp, NULL);
     else json_decref(lp);
-    if (!rc && json_array_size(calls)) rc = chunk_delta(a, r, out, "tool_calls", json_incref(calls));
+    if (!rc && json_array_size(calls)) rc = chunk_delta(a, r, st, out, "tool_calls", json_incref(calls));
     api_buf_free(&content);
     json_decref(calls);
     return rc ? -1 : 0;
@@ -1260,14 +1294,14 @@ static int stream_content(const api_ctx *a, const srv_req *r, api_stream *st, co
                           int last, api_buf *out) {
     if (r->kind == SRV_CHAT && r->tool_mode) return stream_tools(a, r, st, t, n, lp, last, out);
     if (!n && !lp) return 0;
-    return chunk(a, r, out, NULL, t, n, lp, NULL);
+    return chunk(a, r, st, out, NULL, t, n, lp, NULL);
 }
 
 /* A reasoning reply: reasoning_content deltas up to </think> (held back while
  * the text may be its start), then content without its leading blank lines. */
 static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
                         int last, api_buf *out) {
-    if (lp && chunk(a, r, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
+    if (lp && chunk(a, r, st, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
     if (st->think == 0 && r->think_started) st->think = 1;
     if (n && api_buf_add(&st->think_hold, t, n)) return -1;
     for (;;) {
@@ -1299,7 +1333,7 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
                         emit = hn - k;
                         break;
                     }
-            if (emit && chunk_delta(a, r, out, "reasoning_content", jstr_bytes(h, emit))) return -1;
+            if (emit && chunk_delta(a, r, st, out, "reasoning_content", jstr_bytes(h, emit))) return -1;
             if (!close) {
                 memmove(h, h + emit, hn - emit);
                 st->think_hold.n = hn - emit;
@@ -1338,26 +1372,32 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
         if (!n && !lp) return 0;
         if (r->kind == SRV_CHAT && r->think) return stream_think(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         if (tools) return stream_tools(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
-        return chunk(a, r, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
+        return chunk(a, r, st, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
     }
     case SRV_EV_DONE:
         if (r->kind == SRV_CHAT && r->think) {
             if (stream_think(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
         } else if (tools) {
             if (stream_tools(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
-        } else if (ev->text_len && chunk(a, r, out, NULL, ev->text, ev->text_len, NULL, NULL)) {
+        } else if (ev->text_len && chunk(a, r, st, out, NULL, ev->text, ev->text_len, NULL, NULL)) {
             return -1;
         }
-        if (chunk(a, r, out, NULL, NULL, 0, NULL,
+        if (chunk(a, r, st, out, NULL, NULL, 0, NULL,
                   tools && st->tools.n_calls ? "tool_calls" : ev->finish_reason ? ev->finish_reason : "stop"))
             return -1;
-        if (r->include_usage && usage_chunk(a, r, out)) return -1;
+        if ((r->include_usage || r->dialect) && usage_chunk(a, r, st, out)) return -1;
         break;
-    case SRV_EV_ERROR:
+    case SRV_EV_ERROR: {
+        const char *m = ev->text && ev->text[0] ? ev->text : "the request failed";
+        st->ended = 1;
+        if (r->dialect == SRV_DIALECT_RESPONSES) return resp_stream_error(a, r, &st->ds, m, out);
+        if (r->dialect == SRV_DIALECT_MESSAGES) return msg_stream_error(&st->ds, m, out);
         if (stream_error(ev, out)) return -1;
         break;
     }
+    }
     st->ended = 1;
+    if (r->dialect) return 0; /* the dialect's last event was its end */
     return api_buf_add(out, "data: [DONE]\n\n", 14);
 }
 
@@ -1391,7 +1431,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
     static const char *const keys[] = {"content", "prompt", "messages", "add_special",
                                        "add_generation_prompt", "chat_template_kwargs", "model", NULL};
     memset(e, 0, sizeof *e);
-    json_t *root = load_body(body, len, e);
+    json_t *root = api_load_body(body, len, e);
     if (!root) return NULL;
     int32_t *ids = NULL;
     int n = 0, add_special = -1, add_gen = 1, rc = only_keys(root, keys, e);
@@ -1428,7 +1468,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
 char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e) {
     static const char *const keys[] = {"tokens", "model", NULL};
     memset(e, 0, sizeof *e);
-    json_t *root = load_body(body, len, e);
+    json_t *root = api_load_body(body, len, e);
     if (!root) return NULL;
     int32_t *ids = NULL;
     int n = 0, rc = only_keys(root, keys, e);

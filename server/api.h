@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+
 #include "server.h"
 
 /* What a rejected request answers: HTTP status and the OpenAI error fields. */
@@ -30,6 +32,9 @@ typedef struct api_ctx {
     int reasoning;      /* 0 off; 1: the model's own <think> (from its template); 2: on, the
                          * server opens <think> after the generation prompt if the template did not */
     const tl_chat_template *tmpl; /* the model's, compiled once; NULL: compiled per request */
+    struct resp_store *store;     /* stored Responses (previous_response_id); NULL: none kept */
+    const char *model_path;       /* for /props */
+    int n_parallel;               /* for /props */
 } api_ctx;
 
 /* Nesting depth of a JSON text ([ and { outside strings). */
@@ -41,14 +46,23 @@ int api_json_depth(const char *s, size_t n);
 int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t len, srv_req *r,
                       api_err *e);
 
+/* The same from a parsed chat-shaped object (a dialect's translation; not
+ * taken). count_only: no length check (count_tokens). */
+int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_only, api_err *e);
+/* A JSON object body (depth-limited), or NULL with e filled. */
+json_t *api_load_body(const char *body, size_t len, api_err *e);
+
 /* Bytes -> valid UTF-8 (each bad sequence becomes U+FFFD). malloc'ed, NUL-terminated. */
 char *api_utf8_fix(const char *s, size_t n, size_t *out_len);
 
 /* The error body {"error":{message,type,param,code}}; malloc'ed. */
 char *api_error_json(const api_err *e, size_t *len);
 
-/* The whole non-streamed reply from r's events (r->finished). malloc'ed. */
+/* The whole non-streamed reply from r's events (r->finished), in r's
+ * dialect. malloc'ed. */
 char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len);
+/* The chat (or text) completion object the dialects translate. */
+json_t *api_reply_obj(const api_ctx *a, const srv_req *r);
 
 /* A growable byte buffer for stream frames. */
 typedef struct api_buf {
@@ -74,7 +88,9 @@ typedef struct api_stream {
     int think;        /* 0: before any reasoning, 1: inside, 2: after */
     int content_on;   /* after reasoning: the content's leading blank lines are dropped until text comes */
     api_buf think_hold; /* reasoning text that may be the start of the close marker */
+    void *ds;           /* the dialect's stream state (server/dialect.h), or NULL */
 } api_stream;
+void api_stream_free(api_stream *st);
 
 /* Appends the SSE frames ("data: {json}\n\n") that event ev of r produces,
  * and the final "data: [DONE]\n\n" after DONE or ERROR. 0 or -1 (no memory). */

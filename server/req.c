@@ -40,6 +40,7 @@ void srv_req_release(srv_req *r) {
     free(r->ev);
     free(r->prompt);
     free(r->bias);
+    if (r->dx_free) r->dx_free(r->dx);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     tl_grammar_free(r->grammar);

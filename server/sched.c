@@ -153,6 +153,7 @@ static void slot_done(srv_sched *s, slot *sl, int reason) {
     r->prompt_tokens = r->n_prompt;
     int n_gen = sl->step ? tl_step_count(sl->step) : 0;
     r->completion_tokens = n_gen;
+    r->stop_index = sl->step && reason == TL_STOP_STRING ? tl_step_stop_index(sl->step) : -1;
     if (sl->step) tl_step_spec_stats(sl->step, &r->spec_drafted, &r->spec_accepted);
     r->reasoning_tokens = sl->step ? tl_step_reasoning_count(sl->step) : 0;
     srv_metrics_tokens(s->mx, r->n_prompt, n_gen, r->cached_tokens);

@@ -65,9 +65,14 @@ typedef struct srv_event {
     const char *finish_reason;       /* DONE: "stop" or "length" (static string) */
 } srv_event;
 
+enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
+
 typedef struct srv_req {
     /* Filled by api.c before srv_sched_submit, read-only afterwards. */
     srv_kind kind;
+    int dialect;                     /* SRV_DIALECT_*: the wire format of the request and reply */
+    void *dx;                        /* the dialect's request data, freed by dx_free */
+    void (*dx_free)(void *);
     int stream, include_usage;
     int32_t *prompt;                 /* owned */
     int n_prompt;
@@ -105,6 +110,7 @@ typedef struct srv_req {
     int prompt_tokens, completion_tokens, cached_tokens;
     int spec_drafted, spec_accepted; /* speculative guesses verified, kept */
     int reasoning_tokens;            /* of the completion, the reasoning's */
+    int stop_index;                  /* the stop string that ended it, or -1 */
 } srv_req;
 
 /* Allocates a zeroed request with mu/cv/efd ready and refs = 1. */

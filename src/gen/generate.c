@@ -29,6 +29,7 @@ struct tl_gen {
     size_t consumed; /* bytes of buf handed out by the last call, dropped by the next */
     int count;
     int stop_reason;
+    int stop_index;     /* the stop string that ended it (TL_STOP_STRING), else -1 */
 };
 
 void tl_gen_free(tl_gen *g) {
@@ -105,15 +106,15 @@ static size_t held_suffix(const tl_gen *g) {
     return best;
 }
 
-/* Offset of the earliest stop string in buf, or -1. */
-static long find_stop(const tl_gen *g) {
+/* Offset of the earliest stop string in buf, or -1; *which: its index. */
+static long find_stop(const tl_gen *g, int *which) {
     long best = -1;
     for (int i = 0; i < g->n_stop; i++) {
         size_t sl = g->stop_len[i];
         if (!sl || sl > g->len) continue;
         for (size_t at = 0; at + sl <= g->len; at++)
             if (memcmp(g->buf + at, g->stop[i], sl) == 0) {
-                if (best < 0 || (long)at < best) best = (long)at;
+                if (best < 0 || (long)at < best) best = (long)at, *which = i;
                 break;
             }
     }
@@ -136,8 +137,10 @@ int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_
         return g->stop_reason;
     }
     g->len += tl_detok_push(&g->dt, g->model, token, g->buf + g->len, PIECE_ROOM);
-    long at = find_stop(g);
+    int which = -1;
+    long at = find_stop(g, &which);
     if (at >= 0) {
+        g->stop_index = which;
         ev->text = g->buf;
         ev->text_len = (size_t)at;
         g->consumed = g->len; /* the stop string and whatever follows it are dropped */
@@ -150,6 +153,8 @@ int tl_gen_push(tl_gen *g, int32_t token, const tl_token_prob *chosen, const tl_
     if (g->n_predict >= 0 && g->count >= g->n_predict) g->stop_reason = TL_STOP_LENGTH;
     return g->stop_reason;
 }
+
+int tl_gen_stop_index(const tl_gen *g) { return g->stop_reason == TL_STOP_STRING ? g->stop_index : -1; }
 
 size_t tl_gen_flush(tl_gen *g, const char **text) {
     drop_consumed(g);

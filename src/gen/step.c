@@ -181,6 +181,7 @@ void tl_step_free(tl_step *st) {
 }
 
 int tl_step_count(const tl_step *st) { return tl_gen_count(st->gen); }
+int tl_step_stop_index(const tl_step *st) { return tl_gen_stop_index(st->gen); }
 
 void tl_step_set_top(tl_step *st, int n_top) {
     st->n_top = n_top < 0 ? 0 : (n_top > MAX_TOP ? MAX_TOP : n_top);

@@ -1,0 +1,61 @@
+/* server/dialect: the other wire formats agents speak, over the same engine
+ * as Chat Completions. A dialect translates its request body into a
+ * chat-shaped object (messages, tools, tool_choice, response_format, ...)
+ * that api.c parses as any chat request, and translates the chat reply back:
+ * the whole reply from the chat completion object, a stream from the chat
+ * chunks api.c produces (role, content, reasoning_content and tool_calls
+ * deltas, the finish, the usage), one at a time.
+ *
+ *   server/responses.c  OpenAI's Responses API: POST /v1/responses, the
+ *                       stored responses behind previous_response_id,
+ *                       GET and DELETE /v1/responses/{id}
+ *   server/messages.c   Anthropic's Messages API: POST /v1/messages and
+ *                       /v1/messages/count_tokens, its error shape
+ *
+ * Both drop known per-request lines from system prompts (api_volatile_strip)
+ * so that an agent's turns share their prefix in the cache. */
+#ifndef TL_SERVER_DIALECT_H
+#define TL_SERVER_DIALECT_H
+
+#include "api.h"
+
+/* ---- the Responses API (server/responses.c) ------------------------------- */
+typedef struct resp_store resp_store;
+/* At most max_n responses, each kept up to ttl_s seconds. */
+resp_store *resp_store_new(int max_n, int ttl_s);
+void resp_store_free(resp_store *s);
+
+int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_err *e);
+/* The reply (chat taken); stores it when the request asked to. */
+char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
+int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
+int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
+/* GET /v1/responses/{id}: the stored response, or NULL with e filled (404). */
+char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e);
+/* DELETE /v1/responses/{id}. */
+char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e);
+
+/* ---- the Messages API (server/messages.c) --------------------------------- */
+/* count_only: /v1/messages/count_tokens (max_tokens not required). */
+int msg_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, int count_only, api_err *e);
+char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
+int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
+int msg_stream_error(void **ds, const char *msg, api_buf *out);
+/* {"type":"error","error":{"type","message"}} for an api_err. */
+char *msg_error_json(const api_err *e, size_t *len);
+/* count_tokens' reply. */
+char *msg_count_json(const srv_req *r, size_t *len);
+
+/* Frees either dialect's stream state. */
+void dialect_stream_free(void *ds);
+
+/* ---- shared ------------------------------------------------------------------ */
+/* Removes, in place, the lines of a system prompt that are known to change on
+ * every request: Claude Code's "x-anthropic-billing-header: ..." line. They
+ * say nothing to the model and would end the cached prefix at the top.
+ * Returns the new length. */
+size_t api_volatile_strip(char *s, size_t n);
+/* Appends an SSE event "event: type\ndata: json\n\n" (j taken). */
+int dialect_event(api_buf *out, const char *type, json_t *j);
+
+#endif
