@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../server/dialect.h"
 #include "../server/http.h"
 #include "../server/agent.h"
 #include "../server/loop.h"
@@ -51,6 +52,9 @@ static const char SERVE_HELP[] =
     "                          (default 512 of the server's 1000; more are closed at once,\n"
     "                          so one client cannot lock the others out; a proxy in front\n"
     "                          should queue beyond it, as deploy/haproxy/haproxy.cfg does)\n"
+    "      --responses-store N  finished /v1/responses kept for previous_response_id and\n"
+    "                          GET /v1/responses/{id} (default 1024; 0: none; the oldest go)\n"
+    "      --responses-ttl S   seconds one is kept (default 3600)\n"
     "      --read-timeout S    seconds a client has to send a whole request (headers and\n"
     "                          body), counted from connecting or from the end of its previous\n"
     "                          reply, so idle keep-alive connections close too (default 30)\n"
@@ -77,6 +81,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->host = v;
         } else if (!strcmp(a, "--max-conns-per-client")) {
             VAL(); if (cli_int(a, v, 1, 1000, &o->max_conn_per_ip)) return -1;
+        } else if (!strcmp(a, "--responses-store")) {
+            VAL(); if (cli_int(a, v, 0, 1 << 20, &o->responses_max)) return -1;
+        } else if (!strcmp(a, "--responses-ttl")) {
+            VAL(); if (cli_int(a, v, 1, 30 * 86400, &o->responses_ttl_s)) return -1;
         } else if (!strcmp(a, "--read-timeout")) {
             VAL(); if (cli_int(a, v, 1, 86400, &o->read_timeout_s)) return -1;
         } else if (!strcmp(a, "--agent-port")) {
@@ -220,6 +228,7 @@ static int serve(srv_opts *o, sigs *sg) {
             o->model_path);
     tl_model *m = NULL, *dm = NULL;
     tl_chat_template *ctmpl = NULL;
+    resp_store *store = NULL;
     int rc = 1;
     if (tl_model_load(o->model_path, &m, &err)) {
         cli_error("%s: %s", o->model_path, err.msg);
@@ -229,6 +238,8 @@ static int serve(srv_opts *o, sigs *sg) {
         cli_error("--draft %s: %s", o->draft_path, err.msg);
     } else if ((o->draft = dm, srv_sched_new(m, o, app.mx, &app.sched, &err))) {
         cli_tl_error(&err);
+    } else if (o->responses_max && !(store = resp_store_new(o->responses_max, o->responses_ttl_s))) {
+        cli_error("out of memory");
     } else {
         app.m = m;
         const char *tmpl = tl_model_chat_template(m);
@@ -238,7 +249,7 @@ static int serve(srv_opts *o, sigs *sg) {
             fprintf(stderr, "tokenloop serve: warning: %s; chat requests will fail\n", err.msg);
         app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024,
                             o->reasoning == 2 ? 2 : o->reasoning == 1 && tmpl && strstr(tmpl, "<think>") ? 1 : 0,
-                            ctmpl};
+                            ctmpl, store, o->model_path, o->n_parallel};
         atomic_store(&app.phase, SRV_PHASE_READY);
         fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",
                 o->model_id, o->n_parallel, app.api.n_ctx);
@@ -256,6 +267,7 @@ static int serve(srv_opts *o, sigs *sg) {
     srv_loop_free(app.loop);
     srv_metrics_free(app.mx);
     tl_chat_template_free(ctmpl);
+    resp_store_free(store);
     tl_model_free(dm);
     tl_model_free(m);
     return rc;
@@ -265,6 +277,7 @@ int cmd_serve(int argc, char **argv) {
     char buf[4096];
     srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
                   .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .read_timeout_s = 30, .reasoning = 1,
+                  .responses_max = 1024, .responses_ttl_s = 3600,
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;

@@ -1403,12 +1403,33 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
 
 /* ---- /v1/models, /tokenize, /detokenize --------------------------------------- */
 
+/* What an agent may ask of the model: tools, reasoning, structured output. */
+static json_t *capabilities(const api_ctx *a) {
+    const char *tm = tl_model_chat_template(a->m);
+    return json_pack("{s:b, s:b, s:b, s:b, s:b}", "chat", tm != NULL, "tools", tm != NULL, "reasoning",
+                     a->reasoning != 0, "structured_output", 1, "vision", 0);
+}
+
+/* llama.cpp's /props: n_ctx where its clients look for it. */
+char *api_props_json(const api_ctx *a, size_t *len) {
+    const char *tm = tl_model_chat_template(a->m);
+    json_t *o = json_pack("{s:{s:i, s:{s:i}}, s:i, s:s, s:s, s:i, s:o, s:s, s:{s:b, s:b}}", "default_generation_settings",
+                          "n_ctx", a->n_ctx, "params", "n_ctx", a->n_ctx, "total_slots", a->n_parallel, "model_path",
+                          a->model_path ? a->model_path : "", "model_alias", a->model_id, "n_ctx", a->n_ctx,
+                          "capabilities", capabilities(a), "chat_template", tm ? tm : "", "modalities", "vision", 0,
+                          "audio", 0);
+    return o ? dump(o, len) : NULL;
+}
+
 char *api_models_json(const api_ctx *a, size_t *len) {
     json_t *root = json_object(), *data = json_array(), *m = json_object();
     if (!root || !data || !m || jset(m, "id", jstr_bytes(a->model_id, strlen(a->model_id))) ||
         jset(m, "object", json_string("model")) || jset(m, "created", json_integer(time(NULL))) ||
         jset(m, "owned_by", json_string("tokenloop")) ||
-        jset(m, "max_model_len", json_integer(a->n_ctx)) || json_array_append(data, m) ||
+        jset(m, "max_model_len", json_integer(a->n_ctx)) || jset(m, "context_length", json_integer(a->n_ctx)) ||
+        jset(m, "capabilities", capabilities(a)) || jset(m, "type", json_string("model")) ||
+        jset(m, "display_name", jstr_bytes(a->model_id, strlen(a->model_id))) ||
+        jset(m, "created_at", json_string("1970-01-01T00:00:00Z")) || json_array_append(data, m) ||
         jset(root, "object", json_string("list")) || json_object_set(root, "data", data)) {
         json_decref(root);
         json_decref(data);

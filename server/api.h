@@ -98,6 +98,7 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
                      api_buf *out);
 
 char *api_models_json(const api_ctx *a, size_t *len);
+char *api_props_json(const api_ctx *a, size_t *len);
 /* /tokenize and /detokenize: reply body, or NULL with e filled. */
 char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);
 char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);

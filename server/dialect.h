@@ -46,11 +46,15 @@ char *msg_error_json(const api_err *e, size_t *len);
 /* count_tokens' reply. */
 char *msg_count_json(const srv_req *r, size_t *len);
 
-/* Frees either dialect's stream state. */
+/* Either dialect's stream state starts with this. */
+typedef struct dialect_stream {
+    void (*free)(struct dialect_stream *);
+} dialect_stream;
+/* Frees either dialect's stream state (NULL: nothing). */
 void dialect_stream_free(void *ds);
 
 /* ---- shared ------------------------------------------------------------------ */
-/* Removes, in place, the lines of a system prompt that are known to change on
+/* Removes, in place (s NUL-terminated at n), the lines of a system prompt that are known to change on
  * every request: Claude Code's "x-anthropic-billing-header: ..." line. They
  * say nothing to the model and would end the cached prefix at the top.
  * Returns the new length. */

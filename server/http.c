@@ -17,6 +17,7 @@
 
 #include <microhttpd.h>
 
+#include "dialect.h"
 #include "http.h"
 #include "loop.h"
 
@@ -54,29 +55,39 @@ static double mono(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP };
+enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
+             R_RESP, R_RESP_GET, R_RESP_DEL, R_MSG, R_MSG_COUNT, R_PROPS };
 
+/* prefix: the path is a prefix and the rest an id (/v1/responses/{id});
+ * anthropic: errors in Anthropic's shape. */
 static const struct {
     const char *path, *method;
     enum route r;
-    int auth, post;
+    int auth, post, prefix, anthropic;
 } ROUTES[] = {
-    {"/v1/chat/completions", "POST", R_CHAT, 1, 1},
-    {"/v1/completions", "POST", R_COMPL, 1, 1},
-    {"/v1/models", "GET", R_MODELS, 1, 0},
-    {"/health", "GET", R_HEALTH, 0, 0},
-    {"/ready", "GET", R_READY, 0, 0},
-    {"/metrics", "GET", R_METRICS, 0, 0},
-    {"/tokenize", "POST", R_TOKENIZE, 1, 1},
-    {"/detokenize", "POST", R_DETOK, 1, 1},
-    {"/", "GET", R_PAGE, 0, 0},
-    {"/v1/loop", "GET", R_LOOP, 1, 0},
+    {"/v1/chat/completions", "POST", R_CHAT, 1, 1, 0, 0},
+    {"/v1/completions", "POST", R_COMPL, 1, 1, 0, 0},
+    {"/v1/responses", "POST", R_RESP, 1, 1, 0, 0},
+    {"/v1/responses/", "GET", R_RESP_GET, 1, 0, 1, 0},
+    {"/v1/responses/", "DELETE", R_RESP_DEL, 1, 0, 1, 0},
+    {"/v1/messages", "POST", R_MSG, 1, 1, 0, 1},
+    {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, 1},
+    {"/props", "GET", R_PROPS, 0, 0, 0, 0},
+    {"/v1/models", "GET", R_MODELS, 1, 0, 0, 0},
+    {"/health", "GET", R_HEALTH, 0, 0, 0, 0},
+    {"/ready", "GET", R_READY, 0, 0, 0, 0},
+    {"/metrics", "GET", R_METRICS, 0, 0, 0, 0},
+    {"/tokenize", "POST", R_TOKENIZE, 1, 1, 0, 0},
+    {"/detokenize", "POST", R_DETOK, 1, 1, 0, 0},
+    {"/", "GET", R_PAGE, 0, 0, 0, 0},
+    {"/v1/loop", "GET", R_LOOP, 1, 0, 0, 0},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
 /* Per-request state (MHD's con_cls). */
 typedef struct conn {
     int ri;            /* index into ROUTES */
+    char rid[96];      /* a prefix route's id */
     char *body;
     size_t n, cap, seen;
     int too_big;
@@ -129,7 +140,7 @@ static enum MHD_Result reply_json(srv_app *app, struct MHD_Connection *c, int ri
 
 static enum MHD_Result reply_err(srv_app *app, struct MHD_Connection *c, int ri, const api_err *e) {
     size_t n = 0;
-    char *s = api_error_json(e, &n);
+    char *s = ri >= 0 && ROUTES[ri].anthropic ? msg_error_json(e, &n) : api_error_json(e, &n);
     return reply_json(app, c, ri, (unsigned)e->http, s, n);
 }
 
@@ -149,13 +160,19 @@ static enum MHD_Result reply_str(srv_app *app, struct MHD_Connection *c, int ri,
 
 /* Constant time in the key's content: every byte of the longer string is
  * visited and the lengths are folded into the difference. */
-static int key_ok(const char *hdr, const char *key) {
-    if (!hdr || strncasecmp(hdr, "Bearer ", 7)) return 0;
-    const char *g = hdr + 7;
+static int key_eq(const char *g, const char *key) {
     size_t gl = strlen(g), kl = strlen(key), n = gl > kl ? gl : kl, d = gl ^ kl;
     for (size_t i = 0; i < n; i++)
         d |= (unsigned char)(i < gl ? g[i] : 0) ^ (unsigned char)(i < kl ? key[i] : 0);
     return d == 0;
+}
+
+/* 'Authorization: Bearer KEY', or Anthropic's 'x-api-key: KEY'. */
+static int key_ok(struct MHD_Connection *c, const char *key) {
+    const char *hdr = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (hdr && !strncasecmp(hdr, "Bearer ", 7) && key_eq(hdr + 7, key)) return 1;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return x && key_eq(x, key);
 }
 
 /* ---- waiting on a request ------------------------------------------------------ */
@@ -225,8 +242,7 @@ static void stream_free(void *cls) {
     if (!s->st.ended) atomic_store(&s->r->cancelled, 1);
     srv_req_release(s->r);
     api_buf_free(&s->out);
-    api_buf_free(&s->st.tools.hold);
-    api_buf_free(&s->st.think_hold);
+    api_stream_free(&s->st);
     free(s);
 }
 
@@ -339,9 +355,13 @@ static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *
 static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *k) {
     api_err e;
     if (!(k->req = srv_req_new())) return reply_json(app, c, k->ri, 500, NULL, 0);
-    srv_kind kind = ROUTES[k->ri].r == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
-    if (api_parse_request(&app->api, kind, k->body ? k->body : "", k->n, k->req, &e))
-        return reply_err(app, c, k->ri, &e);
+    enum route rt = ROUTES[k->ri].r;
+    srv_kind kind = rt == R_COMPL ? SRV_COMPLETION : SRV_CHAT;
+    const char *b = k->body ? k->body : "";
+    int bad = rt == R_RESP  ? resp_parse(&app->api, b, k->n, k->req, &e)
+              : rt == R_MSG ? msg_parse(&app->api, b, k->n, k->req, 0, &e)
+                            : api_parse_request(&app->api, kind, b, k->n, k->req, &e);
+    if (bad) return reply_err(app, c, k->ri, &e);
     switch (srv_sched_submit(app->sched, k->req)) {
     case SRV_OK:
         break;
@@ -350,7 +370,7 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
     case SRV_DRAINING:
         return fail(app, c, k->ri, 503, "unavailable_error", "the server is shutting down");
     case SRV_TOO_LONG:
-        api_fail(&e, 400, "invalid_request_error", kind == SRV_CHAT ? "messages" : "prompt",
+        api_fail(&e, 400, "invalid_request_error", rt == R_RESP ? "input" : kind == SRV_CHAT ? "messages" : "prompt",
                  "context_length_exceeded", "the prompt and max_tokens exceed the context of %d tokens",
                  srv_sched_n_ctx(app->sched));
         return reply_err(app, c, k->ri, &e);
@@ -364,9 +384,20 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
 
 /* ---- routing ------------------------------------------------------------------------ */
 
-static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, int ri) {
-    int phase = atomic_load(&app->phase);
+static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, conn *k) {
+    int ri = k->ri, phase = atomic_load(&app->phase);
+    api_err e;
+    size_t n = 0;
+    char *s = NULL;
     switch (ROUTES[ri].r) {
+    case R_RESP_GET:
+    case R_RESP_DEL:
+        memset(&e, 0, sizeof e);
+        s = ROUTES[ri].r == R_RESP_GET ? resp_get(&app->api, k->rid, &n, &e) : resp_delete(&app->api, k->rid, &n, &e);
+        return s ? reply_json(app, c, ri, 200, s, n) : reply_err(app, c, ri, &e);
+    case R_PROPS:
+        s = api_props_json(&app->api, &n);
+        return reply_json(app, c, ri, 200, s, n);
     case R_HEALTH:
         return reply_str(app, c, ri, 200, "{\"status\":\"ok\"}");
     case R_READY:
@@ -388,16 +419,12 @@ static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, int ri
     case R_LOOP:
         return start_loop(app, c, ri);
     case R_METRICS: {
-        char *s = NULL;
-        size_t n = 0;
         if (srv_metrics_render(app->mx, app->o->model_id, &s, &n)) return reply_json(app, c, ri, 500, NULL, 0);
         return reply(app, c, ri, 200, "text/plain; version=0.0.4; charset=utf-8", s, n);
     }
-    default: { /* R_MODELS */
-        size_t n = 0;
-        char *s = api_models_json(&app->api, &n);
+    default: /* R_MODELS */
+        s = api_models_json(&app->api, &n);
         return reply_json(app, c, ri, 200, s, n);
-    }
     }
 }
 
@@ -408,10 +435,18 @@ static enum MHD_Result body_done(srv_app *app, struct MHD_Connection *c, conn *k
         return fail(app, c, k->ri, 413, "invalid_request_error", m);
     }
     enum route r = ROUTES[k->ri].r;
-    if (r == R_CHAT || r == R_COMPL) return completion(app, c, k);
+    if (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG) return completion(app, c, k);
     api_err e;
     size_t n = 0;
     const char *b = k->body ? k->body : "";
+    if (r == R_MSG_COUNT) {
+        srv_req *q = srv_req_new();
+        if (!q) return reply_json(app, c, k->ri, 500, NULL, 0);
+        char *s = msg_parse(&app->api, b, k->n, q, 1, &e) ? NULL : msg_count_json(q, &n);
+        srv_req_release(q);
+        if (!s && !e.http) return reply_json(app, c, k->ri, 500, NULL, 0);
+        return s ? reply_json(app, c, k->ri, 200, s, n) : reply_err(app, c, k->ri, &e);
+    }
     char *s = r == R_TOKENIZE ? api_tokenize(&app->api, b, k->n, &n, &e)
                               : api_detokenize(&app->api, b, k->n, &n, &e);
     return s ? reply_json(app, c, k->ri, 200, s, n) : reply_err(app, c, k->ri, &e);
@@ -440,21 +475,26 @@ static int body_add(srv_app *app, conn *k, const char *data, size_t n) {
 /* First call for a request: everything decided from the headers alone. */
 static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const char *url,
                                   const char *method, void **con_cls) {
+    /* the route with this path and method; else one with this path (405) */
     int ri = -1;
-    for (size_t i = 0; i < N_ROUTES; i++)
-        if (!strcmp(url, ROUTES[i].path)) ri = (int)i;
+    for (size_t i = 0; i < N_ROUTES; i++) {
+        size_t pl = strlen(ROUTES[i].path);
+        int match = ROUTES[i].prefix ? !strncmp(url, ROUTES[i].path, pl) && url[pl] && strlen(url + pl) < 96 &&
+                                           !strchr(url + pl, '/')
+                                     : !strcmp(url, ROUTES[i].path);
+        if (match && (ri < 0 || !strcmp(method, ROUTES[i].method))) ri = (int)i;
+    }
     if (ri < 0) return fail(app, c, -1, 404, "not_found_error", "no such endpoint");
     if (strcmp(method, ROUTES[ri].method))
         return fail(app, c, ri, 405, "invalid_request_error", "method not allowed");
     if (ROUTES[ri].auth && app->o->api_key &&
-        !key_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
-                app->o->api_key))
+        !key_ok(c, app->o->api_key))
         return fail(app, c, ri, 401, "authentication_error", "invalid or missing API key");
     int phase = atomic_load(&app->phase);
     enum route r = ROUTES[ri].r;
     if (phase == SRV_PHASE_LOADING && r != R_HEALTH && r != R_READY && r != R_METRICS)
         return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
-    if (phase == SRV_PHASE_DRAINING && (r == R_CHAT || r == R_COMPL))
+    if (phase == SRV_PHASE_DRAINING && (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG))
         return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (ROUTES[ri].post && cl && strtoull(cl, NULL, 10) > app->o->max_body) {
@@ -468,6 +508,7 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     conn *k = calloc(1, sizeof *k);
     if (!k) return MHD_NO;
     k->ri = ri;
+    if (ROUTES[ri].prefix) snprintf(k->rid, sizeof k->rid, "%s", url + strlen(ROUTES[ri].path));
     *con_cls = k;
     return MHD_YES;
 }
@@ -500,7 +541,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return rc ? MHD_NO : MHD_YES;
     }
     sock_mark(c, 1);
-    return ROUTES[k->ri].post ? body_done(app, c, k) : simple_get(app, c, k->ri);
+    return ROUTES[k->ri].post ? body_done(app, c, k) : simple_get(app, c, k);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,

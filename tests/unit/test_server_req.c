@@ -523,7 +523,7 @@ int main(void) {
     }
     tl_chat_template *tmpl = NULL;
     CHECK(tl_chat_template_new(m, NULL, &tmpl, &err) == TL_OK, "compile the template: %s", err.msg);
-    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024, 0, tmpl};
+    A = (api_ctx){m, "SmolLM2-135M-Instruct.Q4_1.gguf", 2048, 1024, 0, tmpl, NULL, NULL, 1};
     test_fields();
     test_messages();
     test_hostile();
