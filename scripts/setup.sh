@@ -2,7 +2,7 @@
 # Installs what the build and the tests need and is missing: a C compiler,
 # make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
-# (openai, prometheus-client, jsonschema), Chromium with selenium for the
+# (openai, anthropic, prometheus-client, jsonschema), Chromium with selenium for the
 # live page's test, HAProxy for the scale-out test and kubernetes-validate
 # for deploy/k8s/. Idempotent and quiet when everything is there.
 set -euo pipefail
@@ -32,10 +32,10 @@ if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
     python3 -m pip install -q gguf numpy jinja2 >&2 ||
         python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
 fi
-if ! python3 -c 'import openai, prometheus_client, jsonschema, selenium' >/dev/null 2>&1; then
-    echo "setup: installing Python packages openai, prometheus-client, jsonschema, selenium" >&2
-    python3 -m pip install -q openai prometheus-client jsonschema selenium >&2 ||
-        python3 -m pip install -q --break-system-packages openai prometheus-client jsonschema selenium >&2
+if ! python3 -c 'import openai, anthropic, prometheus_client, jsonschema, selenium' >/dev/null 2>&1; then
+    echo "setup: installing Python packages openai, anthropic, prometheus-client, jsonschema, selenium" >&2
+    python3 -m pip install -q openai anthropic prometheus-client jsonschema selenium >&2 ||
+        python3 -m pip install -q --break-system-packages openai anthropic prometheus-client jsonschema selenium >&2
 fi
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
     echo "setup: installing Python package kubernetes-validate (deploy/k8s/ checks)" >&2

@@ -224,9 +224,12 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
                 BAD("tools", "a tool needs a string 'name' and an object 'input_schema'");
                 goto fail;
             }
-            json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema ? schema : json_object());
+            /* in the order chat clients send, so the rendered tools, and the
+             * cache, are the same whichever dialect an agent speaks */
+            json_t *fn = json_pack("{s:O}", "name", name);
             json_t *desc = field(t, "description");
             if (!fn || (desc && json_object_set(fn, "description", desc)) ||
+                json_object_set_new(fn, "parameters", schema ? json_incref(schema) : json_object()) ||
                 jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
                 goto oom;
             n_fn++;

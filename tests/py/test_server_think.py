@@ -20,6 +20,7 @@ import tempfile
 import urllib.request
 
 import jsonschema
+import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,45 @@ def stream(cl, **kw):
 
 def no_marker(s):
     return "<think>" not in (s or "") and "</think>" not in (s or "")
+
+
+def dialects(srv, cl):
+    """The reasoning through the Responses and Messages dialects: a reasoning
+    item / a thinking block holding what chat gives as reasoning_content, the
+    budget honoured, streamed equal to whole."""
+    chat = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=30, temperature=0,
+                                      extra_body={"max_thinking_tokens": 7})
+    cm = chat.choices[0].message
+    n_r = chat.usage.completion_tokens_details.reasoning_tokens
+    ac = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=120 * SLOW)
+    kw = dict(model="m", max_tokens=30, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 7},
+              extra_body={"temperature": 0})
+    m = ac.messages.create(**kw)
+    th = [b.thinking for b in m.content if b.type == "thinking"]
+    tx = "".join(b.text for b in m.content if b.type == "text")
+    check(th == [reasoning_of(cm)] and tx == (cm.content or "") and 7 <= n_r <= 9,
+          f"messages thinking (budget 7): {th!r:.80} / {tx!r:.60} vs chat {reasoning_of(cm)!r:.80} / {cm.content!r:.60}")
+    with ac.messages.stream(**kw) as s:
+        fm = s.get_final_message()
+    check([b.thinking for b in fm.content if b.type == "thinking"] == th and
+          "".join(b.text for b in fm.content if b.type == "text") == tx, f"messages thinking streamed: {fm.content}")
+    off = ac.messages.create(model="m", max_tokens=12, messages=MSGS, thinking={"type": "disabled"},
+                             extra_body={"temperature": 0})
+    off_th = [b for b in off.content if b.type == "thinking"]
+    check(all(not b.thinking.strip() for b in off_th), f"thinking disabled: {off.content}")
+    oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+    ce = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=300, temperature=0, reasoning_effort="low")
+    r = oc.responses.create(model="m", input=MSGS[0]["content"], max_output_tokens=300, temperature=0,
+                            reasoning={"effort": "low"})
+    items = [o for o in r.output if o.type == "reasoning"]
+    text = items[0].content[0].text if items and items[0].content else None
+    check(text == reasoning_of(ce.choices[0].message) and r.output_text == (ce.choices[0].message.content or "")
+          and r.usage.output_tokens_details.reasoning_tokens == ce.usage.completion_tokens_details.reasoning_tokens,
+          f"responses reasoning item = chat's reasoning: {text!r:.60} vs {reasoning_of(ce.choices[0].message)!r:.60}")
+    with oc.responses.stream(model="m", input=MSGS[0]["content"], max_output_tokens=300, temperature=0,
+                             reasoning={"effort": "low"}) as s:
+        deltas = "".join(ev.delta for ev in s if ev.type == "response.reasoning_text.delta")
+    check(deltas == text, f"responses reasoning streamed: {deltas!r:.60}")
 
 
 def main():
@@ -194,6 +234,7 @@ def main():
         check(len(opener) == 1 and r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1
               and isinstance(json.loads(m.tool_calls[0].function.arguments).get("n"), int),
               f"auto: a call opened by the <tool_call> token: {r.choices[0].finish_reason} {m.tool_calls} {m.content!r:.60}")
+        dialects(srv, cl)
     finally:
         srv.stop()
     tlcheck.finish()
