@@ -526,6 +526,70 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
 }
 
 /* messages -> the model's template -> tokens. */
+/* Renders messages (not taken) with the template's variables beside them. */
+static int render_msgs(const api_ctx *a, json_t *arr, json_t *tools, json_t *kwargs, int add_gen, char **out,
+                       size_t *ol, tl_error *err) {
+    json_t *top = json_incref(arr);
+    if (tools || kwargs) { /* template variables beside the messages */
+        top = json_pack("{s:o}", "messages", top); /* takes it, even failing */
+        if (top && ((tools && json_object_set(top, "tools", tools)) || (kwargs && json_object_update_missing(top, kwargs)))) {
+            json_decref(top);
+            top = NULL;
+        }
+        if (!top) return TL_ERR_NOMEM;
+    }
+    tl_chat_template *own = NULL;
+    int rc = a->tmpl ? TL_OK : tl_chat_template_new(a->m, NULL, &own, err);
+    if (!rc) rc = tl_chat_template_render_json(a->tmpl ? a->tmpl : own, top, add_gen, out, ol, err);
+    tl_chat_template_free(own);
+    json_decref(top);
+    return rc;
+}
+
+static const char *sval(json_t *v) { return json_is_string(v) ? json_string_value(v) : ""; }
+
+/* The messages with each system message after the first folded into the
+ * next user message (or a user message of its own at the end); NULL if there
+ * is none such (or no memory). */
+static json_t *fold_system(json_t *arr) {
+    size_t n = json_array_size(arr), mid = 0;
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(sval(json_object_get(json_array_get(arr, i), "role")), "system")) mid++;
+    json_t *out = mid ? json_array() : NULL;
+    char *pend = NULL;
+    int bad = !out;
+    for (size_t i = 0; !bad && i < n; i++) {
+        json_t *m = json_array_get(arr, i);
+        const char *role = sval(json_object_get(m, "role")), *c = sval(json_object_get(m, "content"));
+        if (i && !strcmp(role, "system")) {
+            size_t l = (pend ? strlen(pend) + 2 : 0) + strlen(c) + 1;
+            char *p = malloc(l);
+            if (p) snprintf(p, l, "%s%s%s", pend ? pend : "", pend ? "\n\n" : "", c);
+            free(pend);
+            pend = p;
+            bad = !p;
+        } else if (pend && !strcmp(role, "user")) {
+            size_t l = strlen(pend) + strlen(c) + 3;
+            char *p = malloc(l);
+            json_t *u = p ? json_deep_copy(m) : NULL;
+            if (p) snprintf(p, l, "%s\n\n%s", pend, c);
+            bad = !u || json_object_set_new(u, "content", json_string(p)) || json_array_append_new(out, u);
+            free(p);
+            free(pend);
+            pend = NULL;
+        } else {
+            bad = json_array_append(out, m);
+        }
+    }
+    if (!bad && pend) bad = json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content", pend));
+    free(pend);
+    if (bad) {
+        json_decref(out);
+        return NULL;
+    }
+    return out;
+}
+
 static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen, int *think_started,
                        int32_t **ids, int *n, api_err *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
@@ -578,24 +642,23 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_
             return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
-    json_t *top = arr;
-    if (native || kwargs) { /* template variables beside the messages */
-        top = json_pack("{s:o}", "messages", arr); /* takes arr, even failing */
-        if (top && ((native && json_object_set(top, "tools", t->tools)) ||
-                    (kwargs && json_object_update_missing(top, kwargs)))) {
-            json_decref(top);
-            top = NULL;
-        }
-        if (!top) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
     char *out = NULL;
     size_t ol = 0;
     tl_error err = {0};
-    tl_chat_template *own = NULL;
-    int rc = a->tmpl ? TL_OK : tl_chat_template_new(a->m, NULL, &own, &err);
-    if (!rc) rc = tl_chat_template_render_json(a->tmpl ? a->tmpl : own, top, add_gen, &out, &ol, &err);
-    tl_chat_template_free(own);
-    json_decref(top);
+    int rc = render_msgs(a, arr, native ? t->tools : NULL, kwargs, add_gen, &out, &ol, &err);
+    if (rc && rc != TL_ERR_NOMEM) {
+        /* a template that refuses a system message after the first (Gemma's
+         * alternation check) gets it folded into the next user turn */
+        json_t *folded = fold_system(arr);
+        if (folded) {
+            tl_free(out);
+            out = NULL;
+            tl_error err2 = {0};
+            if (!render_msgs(a, folded, native ? t->tools : NULL, kwargs, add_gen, &out, &ol, &err2)) rc = TL_OK;
+            json_decref(folded);
+        }
+    }
+    json_decref(arr);
     if (rc) {
         tl_free(out);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");

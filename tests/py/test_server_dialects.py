@@ -17,6 +17,9 @@ anthropic one as x-api-key):
   tokens at temperature 0;
 - a 4xx for each malformed body, and no 5xx over 240 mutated bodies per
   endpoint (streamed ones read to their end);
+- a system message in the middle of messages[] renders where the template
+  allows it: folded into the next user turn when the template refuses it
+  (tests/templates/alternate.jinja, Gemma's alternation rule);
 - an 8-turn agent session replayed in each dialect: every turn after the
   first takes at least 90% of its prompt from the prefix cache, in Messages
   with Claude Code's per-request billing line at the top of the system
@@ -25,7 +28,10 @@ Run: TL_BIN=build/tokenloop python3 tests/py/test_server_dialects.py"""
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 
@@ -398,6 +404,42 @@ def cache_replay(url):
               f"{d}: every turn after the first takes >= 90% of its prompt from the cache: {low}")
 
 
+def mid_system():
+    """A system message in the middle of a conversation, on a model whose
+    template refuses one after the first (tests/templates/alternate.jinja,
+    Gemma's rule): folded into the next user turn, in chat and in Messages."""
+    tmp = tempfile.mkdtemp(prefix="tl-dialects-")
+    model = os.path.join(tmp, "alt.gguf")
+    vocab = os.path.join(os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab")),
+                         "ggml-vocab-gpt-2.gguf")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "llama3", model, "--vocab", vocab,
+                        "--template", os.path.join(ROOT, "tests", "templates", "alternate.jinja")],
+                       capture_output=True, text=True, timeout=300)
+    if not check(p.returncode == 0, f"mkmodel: {p.stderr[-300:]}"):
+        return
+    srv = Server(model, ["-np", "1", "-t", "2", "-c", "512"])
+    try:
+        if not check(srv.wait_ready(), "server ready (alternate.jinja)"):
+            return
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"}, {"role": "system", "content": "Now answer in French."},
+                {"role": "user", "content": "How are you?"}]
+        code, body = raw(srv.url, "/tokenize", {"messages": msgs})
+        toks = json.loads(body).get("tokens", []) if code == 200 else []
+        code2, text = raw(srv.url, "/detokenize", {"tokens": toks})
+        text = json.loads(text).get("content", "") if code2 == 200 else ""
+        check(code == 200 and "<|user|>Now answer in French.\n\nHow are you?" in text,
+              f"chat: the mid-conversation system message joins the next user turn: {code} {text[-120:]!r}")
+        code, body = raw(srv.url, "/v1/messages", {"model": "m", "max_tokens": 2, "system": "Be brief.",
+                                                   "messages": msgs[1:]})
+        u = json.loads(body).get("usage", {}) if code == 200 else {}
+        check(code == 200 and u.get("input_tokens", 0) + u.get("cache_read_input_tokens", 0) == len(toks),
+              f"messages: a system message inside messages[] renders the same way: {code} {body[:200]} ({len(toks)})")
+    finally:
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     if not check(os.path.exists(MODEL), f"{MODEL} (make models)"):
         tlcheck.finish()
@@ -424,6 +466,7 @@ def main():
         check(srv.proc.poll() is None, "the server is still up")
     finally:
         srv.stop()
+    mid_system()
     tlcheck.finish()
 
 
