@@ -241,8 +241,10 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             }
             if (jpush(msgs, m)) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             joinable = !strcmp(role, "assistant");
-        } else if (!strcmp(type, "function_call")) {
-            json_t *name = field(it, "name"), *args = field(it, "arguments"), *cid = field(it, "call_id");
+        } else if (!strcmp(type, "function_call") || !strcmp(type, "custom_tool_call")) {
+            /* a custom (freeform) tool's call carries its text as 'input' */
+            int custom = !strcmp(type, "custom_tool_call");
+            json_t *name = field(it, "name"), *args = field(it, custom ? "input" : "arguments"), *cid = field(it, "call_id");
             if (!json_is_string(name) || !json_is_string(args) || !json_is_string(cid)) {
                 rc = BAD("input", "a function_call item needs string 'call_id', 'name' and 'arguments'");
                 break;
@@ -265,7 +267,7 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
                                                  "name", name, "arguments", args)))
                 rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             joinable = 1;
-        } else if (!strcmp(type, "function_call_output")) {
+        } else if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output")) {
             json_t *cid = field(it, "call_id"), *out = field(it, "output");
             if (!json_is_string(cid) || !out) {
                 rc = BAD("input", "a function_call_output item needs a string 'call_id' and an 'output'");
@@ -289,6 +291,14 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             }
             json_decref(reasoning);
             reasoning = str_of(&b);
+        } else if (!strcmp(type, "web_search_call") || !strcmp(type, "local_shell_call") ||
+                   !strcmp(type, "local_shell_call_output") || !strcmp(type, "file_search_call") ||
+                   !strcmp(type, "image_generation_call") || !strcmp(type, "code_interpreter_call") ||
+                   !strcmp(type, "computer_call") || !strcmp(type, "computer_call_output") ||
+                   !strcmp(type, "mcp_call") || !strcmp(type, "mcp_list_tools")) {
+            /* the traces of tools this server does not run (an agent's history
+             * from another backend): left out rather than failing the turn */
+            joinable = 0;
         } else {
             rc = BAD("input", "input items of type '%.40s' are not supported", type);
             break;
