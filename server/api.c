@@ -35,6 +35,11 @@ int api_fail(api_err *e, int http, const char *type, const char *param, const ch
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    /* a client's string cut at a byte limit ('%.40s', or these fields' size)
+     * may end mid-character: JSON needs whole ones */
+    api_utf8_scrub(e->param);
+    api_utf8_scrub(e->code);
+    api_utf8_scrub(e->msg);
     return -1;
 }
 
@@ -77,6 +82,16 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     }
     if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
     return len;
+}
+
+void api_utf8_scrub(char *s) {
+    size_t n = strlen(s), j = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        if (k) memmove(s + j, s + i, k), j += k, i += k;
+        else i++;
+    }
+    s[j] = 0;
 }
 
 static int utf8_valid(const char *s, size_t n) {
@@ -752,7 +767,7 @@ static int parse_format(json_t *root, srv_req *r, api_err *e) {
             json_object_foreach(js, k, v) if (strcmp(k, "name") && strcmp(k, "schema") && strcmp(k, "strict") &&
                                               strcmp(k, "description"))
                 return BAD("response_format", "unknown field 'json_schema.%.40s'", k);
-            char *text = sch ? json_dumps(sch, JSON_COMPACT) : NULL;
+            char *text = sch ? json_dumps(sch, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
             if (sch && !text) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             /* no schema: any JSON object, as OpenAI does */
             rc = text ? tl_grammar_from_json_schema(text, strlen(text), &r->grammar, &err)

@@ -52,6 +52,10 @@ int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_onl
 /* A JSON object body (depth-limited), or NULL with e filled. */
 json_t *api_load_body(const char *body, size_t len, api_err *e);
 
+/* Drops, in place, the bytes of a NUL-terminated string that are not whole
+ * UTF-8 characters (what a cut at a byte limit leaves). */
+void api_utf8_scrub(char *s);
+
 /* Bytes -> valid UTF-8 (each bad sequence becomes U+FFFD). malloc'ed, NUL-terminated. */
 char *api_utf8_fix(const char *s, size_t n, size_t *out_len);
 

@@ -127,7 +127,7 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
                     rc = BAD("messages", "a tool_use block needs a string 'id' and 'name' and an object 'input'");
                     break;
                 }
-                char *args = json_dumps(input ? input : json_object(), JSON_COMPACT);
+                char *args = input ? json_dumps(input, JSON_COMPACT) : strdup("{}");
                 if (!calls) calls = json_array();
                 if (!args || !calls ||
                     jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name",
@@ -216,6 +216,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
             if (type && strcmp(type, "custom")) { /* Anthropic's server and client tools */
                 char w[160];
                 snprintf(w, sizeof w, "tools of type '%.40s' are not supported here and were ignored", type);
+                api_utf8_scrub(w);
                 if (!d->warnings) d->warnings = json_array();
                 if (jpush(d->warnings, json_string(w))) goto oom;
                 continue;
@@ -527,7 +528,11 @@ int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chun
         if (!rc && fin) snprintf(d->finish, sizeof d->finish, "%s", json_string_value(fin));
     } else if (!rc && json_is_object(json_object_get(chunk, "usage"))) {
         json_t *u = usage_of(r, json_object_get(chunk, "usage"), 1);
-        rc = close_block(d, out) ||
+        if (close_block(d, out)) {
+            json_decref(u);
+            u = NULL;
+        }
+        rc = !u ||
              ev(out, "message_delta",
                 u ? json_pack("{s:{s:o, s:o}, s:o}", "delta", "stop_reason", stop_reason(r, d->finish, d->calls > 0),
                               "stop_sequence", stop_seq(r), "usage", u)

@@ -22,10 +22,14 @@ static json_t *field(json_t *o, const char *k) {
 
 /* ---- the store ------------------------------------------------------------------ */
 
+/* One response and the items its turn added (its new input, its output);
+ * the turns before are reached through prev, so a long chain of turns costs
+ * each turn once, not the whole conversation again per turn. */
 typedef struct stored {
     char id[80];
+    char prev[80];   /* the previous_response_id it continued, or "" */
     double t;        /* monotonic seconds it was stored */
-    json_t *items;   /* the conversation's items: earlier input and output, this one's output */
+    json_t *items;   /* this turn's items */
     json_t *resp;    /* the response object */
 } stored;
 
@@ -82,7 +86,7 @@ static int find(resp_store *s, const char *id) {
 }
 
 /* Takes items and resp. */
-static void store_put(resp_store *s, const char *id, json_t *items, json_t *resp) {
+static void store_put(resp_store *s, const char *id, const char *prev, json_t *items, json_t *resp) {
     if (!s || !items || !resp) {
         json_decref(items);
         json_decref(resp);
@@ -93,24 +97,44 @@ static void store_put(resp_store *s, const char *id, json_t *items, json_t *resp
     if (s->n == s->max_n) drop_at(s, 0);
     stored *x = &s->e[s->n++];
     snprintf(x->id, sizeof x->id, "%s", id);
+    snprintf(x->prev, sizeof x->prev, "%s", prev ? prev : "");
     x->t = mono();
     x->items = items;
     x->resp = resp;
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Deep copies (the caller's), or NULL. */
+/* Deep copies (the caller's): the whole conversation up to and including
+ * response id (every turn's items, oldest first), and the response. -1 if
+ * it, or a turn it continued, is not stored (any more). */
 static int store_get(resp_store *s, const char *id, json_t **items, json_t **resp) {
     if (!s) return -1;
     pthread_mutex_lock(&s->mu);
     expire(s);
-    int i = find(s, id);
-    if (i >= 0) {
-        if (items) *items = json_deep_copy(s->e[i].items);
-        if (resp) *resp = json_deep_copy(s->e[i].resp);
+    int i = find(s, id), rc = i >= 0 ? 0 : -1;
+    if (!rc && resp) *resp = json_deep_copy(s->e[i].resp);
+    if (!rc && items) {
+        int *chain = malloc((size_t)s->n * sizeof *chain), n = 0;
+        for (int k = i; chain && k >= 0 && n < s->n;) { /* n < s->n: no cycle can hold it */
+            chain[n++] = k;
+            k = s->e[k].prev[0] ? find(s, s->e[k].prev) : -2;
+            if (k == -1) rc = -1; /* a turn in the middle expired */
+        }
+        *items = chain && !rc ? json_array() : NULL;
+        for (int k = n - 1; *items && k >= 0; k--) {
+            size_t j;
+            json_t *it;
+            json_array_foreach(s->e[chain[k]].items, j, it) json_array_append_new(*items, json_deep_copy(it));
+        }
+        if (!*items) rc = -1;
+        free(chain);
     }
     pthread_mutex_unlock(&s->mu);
-    return i >= 0 ? 0 : -1;
+    if (rc && resp) {
+        json_decref(*resp);
+        *resp = NULL;
+    }
+    return rc;
 }
 
 char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e) {
@@ -149,6 +173,8 @@ char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e) {
 
 typedef struct resp_dx {
     json_t *items;    /* the conversation: stored history, then this input */
+    size_t n_hist;    /* of those, from the history */
+    char prev[80];    /* previous_response_id, or "" */
     json_t *echo;     /* the fields the response object repeats */
     json_t *warnings; /* strings, or NULL */
     int store;
@@ -263,9 +289,15 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             }
             json_t *calls = json_object_get(m, "tool_calls");
             if (!calls) json_object_set_new(m, "tool_calls", calls = json_array());
-            if (!calls || jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", cid, "type", "function", "function",
-                                                 "name", name, "arguments", args)))
+            /* chat arguments are JSON: a custom tool's free text goes in as {"input": text} */
+            json_t *wo = custom ? json_pack("{s:O}", "input", args) : NULL;
+            char *wrapped = wo ? json_dumps(wo, JSON_COMPACT) : NULL;
+            json_decref(wo);
+            if (!calls || (custom && !wrapped) ||
+                jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", cid, "type", "function", "function", "name",
+                                       name, "arguments", custom ? wrapped : json_string_value(args))))
                 rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            free(wrapped);
             joinable = 1;
         } else if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output")) {
             json_t *cid = field(it, "call_id"), *out = field(it, "output");
@@ -371,6 +403,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
             if (strcmp(type, "function")) {
                 char m[160];
                 snprintf(m, sizeof m, "tools of type '%.40s' are not supported here and were ignored", type);
+                api_utf8_scrub(m);
                 if (warn(d, m)) goto oom;
                 continue;
             }
@@ -514,6 +547,7 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
         goto out;
     }
     if (prev) {
+        snprintf(d->prev, sizeof d->prev, "%s", json_string_value(prev));
         if (store_get(a->store, json_string_value(prev), &d->items, NULL) || !d->items) {
             BAD("previous_response_id", "previous response '%.64s' not found (not stored, expired or deleted)",
                 json_string_value(prev));
@@ -522,6 +556,7 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
     } else if (!(d->items = json_array())) {
         goto oom;
     }
+    d->n_hist = json_array_size(d->items);
     json_t *in = field(root, "input");
     if (json_is_string(in)) {
         if (jpush(d->items, json_pack("{s:s, s:s, s:O}", "type", "message", "role", "user", "content", in))) goto oom;
@@ -590,23 +625,34 @@ static json_t *resp_object(const api_ctx *a, const srv_req *r, const char *statu
     json_t *o = json_object();
     json_t *reasoning = echo_or(d, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
     json_t *text = echo_or(d, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    int bad = !o || jset(o, "id", json_string(d->id)) || jset(o, "object", json_string("response")) ||
-              jset(o, "created_at", json_integer(r->created)) || jset(o, "status", json_string(status)) ||
-              jset(o, "error", json_null()) ||
+    if (!o) {
+        json_decref(reasoning);
+        json_decref(text);
+        json_decref(output);
+        json_decref(usage);
+        return NULL;
+    }
+    int bad = jset(o, "id", json_string(d->id)) || jset(o, "object", json_string("response")) ||
+              jset(o, "created_at", json_integer(r->created)) || jset(o, "status", json_string(status));
+    /* the values this function owns are set (and so taken) whatever failed before */
+    bad |= jset(o, "output", output);
+    bad |= jset(o, "usage", usage ? usage : json_null());
+    bad |= jset(o, "reasoning", reasoning);
+    bad |= jset(o, "text", text);
+    bad = bad || jset(o, "error", json_null()) ||
               jset(o, "incomplete_details", incomplete ? json_pack("{s:s}", "reason", incomplete) : json_null()) ||
               jset(o, "instructions", echo_or(d, "instructions", json_null())) ||
               jset(o, "max_output_tokens", echo_or(d, "max_output_tokens", json_null())) ||
-              jset(o, "model", json_string(a->model_id)) || jset(o, "output", output) ||
+              jset(o, "model", json_string(a->model_id)) ||
               jset(o, "parallel_tool_calls", echo_or(d, "parallel_tool_calls", json_true())) ||
               jset(o, "previous_response_id", echo_or(d, "previous_response_id", json_null())) ||
-              jset(o, "reasoning", reasoning) || jset(o, "store", json_boolean(d->store)) ||
-              jset(o, "temperature", echo_or(d, "temperature", json_real(1.0))) || jset(o, "text", text) ||
+              jset(o, "store", json_boolean(d->store)) ||
+              jset(o, "temperature", echo_or(d, "temperature", json_real(1.0))) ||
               jset(o, "tool_choice", echo_or(d, "tool_choice", json_string("auto"))) ||
               jset(o, "tools", echo_or(d, "tools", json_array())) ||
               jset(o, "top_p", echo_or(d, "top_p", json_real(1.0))) || jset(o, "truncation", json_string("disabled")) ||
-              jset(o, "usage", usage ? usage : json_null()) || jset(o, "user", echo_or(d, "user", json_null())) ||
+              jset(o, "user", echo_or(d, "user", json_null())) ||
               jset(o, "metadata", echo_or(d, "metadata", json_object()));
-    output = usage = NULL;
     if (!bad && d->warnings) bad = jset(o, "warnings", json_incref(d->warnings));
     if (bad) {
         json_decref(o);
@@ -637,14 +683,16 @@ static void item_id(const resp_dx *d, const char *prefix, int k, char *out, size
     snprintf(out, cap, "%s_%s_%d", prefix, d->id + 5, k);
 }
 
-/* Stores the finished response with the conversation that led to it. */
+/* Stores the finished response with the items its turn added. */
 static void keep(const api_ctx *a, const resp_dx *d, json_t *resp) {
     if (!d->store || !a->store || !resp) return;
-    json_t *items = json_deep_copy(d->items), *out = json_object_get(resp, "output");
+    json_t *items = json_array(), *out = json_object_get(resp, "output");
     size_t i;
     json_t *it;
-    if (items) json_array_foreach(out, i, it) json_array_append(items, it);
-    store_put(a->store, d->id, items, json_deep_copy(resp));
+    for (i = d->n_hist; items && i < json_array_size(d->items); i++)
+        json_array_append_new(items, json_deep_copy(json_array_get(d->items, i)));
+    if (items) json_array_foreach(out, i, it) json_array_append_new(items, json_deep_copy(it));
+    store_put(a->store, d->id, d->prev, items, json_deep_copy(resp));
 }
 
 char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
@@ -660,7 +708,8 @@ char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) 
         item_id(d, "rs", k++, id, sizeof id);
         bad = jpush(output, reasoning_item(id, json_string_value(rs), json_string_length(rs)));
     }
-    if (!bad && ((content && json_string_length(content)) || !json_array_size(calls))) {
+    /* as the stream does: a message item for content, or an empty one when there is no item at all */
+    if (!bad && ((content && json_string_length(content)) || (!json_array_size(calls) && !json_array_size(output)))) {
         item_id(d, "msg", k++, id, sizeof id);
         bad = jpush(output, message_item(id, "completed", content ? json_string_value(content) : "",
                                          content ? json_string_length(content) : 0));
@@ -731,16 +780,21 @@ static int close_item(const srv_req *r, resp_ds *d, api_buf *out) {
         item = reasoning_item(d->cur_id, t, n);
     } else {
         json_t *part = json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text", t, n, "annotations");
-        rc = ev(d, out, "response.output_text.done",
-                json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", d->cur_id, "output_index", d->cur_index,
-                          "content_index", 0, "text", t, n, "logprobs")) ||
-             ev(d, out, "response.content_part.done",
-                part ? json_pack("{s:s, s:i, s:i, s:o}", "item_id", d->cur_id, "output_index", d->cur_index,
-                                 "content_index", 0, "part", part)
-                     : NULL);
+        rc = !part || ev(d, out, "response.output_text.done",
+                         json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", d->cur_id, "output_index", d->cur_index,
+                                   "content_index", 0, "text", t, n, "logprobs"));
+        if (rc) json_decref(part);
+        else rc = ev(d, out, "response.content_part.done",
+                     json_pack("{s:s, s:i, s:i, s:o}", "item_id", d->cur_id, "output_index", d->cur_index,
+                               "content_index", 0, "part", part));
         item = message_item(d->cur_id, "completed", t, n);
     }
-    rc = rc || !item || json_array_append(d->output, item) || item_event(d, out, "response.output_item.done", d->cur_index, item);
+    if (rc || !item) {
+        json_decref(item);
+        rc = -1;
+    } else {
+        rc = json_array_append(d->output, item) || item_event(d, out, "response.output_item.done", d->cur_index, item);
+    }
     d->cur = 0;
     d->text.n = 0;
     return rc ? -1 : 0;
@@ -789,7 +843,12 @@ static int calls_delta(const srv_req *r, resp_ds *d, api_buf *out, json_t *calls
         json_t *added = call_item(id, "in_progress", c), *done = call_item(id, "completed", c);
         json_t *args = json_object_get(json_object_get(c, "function"), "arguments");
         if (added) json_object_set_new(added, "arguments", json_string(""));
-        int rc = !added || !done || item_event(d, out, "response.output_item.added", idx, added) ||
+        if (!added || !done) {
+            json_decref(added);
+            json_decref(done);
+            return -1;
+        }
+        int rc = item_event(d, out, "response.output_item.added", idx, added) ||
                  ev(d, out, "response.function_call_arguments.delta",
                     json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", idx, "delta", args)) ||
                  ev(d, out, "response.function_call_arguments.done",
@@ -818,11 +877,9 @@ static int start(const api_ctx *a, const srv_req *r, resp_ds *d, api_buf *out) {
     if (d->started) return 0;
     d->started = 1;
     json_t *o1 = resp_object(a, r, "in_progress", NULL, json_array(), NULL);
+    if (ev(d, out, "response.created", o1 ? json_pack("{s:o}", "response", o1) : NULL)) return -1;
     json_t *o2 = resp_object(a, r, "in_progress", NULL, json_array(), NULL);
-    return ev(d, out, "response.created", o1 ? json_pack("{s:o}", "response", o1) : NULL) ||
-                   ev(d, out, "response.in_progress", o2 ? json_pack("{s:o}", "response", o2) : NULL)
-               ? -1
-               : 0;
+    return ev(d, out, "response.in_progress", o2 ? json_pack("{s:o}", "response", o2) : NULL);
 }
 
 int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out) {
@@ -855,11 +912,12 @@ int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chu
 
 int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out) {
     resp_ds *d = ds_get(ds);
-    if (!d || start(a, r, d, out)) return -1;
+    if (!d || start(a, r, d, out) || close_item(r, d, out)) return -1;
     json_t *o = resp_object(a, r, "failed", NULL, json_incref(d->output), NULL);
     if (o) json_object_set_new(o, "error", json_pack("{s:s, s:s}", "code", "server_error", "message", msg));
-    return ev(d, out, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", msg, "param")) ||
-                   ev(d, out, "response.failed", o ? json_pack("{s:o}", "response", o) : NULL)
-               ? -1
-               : 0;
+    if (ev(d, out, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", msg, "param"))) {
+        json_decref(o);
+        return -1;
+    }
+    return ev(d, out, "response.failed", o ? json_pack("{s:o}", "response", o) : NULL);
 }

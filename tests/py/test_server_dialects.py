@@ -110,6 +110,19 @@ def responses_checks(url, oc):
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 21 C"}])
     check(full.output_text == cont.output_text and full.usage.input_tokens == cont.usage.input_tokens,
           f"the same as sending the whole conversation: {full.output_text!r} vs {cont.output_text!r}")
+    # a chain of turns: each stored once, the conversation rebuilt through them
+    r1 = oc.responses.create(model="m", input="My name is Ada.", max_output_tokens=8, temperature=0)
+    r2 = oc.responses.create(model="m", input="What is my name?", previous_response_id=r1.id, max_output_tokens=8,
+                             temperature=0)
+    r3 = oc.responses.create(model="m", input="Say it again.", previous_response_id=r2.id, max_output_tokens=8,
+                             temperature=0)
+    whole = oc.responses.create(model="m", max_output_tokens=8, temperature=0, store=False, input=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": r1.output_text},
+        {"role": "user", "content": "What is my name?"}, {"role": "assistant", "content": r2.output_text},
+        {"role": "user", "content": "Say it again."}])
+    check(r3.usage.input_tokens == whole.usage.input_tokens and r3.output_text == whole.output_text
+          and r3.usage.input_tokens_details.cached_tokens >= r2.usage.input_tokens - 16,
+          f"three chained turns = the whole conversation: {r3.usage.input_tokens} vs {whole.usage.input_tokens}")
     got = oc.responses.retrieve(cont.id)
     check(got.id == cont.id and got.output_text == cont.output_text, "GET /v1/responses/{id}")
     oc.responses.delete(cont.id)
@@ -209,7 +222,8 @@ BAD_RESP = [b"{", b"[]", {}, {"input": 5}, {"input": [{"type": "bogus"}]}, {"inp
             {"input": "x", "temperature": "hot"}, {"input": "x", "previous_response_id": "resp_nope"},
             {"input": "x", "bogus_field": 1}, {"input": "x", "background": True},
             {"input": "x", "reasoning": {"effort": "extreme"}}, {"input": "x", "store": "yes"},
-            {"input": [{"type": "function_call", "name": "f"}]}, {"input": "x", "instructions": 5}]
+            {"input": [{"type": "function_call", "name": "f"}]}, {"input": "x", "instructions": 5},
+            {"input": "x", "é" * 40: 1}]
 BAD_MSG = [b"{", b"[]", {}, {"messages": [{"role": "user", "content": "x"}]}, {"max_tokens": 8, "messages": []},
            {"max_tokens": 8, "messages": [{"role": "bot", "content": "x"}]},
            {"max_tokens": 8, "messages": [{"role": "user", "content": 5}]},
@@ -221,7 +235,8 @@ BAD_MSG = [b"{", b"[]", {}, {"messages": [{"role": "user", "content": "x"}]}, {"
            {"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
            {"max_tokens": 8, "system": 5, "messages": [{"role": "user", "content": "x"}]},
            {"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {}}],
-            "tool_choice": {"type": "tool"}}]
+            "tool_choice": {"type": "tool"}},
+           {"max_tokens": 8, "system": [{"type": "a" + "é" * 18, "text": "x"}], "messages": [{"role": "user", "content": "x"}]}]
 
 
 def malformed(url):
@@ -239,8 +254,9 @@ def malformed(url):
         check(400 <= code < 500 and ok, f"/v1/messages {str(b)[:80]}: {code} {body[:160]}")
 
 
-ODD = [None, 0, -1, 1.5, 1e300, "", "x" * 300, [], {}, True, [[[[[]]]]], {"type": "text"}, "\udcff"[:0] + "\u0000",
-       -(2 ** 63), 2 ** 64]
+ODD = [None, 0, -1, 1.5, 1e300, "", "x" * 300, [], {}, True, [[[[[]]]]], {"type": "text"}, "\u0000",
+       -(2 ** 63), 2 ** 64, "é" * 40, "a" + "é" * 18, "€" * 30, "😀" * 20]
+# keys too: an unknown field's name is quoted back, cut at a byte limit
 
 
 def odd(rnd):
@@ -270,7 +286,8 @@ def mutate(body, rnd):
         elif op < 0.4 and isinstance(parent, list):
             parent.append(json.loads(json.dumps(parent[p[-1]])))
         elif op < 0.5 and isinstance(parent, dict):
-            parent[rnd.choice(["type", "role", "content", "text", "extra", "input", "name", "cache_control"])] = odd(rnd)
+            parent[rnd.choice(["type", "role", "content", "text", "extra", "input", "name", "cache_control",
+                               "é" * 40, "a" + "€" * 25])] = odd(rnd)
         else:
             parent[p[-1]] = odd(rnd)
     data = json.dumps(b).encode()
