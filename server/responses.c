@@ -177,6 +177,7 @@ typedef struct resp_dx {
     char prev[80];    /* previous_response_id, or "" */
     json_t *echo;     /* the fields the response object repeats */
     json_t *warnings; /* strings, or NULL */
+    json_t *custom;   /* names of the custom (freeform) tools, offered as functions of one string */
     int store;
     char id[80];      /* resp_... */
 } resp_dx;
@@ -187,6 +188,7 @@ static void dx_free(void *p) {
     json_decref(d->items);
     json_decref(d->echo);
     json_decref(d->warnings);
+    json_decref(d->custom);
     free(d);
 }
 
@@ -400,7 +402,8 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
                 BAD("tools", "each tool needs a 'type'");
                 goto fail;
             }
-            if (strcmp(type, "function")) {
+            int custom = !strcmp(type, "custom");
+            if (strcmp(type, "function") && !custom) {
                 char m[160];
                 snprintf(m, sizeof m, "tools of type '%.40s' are not supported here and were ignored", type);
                 api_utf8_scrub(m);
@@ -413,9 +416,16 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
                 goto fail;
             }
             json_t *fn = json_pack("{s:O}", "name", name);
-            if (!fn || copy_if(t, "description", fn, "description") || copy_if(t, "parameters", fn, "parameters") ||
+            /* a custom tool takes free text: a function of one string here,
+             * and its calls go back as custom_tool_call items */
+            if (!fn || copy_if(t, "description", fn, "description") ||
+                (custom ? jset(fn, "parameters", json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object",
+                                                             "properties", "input", "type", "string", "required",
+                                                             "input", "additionalProperties", 0))
+                        : copy_if(t, "parameters", fn, "parameters")) ||
                 jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
                 goto oom;
+            if (custom && ((!d->custom && !(d->custom = json_array())) || json_array_append(d->custom, name))) goto oom;
             n_fn++;
         }
         if (!n_fn) json_object_del(chat, "tools");
@@ -427,7 +437,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
         } else if (json_is_object(tc)) {
             const char *type = json_string_value(field(tc, "type"));
             json_t *name = field(tc, "name");
-            if (type && !strcmp(type, "function") && json_is_string(name)) {
+            if (type && (!strcmp(type, "function") || !strcmp(type, "custom")) && json_is_string(name)) {
                 if (jset(chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name)))
                     goto oom;
             } else if (warn(d, "a tool_choice other than auto, none, required or a function was taken as auto")) {
@@ -671,11 +681,30 @@ static json_t *reasoning_item(const char *id, const char *text, size_t n) {
                      "type", "reasoning_text", "text", text, n);
 }
 
-static json_t *call_item(const char *id, const char *status, json_t *call) {
-    json_t *fn = json_object_get(call, "function");
+static int is_custom(const resp_dx *d, json_t *name) {
+    size_t i;
+    json_t *n;
+    json_array_foreach(d->custom, i, n) if (json_equal(n, name)) return 1;
+    return 0;
+}
+
+/* A custom tool's call: the text of its one argument (the grammar made the
+ * arguments {"input": "..."}). New reference. */
+static json_t *custom_input(json_t *args) {
+    json_t *a = json_loads(json_string_value(args) ? json_string_value(args) : "", 0, NULL);
+    json_t *in = json_is_string(json_object_get(a, "input")) ? json_incref(json_object_get(a, "input")) : json_incref(args);
+    json_decref(a);
+    return in;
+}
+
+static json_t *call_item(const resp_dx *d, const char *id, const char *status, json_t *call) {
+    json_t *fn = json_object_get(call, "function"), *name = json_object_get(fn, "name");
+    if (is_custom(d, name))
+        return json_pack("{s:s, s:s, s:s, s:O, s:O, s:o}", "id", id, "type", "custom_tool_call", "status", status,
+                         "call_id", json_object_get(call, "id"), "name", name, "input",
+                         custom_input(json_object_get(fn, "arguments")));
     return json_pack("{s:s, s:s, s:s, s:O, s:O, s:O}", "id", id, "type", "function_call", "status", status, "call_id",
-                     json_object_get(call, "id"), "name", json_object_get(fn, "name"), "arguments",
-                     json_object_get(fn, "arguments"));
+                     json_object_get(call, "id"), "name", name, "arguments", json_object_get(fn, "arguments"));
 }
 
 /* resp_<hex> -> <prefix>_<hex>_<k> */
@@ -718,7 +747,7 @@ char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) 
     json_t *c;
     json_array_foreach(calls, i, c) {
         item_id(d, "fc", k++, id, sizeof id);
-        bad = bad || jpush(output, call_item(id, "completed", c));
+        bad = bad || jpush(output, call_item(d, id, "completed", c));
     }
     int cut = finish && !strcmp(finish, "length");
     json_t *o = bad ? NULL
@@ -840,19 +869,22 @@ static int calls_delta(const srv_req *r, resp_ds *d, api_buf *out, json_t *calls
         int idx = (int)json_array_size(d->output);
         char id[96];
         item_id(r->dx, "fc", idx, id, sizeof id);
-        json_t *added = call_item(id, "in_progress", c), *done = call_item(id, "completed", c);
-        json_t *args = json_object_get(json_object_get(c, "function"), "arguments");
-        if (added) json_object_set_new(added, "arguments", json_string(""));
+        const resp_dx *dx = r->dx;
+        json_t *added = call_item(dx, id, "in_progress", c), *done = call_item(dx, id, "completed", c);
+        int custom = is_custom(dx, json_object_get(json_object_get(c, "function"), "name"));
+        json_t *args = custom ? json_object_get(done, "input") : json_object_get(json_object_get(c, "function"), "arguments");
+        if (added) json_object_set_new(added, custom ? "input" : "arguments", json_string(""));
         if (!added || !done) {
             json_decref(added);
             json_decref(done);
             return -1;
         }
         int rc = item_event(d, out, "response.output_item.added", idx, added) ||
-                 ev(d, out, "response.function_call_arguments.delta",
+                 ev(d, out, custom ? "response.custom_tool_call_input.delta" : "response.function_call_arguments.delta",
                     json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", idx, "delta", args)) ||
-                 ev(d, out, "response.function_call_arguments.done",
-                    json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", idx, "arguments", args)) ||
+                 ev(d, out, custom ? "response.custom_tool_call_input.done" : "response.function_call_arguments.done",
+                    json_pack("{s:s, s:i, s:O}", "item_id", id, "output_index", idx, custom ? "input" : "arguments",
+                              args)) ||
                  json_array_append(d->output, done) || item_event(d, out, "response.output_item.done", idx, json_incref(done));
         json_decref(done);
         if (rc) return -1;

@@ -95,6 +95,26 @@ def responses_checks(url, oc):
         ft = s.get_final_response()
     fc = [o for o in ft.output if o.type == "function_call"]
     check(fc and fc[0].arguments == calls[0].arguments, f"the streamed call: {ft.output}")
+    # a custom (freeform) tool: offered as a function of one string, called back as custom_tool_call
+    ctools = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch to the repository"}]
+    cu = oc.responses.create(model="m", input="Fix the typo in README.", tools=ctools, tool_choice="required",
+                             temperature=0, max_output_tokens=64)
+    cc = [o for o in cu.output if o.type == "custom_tool_call"]
+    check(cc and cc[0].name == "apply_patch" and isinstance(cc[0].input, str) and cc[0].call_id,
+          f"a custom tool call: {cu.output}")
+    with oc.responses.stream(model="m", input="Fix the typo in README.", tools=ctools, tool_choice="required",
+                             temperature=0, max_output_tokens=64) as s:
+        kinds = [ev.type for ev in s]
+        fcu = s.get_final_response()
+    scc = [o for o in fcu.output if o.type == "custom_tool_call"]
+    check(scc and cc and scc[0].input == cc[0].input and "response.custom_tool_call_input.done" in kinds,
+          f"the streamed custom tool call: {fcu.output}")
+    if cc:
+        back = oc.responses.create(model="m", temperature=0, max_output_tokens=8, tools=ctools, input=[
+            {"role": "user", "content": "Fix the typo in README."},
+            {"type": "custom_tool_call", "call_id": cc[0].call_id, "name": "apply_patch", "input": cc[0].input},
+            {"type": "custom_tool_call_output", "call_id": cc[0].call_id, "output": "applied"}])
+        check(back.status in ("completed", "incomplete"), f"a custom tool call in the history: {back.status}")
     # previous_response_id: the call and its output stay in the conversation
     cont = oc.responses.create(model="m", previous_response_id=t.id, temperature=0, max_output_tokens=24,
                                tools=tools[:1],
