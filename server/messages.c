@@ -511,9 +511,11 @@ int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chun
     int rc = !d;
     if (!rc && !d->started) {
         d->started = 1;
-        /* the cache's part is not known yet: message_delta's usage gives it */
-        json_t *u = json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", r->n_prompt, "cache_creation_input_tokens", 0,
-                              "cache_read_input_tokens", 0, "output_tokens", 0);
+        /* the first event comes after admission, which set cached_tokens
+         * (read after taking the event under the request's mutex) */
+        json_t *u = json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", r->n_prompt - r->cached_tokens,
+                              "cache_creation_input_tokens", 0, "cache_read_input_tokens", r->cached_tokens,
+                              "output_tokens", 0);
         json_t *m = u ? message_head(a, r, json_array(), json_null(), json_null(), u) : NULL;
         rc = ev(out, "message_start", m ? json_pack("{s:o}", "message", m) : NULL);
     }
