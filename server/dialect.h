@@ -32,6 +32,9 @@ int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chu
 int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
 /* GET /v1/responses/{id}: the stored response, or NULL with e filled (404). */
 char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e);
+/* GET /v1/responses/{id}/input_items: the items that led to it, oldest first
+ * if asc (OpenAI's default order is newest first); one page. */
+char *resp_input_items(const api_ctx *a, const char *id, int asc, size_t *len, api_err *e);
 /* DELETE /v1/responses/{id}. */
 char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e);
 

@@ -56,9 +56,10 @@ static double mono(void) {
 }
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
-             R_RESP, R_RESP_GET, R_RESP_DEL, R_MSG, R_MSG_COUNT, R_PROPS };
+             R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS };
 
-/* prefix: the path is a prefix and the rest an id (/v1/responses/{id});
+/* prefix: the path is a prefix and the rest an id (/v1/responses/{id}; 2:
+ * the id then "/input_items");
  * anthropic: errors in Anthropic's shape. */
 static const struct {
     const char *path, *method;
@@ -70,6 +71,7 @@ static const struct {
     {"/v1/responses", "POST", R_RESP, 1, 1, 0, 0},
     {"/v1/responses/", "GET", R_RESP_GET, 1, 0, 1, 0},
     {"/v1/responses/", "DELETE", R_RESP_DEL, 1, 0, 1, 0},
+    {"/v1/responses/", "GET", R_RESP_ITEMS, 1, 0, 2, 0},
     {"/v1/messages", "POST", R_MSG, 1, 1, 0, 1},
     {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, 1},
     {"/props", "GET", R_PROPS, 0, 0, 0, 0},
@@ -390,6 +392,12 @@ static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, conn *
     size_t n = 0;
     char *s = NULL;
     switch (ROUTES[ri].r) {
+    case R_RESP_ITEMS: {
+        memset(&e, 0, sizeof e);
+        const char *order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order");
+        s = resp_input_items(&app->api, k->rid, order && !strcmp(order, "asc"), &n, &e);
+        return s ? reply_json(app, c, ri, 200, s, n) : reply_err(app, c, ri, &e);
+    }
     case R_RESP_GET:
     case R_RESP_DEL:
         memset(&e, 0, sizeof e);
@@ -479,9 +487,11 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     int ri = -1;
     for (size_t i = 0; i < N_ROUTES; i++) {
         size_t pl = strlen(ROUTES[i].path);
-        int match = ROUTES[i].prefix ? !strncmp(url, ROUTES[i].path, pl) && url[pl] && strlen(url + pl) < 96 &&
-                                           !strchr(url + pl, '/')
-                                     : !strcmp(url, ROUTES[i].path);
+        const char *rest = url + pl, *slash = strchr(rest, '/');
+        int match = !ROUTES[i].prefix ? !strcmp(url, ROUTES[i].path)
+                                      : !strncmp(url, ROUTES[i].path, pl) && *rest && strlen(rest) < 96 &&
+                                            (ROUTES[i].prefix == 1 ? !slash
+                                                                   : slash && slash > rest && !strcmp(slash, "/input_items"));
         if (match && (ri < 0 || !strcmp(method, ROUTES[i].method))) ri = (int)i;
     }
     if (ri < 0) return fail(app, c, -1, 404, "not_found_error", "no such endpoint");
@@ -508,7 +518,11 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     conn *k = calloc(1, sizeof *k);
     if (!k) return MHD_NO;
     k->ri = ri;
-    if (ROUTES[ri].prefix) snprintf(k->rid, sizeof k->rid, "%s", url + strlen(ROUTES[ri].path));
+    if (ROUTES[ri].prefix) {
+        const char *id = url + strlen(ROUTES[ri].path);
+        size_t idl = strcspn(id, "/");
+        snprintf(k->rid, sizeof k->rid, "%.*s", (int)idl, id);
+    }
     *con_cls = k;
     return MHD_YES;
 }

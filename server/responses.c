@@ -150,6 +150,43 @@ char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e) {
     return s;
 }
 
+char *resp_input_items(const api_ctx *a, const char *id, int asc, size_t *len, api_err *e) {
+    json_t *items = NULL, *r = NULL;
+    if (store_get(a->store, id, &items, &r) || !items || !r) {
+        json_decref(items);
+        json_decref(r);
+        api_fail(e, 404, "invalid_request_error", "response_id", NULL, "no stored response with id '%.64s'", id);
+        return NULL;
+    }
+    /* the conversation that led to the response: all but its own output */
+    size_t n_out = json_array_size(json_object_get(r, "output")), n = json_array_size(items);
+    n = n > n_out ? n - n_out : 0;
+    json_t *data = json_array();
+    for (size_t k = 0; data && k < n; k++) {
+        size_t i = asc ? k : n - 1 - k;
+        json_t *it = json_deep_copy(json_array_get(items, i));
+        if (!it) continue;
+        if (!json_object_get(it, "type")) json_object_set_new(it, "type", json_string("message"));
+        if (!json_object_get(it, "id")) {
+            char iid[120];
+            snprintf(iid, sizeof iid, "in_%s_%zu", id + (strncmp(id, "resp_", 5) ? 0 : 5), i);
+            json_object_set_new(it, "id", json_string(iid));
+        }
+        json_array_append_new(data, it);
+    }
+    json_decref(items);
+    json_decref(r);
+    json_t *o = data ? json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", data, "first_id",
+                                 json_object_get(json_array_get(data, 0), "id"), "last_id",
+                                 json_object_get(json_array_get(data, json_array_size(data) - 1), "id"), "has_more", 0)
+                     : NULL;
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (s) *len = strlen(s);
+    else api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return s;
+}
+
 char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e) {
     int i = -1;
     if (a->store) {

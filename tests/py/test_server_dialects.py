@@ -6,7 +6,8 @@ anthropic one as x-api-key):
 - Responses: whole and streamed (responses.stream's strict event
   accumulator) give the same text; function tools, other tool types ignored
   with a warning; previous_response_id continues a conversation with its
-  function call and output; GET and DELETE /v1/responses/{id}; store=false
+  function call and output; GET and DELETE /v1/responses/{id} and its
+  input_items; store=false
   keeps nothing;
 - Messages: whole and streamed (messages.stream) give the same text; tools
   with a tool_use / tool_result round trip; count_tokens equals the prompt
@@ -145,6 +146,11 @@ def responses_checks(url, oc):
           f"three chained turns = the whole conversation: {r3.usage.input_tokens} vs {whole.usage.input_tokens}")
     got = oc.responses.retrieve(cont.id)
     check(got.id == cont.id and got.output_text == cont.output_text, "GET /v1/responses/{id}")
+    items = oc.responses.input_items.list(cont.id).data
+    asc = oc.responses.input_items.list(cont.id, order="asc").data
+    check([i.type for i in items][:2] == ["function_call_output", "function_call"] and
+          [i.id for i in asc] == [i.id for i in reversed(items)] and asc and asc[0].type == "message",
+          f"GET /v1/responses/{{id}}/input_items, newest first: {[i.type for i in items]}")
     oc.responses.delete(cont.id)
     try:
         oc.responses.retrieve(cont.id)
