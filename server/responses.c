@@ -573,9 +573,14 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
     r->dx_free = dx_free;
     const char *k;
     json_t *v;
+    /* fields this server does not know are ignored with a warning, as vLLM
+     * does: agents add new ones faster than servers learn them, and a 400
+     * would stop the agent */
     json_object_foreach(root, k, v) if (!known(k)) {
-        BAD(k, "unknown field '%.48s'", k);
-        goto out;
+        char m[160];
+        snprintf(m, sizeof m, "unknown field '%.48s' was ignored", k);
+        api_utf8_scrub(m);
+        if (warn(d, m)) goto oom;
     }
     json_t *bg = field(root, "background");
     if (bg && json_is_true(bg)) {
