@@ -59,6 +59,7 @@ static const char SERVE_HELP[] =
     "      --responses-store N  finished /v1/responses kept for previous_response_id and\n"
     "                          GET /v1/responses/{id} (default 1024; 0: none; the oldest go)\n"
     "      --responses-ttl S   seconds one is kept (default 3600)\n"
+    "      --responses-mem MiB  their JSON's size at most (default 256; the oldest go)\n"
     "      --read-timeout S    seconds a client has to send a whole request (headers and\n"
     "                          body), counted from connecting or from the end of its previous\n"
     "                          reply, so idle keep-alive connections close too (default 30)\n"
@@ -87,6 +88,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 1, 1000, &o->max_conn_per_ip)) return -1;
         } else if (!strcmp(a, "--responses-store")) {
             VAL(); if (cli_int(a, v, 0, 1 << 20, &o->responses_max)) return -1;
+        } else if (!strcmp(a, "--responses-mem")) {
+            VAL(); if (cli_int(a, v, 1, 1 << 20, &o->responses_mib)) return -1;
         } else if (!strcmp(a, "--responses-ttl")) {
             VAL(); if (cli_int(a, v, 1, 30 * 86400, &o->responses_ttl_s)) return -1;
         } else if (!strcmp(a, "--read-timeout")) {
@@ -242,7 +245,8 @@ static int serve(srv_opts *o, sigs *sg) {
         cli_error("--draft %s: %s", o->draft_path, err.msg);
     } else if ((o->draft = dm, srv_sched_new(m, o, app.mx, &app.sched, &err))) {
         cli_tl_error(&err);
-    } else if (o->responses_max && !(store = resp_store_new(o->responses_max, o->responses_ttl_s))) {
+    } else if (o->responses_max && !(store = resp_store_new(o->responses_max, o->responses_ttl_s,
+                                                                   (size_t)o->responses_mib << 20))) {
         cli_error("out of memory");
     } else {
         app.m = m;
@@ -281,7 +285,7 @@ int cmd_serve(int argc, char **argv) {
     char buf[4096];
     srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
                   .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .read_timeout_s = 30, .reasoning = 1,
-                  .responses_max = 1024, .responses_ttl_s = 3600,
+                  .responses_max = 1024, .responses_ttl_s = 3600, .responses_mib = 256,
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;

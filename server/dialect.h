@@ -21,8 +21,9 @@
 
 /* ---- the Responses API (server/responses.c) ------------------------------- */
 typedef struct resp_store resp_store;
-/* At most max_n responses, each kept up to ttl_s seconds. */
-resp_store *resp_store_new(int max_n, int ttl_s);
+/* At most max_n responses and max_bytes of their JSON, each kept up to ttl_s
+ * seconds; the oldest go first. */
+resp_store *resp_store_new(int max_n, int ttl_s, size_t max_bytes);
 void resp_store_free(resp_store *s);
 
 int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_err *e);

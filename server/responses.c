@@ -29,6 +29,7 @@ typedef struct stored {
     char id[80];
     char prev[80];   /* the previous_response_id it continued, or "" */
     double t;        /* monotonic seconds it was stored */
+    size_t bytes;    /* its JSON text's size, for the byte budget */
     json_t *items;   /* this turn's items */
     json_t *resp;    /* the response object */
 } stored;
@@ -37,6 +38,7 @@ struct resp_store {
     pthread_mutex_t mu;
     stored *e;
     int n, max_n, ttl;
+    size_t bytes, max_bytes; /* held, and the budget (their JSON text's size) */
 };
 
 static double mono(void) {
@@ -45,11 +47,12 @@ static double mono(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-resp_store *resp_store_new(int max_n, int ttl_s) {
+resp_store *resp_store_new(int max_n, int ttl_s, size_t max_bytes) {
     resp_store *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->max_n = max_n > 0 ? max_n : 1;
     s->ttl = ttl_s > 0 ? ttl_s : 1;
+    s->max_bytes = max_bytes ? max_bytes : (size_t)1 << 20;
     if (!(s->e = calloc((size_t)s->max_n, sizeof *s->e)) || pthread_mutex_init(&s->mu, NULL)) {
         free(s->e);
         free(s);
@@ -59,6 +62,7 @@ resp_store *resp_store_new(int max_n, int ttl_s) {
 }
 
 static void drop_at(resp_store *s, int i) {
+    s->bytes -= s->e[i].bytes;
     json_decref(s->e[i].items);
     json_decref(s->e[i].resp);
     memmove(s->e + i, s->e + i + 1, (size_t)(s->n - i - 1) * sizeof *s->e);
@@ -92,10 +96,21 @@ static void store_put(resp_store *s, const char *id, const char *prev, json_t *i
         json_decref(resp);
         return;
     }
+    /* the JSON text's size stands for the memory (jansson's nodes take a few
+     * times more, in proportion): measured once, outside the lock */
+    size_t bytes = json_dumpb(items, NULL, 0, JSON_COMPACT) + json_dumpb(resp, NULL, 0, JSON_COMPACT);
+    if (bytes > s->max_bytes) { /* alone over the budget: not kept */
+        json_decref(items);
+        json_decref(resp);
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     expire(s);
     if (s->n == s->max_n) drop_at(s, 0);
+    while (s->n && s->bytes + bytes > s->max_bytes) drop_at(s, 0);
+    s->bytes += bytes;
     stored *x = &s->e[s->n++];
+    x->bytes = bytes;
     snprintf(x->id, sizeof x->id, "%s", id);
     snprintf(x->prev, sizeof x->prev, "%s", prev ? prev : "");
     x->t = mono();

@@ -41,6 +41,7 @@ typedef struct srv_opts {
     int max_conn_per_ip;   /* --max-conns-per-client: open connections one address may hold (512) */
     int responses_max;     /* --responses-store: stored Responses kept (1024; 0: none) */
     int responses_ttl_s;   /* --responses-ttl: seconds one is kept (3600) */
+    int responses_mib;     /* --responses-mem: MiB of stored responses' JSON (256) */
     int read_timeout_s;    /* --read-timeout: seconds to send a whole request, from connecting or the last reply (30) */
     struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
 } srv_opts;

@@ -457,6 +457,45 @@ def cache_replay(url):
               f"{d}: every turn after the first takes >= 90% of its prompt from the cache: {low}")
 
 
+def store_budget():
+    """--responses-mem: the oldest stored responses go when their JSON passes
+    the budget, and one that alone is larger is not kept."""
+    srv = Server(MODEL, ["-np", "2", "-t", "2", "-c", "2048", "--responses-mem", "1"])
+    try:
+        if not check(srv.wait_ready(), "server ready (--responses-mem 1)"):
+            return
+        oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+        ids = [oc.responses.create(model="m", input=f"Note {i}.", max_output_tokens=1, temperature=0).id
+               for i in range(5)]
+        check(all(oc.responses.retrieve(i).id == i for i in ids), "small responses are all kept")
+        big = []
+        for i in range(4):
+            # metadata is stored and echoed, not prompted: ~300 KB each
+            code, body = raw(srv.url, "/v1/responses", {"input": f"Big {i}.", "max_output_tokens": 1,
+                                                        "metadata": {"pad": "x" * 300000}})
+            big.append(json.loads(body)["id"] if code == 200 else None)
+        kept = []
+        for i in ids + big:
+            try:
+                oc.responses.retrieve(i)
+                kept.append(True)
+            except openai.NotFoundError:
+                kept.append(False)
+        # four of ~300 KB pass 1 MiB: the oldest went
+        check(not kept[0] and kept[-1], f"the oldest went when the budget was passed: kept {kept}")
+        code, body = raw(srv.url, "/v1/responses", {"input": "Huge.", "max_output_tokens": 1,
+                                                    "metadata": {"pad": "y" * 1200000}})
+        hid = json.loads(body).get("id") if code == 200 else None
+        try:
+            oc.responses.retrieve(hid)
+            gone = False
+        except openai.NotFoundError:
+            gone = True
+        check(code == 200 and gone, f"a response larger than the budget is answered but not kept: {code}")
+    finally:
+        srv.stop()
+
+
 def mid_system():
     """A system message in the middle of a conversation, on a model whose
     template refuses one after the first (tests/templates/alternate.jinja,
@@ -521,6 +560,7 @@ def main():
     finally:
         srv.stop()
     mid_system()
+    store_budget()
     tlcheck.finish()
 
 
