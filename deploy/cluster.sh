@@ -5,8 +5,9 @@
 #   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [--haproxy-cfg FILE] [-- SERVE-FLAGS]
 #       starts replica i on port P+i (agent-check on P+100+i), HAProxy on P;
 #       returns once /ready answers through the proxy. Installs HAProxy from
-#       the Debian package if it is missing. --haproxy-cfg: another template
-#       than deploy/haproxy/haproxy.cfg (same markers).
+#       the Debian package if it is missing; from a fresh clone it also builds
+#       tokenloop and fetches the default model (SmolLM2, as make models).
+#       --haproxy-cfg: another template than deploy/haproxy/haproxy.cfg.
 #   deploy/cluster.sh status [--dir DIR]   each replica's state and load
 #   deploy/cluster.sh restart I [--dir DIR]  starts replica I again if it is not running
 #                                          (after a crash or a drain); HAProxy takes it back
@@ -32,7 +33,7 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --haproxy-cfg) cfg=$2; shift 2 ;;
     --) shift; serve_flags=("$@"); break ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -54,7 +55,16 @@ up() {
         $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq haproxy >/dev/null
     fi
     local bin="${TOKENLOOP_BIN:-$ROOT/tokenloop}" # the binary (TOKENLOOP_BIN: another build)
+    # from a fresh clone, one command: build the binary and fetch the default model
+    if [ ! -x "$bin" ] && [ -z "${TOKENLOOP_BIN:-}" ]; then
+        echo "cluster.sh: building tokenloop (scripts/setup.sh, make)" >&2
+        (cd "$ROOT" && scripts/setup.sh && make -j"$(nproc)" tokenloop >/dev/null) || { echo "cluster.sh: build failed" >&2; exit 1; }
+    fi
     [ -x "$bin" ] || { echo "cluster.sh: $bin missing (run make)" >&2; exit 1; }
+    if [ -z "$model" ] && [ -z "${TOKENLOOP_MODEL:-}" ]; then
+        model="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" # absolute: the replicas may start anywhere
+        [ -f "$model" ] || "$ROOT/scripts/fetch-models.sh" || { echo "cluster.sh: no model (make models)" >&2; exit 1; }
+    fi
     mkdir -p "$dir"
     if [ -f "$dir/haproxy.pid" ] && alive "$(cat "$dir/haproxy.pid")"; then
         echo "cluster.sh: a cluster already runs from $dir (cluster.sh down first)" >&2; exit 1
@@ -150,6 +160,6 @@ up) up ;;
 status) status ;;
 restart) restart ;;
 down) down ;;
--h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' ;;
 *) echo "usage: deploy/cluster.sh up|status|restart I|down [options] (try --help)" >&2; exit 2 ;;
 esac
