@@ -183,14 +183,14 @@ json_t *api_load_body(const char *body, size_t len, api_err *e) {
 
 /* ---- typed field access (null counts as absent) ------------------------------- */
 
-static json_t *field(json_t *o, const char *k) {
+json_t *api_field(json_t *o, const char *k) {
     json_t *v = json_object_get(o, k);
     return json_is_null(v) ? NULL : v;
 }
 
 /* Integers, or reals with an integral value, within lo..hi. 1 set, 0 absent, -1 bad. */
 static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, api_err *e) {
-    json_t *v = field(o, k);
+    json_t *v = api_field(o, k);
     if (!v) return 0;
     long long x;
     if (json_is_integer(v)) {
@@ -209,7 +209,7 @@ static int get_int(json_t *o, const char *k, long long lo, long long hi, long lo
 
 static int get_num(json_t *o, const char *k, double lo, double hi, int lo_open, float *out,
                    api_err *e) {
-    json_t *v = field(o, k);
+    json_t *v = api_field(o, k);
     if (!v) return 0;
     if (!json_is_number(v)) return BAD(k, "'%s' must be a number", k);
     double d = json_number_value(v);
@@ -220,7 +220,7 @@ static int get_num(json_t *o, const char *k, double lo, double hi, int lo_open, 
 }
 
 static int get_bool(json_t *o, const char *k, int *out, api_err *e) {
-    json_t *v = field(o, k);
+    json_t *v = api_field(o, k);
     if (!v) return 0;
     if (!json_is_boolean(v)) return BAD(k, "'%s' must be true or false", k);
     *out = json_is_true(v);
@@ -228,7 +228,7 @@ static int get_bool(json_t *o, const char *k, int *out, api_err *e) {
 }
 
 static int get_str(json_t *o, const char *k, const char **out, api_err *e) {
-    json_t *v = field(o, k);
+    json_t *v = api_field(o, k);
     if (!v) return 0;
     if (!json_is_string(v)) return BAD(k, "'%s' must be a string", k);
     if (out) *out = json_string_value(v);
@@ -275,7 +275,7 @@ static int check_keys(json_t *root, srv_kind kind, api_err *e) {
 /* ---- sampling, stop, bias -------------------------------------------------- */
 
 static int parse_stop(json_t *root, srv_req *r, api_err *e) {
-    json_t *v = field(root, "stop");
+    json_t *v = api_field(root, "stop");
     if (!v) return 0;
     size_t n = 1;
     if (json_is_array(v)) {
@@ -301,7 +301,7 @@ static int parse_stop(json_t *root, srv_req *r, api_err *e) {
 }
 
 static int parse_bias(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
-    json_t *v = field(root, "logit_bias");
+    json_t *v = api_field(root, "logit_bias");
     if (!v) return 0;
     if (!json_is_object(v)) return BAD("logit_bias", "'logit_bias' must be an object");
     size_t n = json_object_size(v);
@@ -359,7 +359,7 @@ static int parse_common(const api_ctx *a, json_t *root, srv_kind kind, srv_req *
     if (get_str(root, "model", NULL, e) < 0 || get_str(root, "user", NULL, e) < 0 ||
         get_str(root, "prompt_cache_key", NULL, e) < 0 || get_bool(root, "stream", &r->stream, e) < 0)
         return -1;
-    json_t *so = field(root, "stream_options");
+    json_t *so = api_field(root, "stream_options");
     if (so) {
         if (!json_is_object(so)) return BAD("stream_options", "'stream_options' must be an object");
         const char *k;
@@ -369,7 +369,7 @@ static int parse_common(const api_ctx *a, json_t *root, srv_kind kind, srv_req *
         if (get_bool(so, "include_usage", &r->include_usage, e) < 0) return -1;
         if (!r->stream) r->include_usage = 0;
     }
-    const char *mt = kind == SRV_CHAT && field(root, "max_completion_tokens")
+    const char *mt = kind == SRV_CHAT && api_field(root, "max_completion_tokens")
                          ? "max_completion_tokens" : "max_tokens";
     if ((rc = get_int(root, mt, kind == SRV_CHAT ? 1 : 0, a->n_ctx, &x, e)) < 0) return -1;
     r->max_tokens = rc ? (int)x : -1;
@@ -448,17 +448,17 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     if (!strcmp(ro, "developer")) ro = "system";
     else if (strcmp(ro, "system") && strcmp(ro, "user") && strcmp(ro, "assistant") && strcmp(ro, "tool"))
         return BAD(p, "role '%.40s' is not supported (system, developer, user, assistant, tool)", ro), NULL;
-    json_t *name = field(msg, "name");
+    json_t *name = api_field(msg, "name");
     if (name && !json_is_string(name)) return BAD(p, "'%s.name' must be a string", p), NULL;
     api_buf b = {0};
-    if (msg_content(field(msg, "content"), i, ro, &b, e)) {
+    if (msg_content(api_field(msg, "content"), i, ro, &b, e)) {
         api_buf_free(&b);
         return NULL;
     }
     /* tool calls the assistant made: the template renders them (arguments as
      * objects, as Hugging Face templates expect), or, without tool support,
      * they become the tagged blocks the model was asked to write */
-    json_t *tc = field(msg, "tool_calls"), *calls = NULL;
+    json_t *tc = api_field(msg, "tool_calls"), *calls = NULL;
     if (tc) {
         if (strcmp(ro, "assistant") || !json_is_array(tc)) {
             api_buf_free(&b);
@@ -499,13 +499,13 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     /* an earlier turn's reasoning, as this server returned it: the
      * template decides whether it renders (Qwen 3's keeps it after the last
      * user turn, within a tool-calling loop) */
-    json_t *reas = field(msg, "reasoning_content");
+    json_t *reas = api_field(msg, "reasoning_content");
     if (reas && (!json_is_string(reas) || strcmp(ro, "assistant"))) {
         json_decref(calls);
         api_buf_free(&b);
         return BAD(p, "'%s.reasoning_content' must be a string on an assistant message", p), NULL;
     }
-    json_t *tid = field(msg, "tool_call_id");
+    json_t *tid = api_field(msg, "tool_call_id");
     if (tid && !json_is_string(tid)) {
         json_decref(calls);
         api_buf_free(&b);
@@ -745,7 +745,7 @@ static int completion_prompt(const api_ctx *a, json_t *p, int32_t **ids, int *n,
 static const char ANY_OBJECT[] = "{\"type\": \"object\", \"additionalProperties\": true}";
 
 static int parse_format(json_t *root, srv_req *r, api_err *e) {
-    json_t *rf = field(root, "response_format"), *g = field(root, "grammar");
+    json_t *rf = api_field(root, "response_format"), *g = api_field(root, "grammar");
     tl_error err = {0};
     int rc = 0;
     const char *param = "response_format";
@@ -791,7 +791,7 @@ static int parse_format(json_t *root, srv_req *r, api_err *e) {
 static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     long long x;
     int rc;
-    json_t *lp = field(root, "logprobs");
+    json_t *lp = api_field(root, "logprobs");
     if (lp && !json_is_boolean(lp)) return BAD("logprobs", "'logprobs' must be true or false");
     r->logprobs = lp && json_is_true(lp);
     if ((rc = get_int(root, "top_logprobs", 0, SRV_MAX_TOP, &x, e)) < 0) return -1;
@@ -812,7 +812,7 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     }
     /* reasoning: its budget (max_thinking_tokens, or reasoning_effort's) */
     r->think_budget = -1;
-    json_t *effort = field(root, "reasoning_effort");
+    json_t *effort = api_field(root, "reasoning_effort");
     if (effort) {
         static const struct {
             const char *name;
@@ -828,7 +828,7 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     if ((rc = get_int(root, "max_thinking_tokens", 0, a->n_ctx, &x, e)) < 0) return -1;
     if (rc) r->think_budget = (int)x;
     r->think = a->reasoning != 0;
-    return chat_prompt(a, field(root, "messages"), &t, field(root, "chat_template_kwargs"), 1, &r->think_started,
+    return chat_prompt(a, api_field(root, "messages"), &t, api_field(root, "chat_template_kwargs"), 1, &r->think_started,
                        &r->prompt, &r->n_prompt, e);
 }
 
@@ -841,10 +841,10 @@ static int parse_completion(const api_ctx *a, json_t *root, srv_req *r, api_err 
     if (get_bool(root, "echo", &r->echo, e) < 0) return -1;
     if ((rc = get_int(root, "best_of", 1, 1 << 20, &x, e)) < 0) return -1;
     if (rc && x > 1) return BAD("best_of", "'best_of' > 1 is not supported");
-    json_t *sfx = field(root, "suffix");
+    json_t *sfx = api_field(root, "suffix");
     if (sfx && !(json_is_string(sfx) && json_string_length(sfx) == 0))
         return BAD("suffix", "'suffix' is not supported");
-    return completion_prompt(a, field(root, "prompt"), &r->prompt, &r->n_prompt, e);
+    return completion_prompt(a, api_field(root, "prompt"), &r->prompt, &r->n_prompt, e);
 }
 
 static void make_id(srv_req *r) {
@@ -909,11 +909,10 @@ int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_onl
 
 /* ---- replies ----------------------------------------------------------------- */
 
-/* Sets k on o, taking v; a NULL v (no memory) makes the whole reply fail. */
-static int jset(json_t *o, const char *k, json_t *v) { return !v || json_object_set_new(o, k, v); }
-static int jpush(json_t *a, json_t *v) { return !v || json_array_append_new(a, v); }
+int api_jset(json_t *o, const char *k, json_t *v) { return !v || json_object_set_new(o, k, v); }
+int api_jpush(json_t *a, json_t *v) { return !v || json_array_append_new(a, v); }
 
-static char *dump(json_t *j, size_t *len) {
+char *api_dump(json_t *j, size_t *len) {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (s && len) *len = strlen(s);
@@ -922,16 +921,16 @@ static char *dump(json_t *j, size_t *len) {
 
 char *api_error_json(const api_err *e, size_t *len) {
     json_t *err = json_object(), *root = json_object();
-    if (!err || !root || jset(err, "message", jstr_bytes(e->msg, strlen(e->msg))) ||
-        jset(err, "type", json_string(e->type ? e->type : "invalid_request_error")) ||
-        jset(err, "param", e->param[0] ? json_string(e->param) : json_null()) ||
-        jset(err, "code", e->code[0] ? json_string(e->code) : json_null()) ||
+    if (!err || !root || api_jset(err, "message", jstr_bytes(e->msg, strlen(e->msg))) ||
+        api_jset(err, "type", json_string(e->type ? e->type : "invalid_request_error")) ||
+        api_jset(err, "param", e->param[0] ? json_string(e->param) : json_null()) ||
+        api_jset(err, "code", e->code[0] ? json_string(e->code) : json_null()) ||
         json_object_set_new(root, "error", err)) {
         json_decref(err);
         json_decref(root);
         return NULL;
     }
-    return dump(root, len);
+    return api_dump(root, len);
 }
 
 /* The text a token stands for (control tokens by name). */
@@ -946,8 +945,8 @@ static json_t *chat_lp_one(const api_ctx *a, const tl_token_prob *p) {
     size_t n = piece(a, p->token, b, sizeof b);
     json_t *o = json_object(), *bytes = json_array();
     int bad = !o || !bytes;
-    for (size_t i = 0; !bad && i < n; i++) bad = jpush(bytes, json_integer((unsigned char)b[i]));
-    if (bad || jset(o, "token", jstr_bytes(b, n)) || jset(o, "logprob", jlogprob(p->logprob)) ||
+    for (size_t i = 0; !bad && i < n; i++) bad = api_jpush(bytes, json_integer((unsigned char)b[i]));
+    if (bad || api_jset(o, "token", jstr_bytes(b, n)) || api_jset(o, "logprob", jlogprob(p->logprob)) ||
         json_object_set_new(o, "bytes", bytes)) {
         json_decref(o);
         json_decref(bytes);
@@ -960,7 +959,7 @@ static json_t *chat_lp_entry(const api_ctx *a, const srv_req *r, const srv_event
     json_t *o = chat_lp_one(a, &ev->chosen), *tops = json_array();
     int n = ev->n_top < r->top_logprobs ? ev->n_top : r->top_logprobs;
     int bad = !o || !tops;
-    for (int i = 0; !bad && i < n; i++) bad = jpush(tops, chat_lp_one(a, &ev->top[i]));
+    for (int i = 0; !bad && i < n; i++) bad = api_jpush(tops, chat_lp_one(a, &ev->top[i]));
     if (bad || json_object_set_new(o, "top_logprobs", tops)) {
         json_decref(o);
         json_decref(tops);
@@ -997,16 +996,16 @@ static int legacy_add(const api_ctx *a, const srv_req *r, legacy_lp *l, const sr
     int nt = ev->n_top < r->top_logprobs ? ev->n_top : r->top_logprobs;
     for (int i = 0; has && i < nt; i++) {
         legacy_key(a, ev->top[i].token, key, sizeof key);
-        if (jset(top, key, jlogprob(ev->top[i].logprob))) goto fail;
+        if (api_jset(top, key, jlogprob(ev->top[i].logprob))) goto fail;
     }
     if (has) {
         legacy_key(a, ev->chosen.token, key, sizeof key);
-        if (!json_object_get(top, key) && jset(top, key, jlogprob(ev->chosen.logprob))) goto fail;
+        if (!json_object_get(top, key) && api_jset(top, key, jlogprob(ev->chosen.logprob))) goto fail;
     }
-    if (jpush(l->tokens, jstr_bytes(b, n)) ||
-        jpush(l->token_logprobs, has ? jlogprob(ev->chosen.logprob) : json_null()) ||
+    if (api_jpush(l->tokens, jstr_bytes(b, n)) ||
+        api_jpush(l->token_logprobs, has ? jlogprob(ev->chosen.logprob) : json_null()) ||
         json_array_append_new(l->top_logprobs, top) ||
-        jpush(l->text_offset, json_integer((json_int_t)l->offset)))
+        api_jpush(l->text_offset, json_integer((json_int_t)l->offset)))
         return -1;
     l->offset += utf8_count(b, n);
     return 0;
@@ -1065,12 +1064,12 @@ static int echo_text(const api_ctx *a, const srv_req *r, api_buf *b) {
 static json_t *usage_json(const srv_req *r) {
     int pt = r->prompt_tokens ? r->prompt_tokens : r->n_prompt;
     json_t *u = json_object(), *d = json_object(), *sp = json_object();
-    if (!u || !d || !sp || jset(u, "prompt_tokens", json_integer(pt)) ||
-        jset(u, "completion_tokens", json_integer(r->completion_tokens)) ||
-        jset(u, "total_tokens", json_integer(pt + r->completion_tokens)) ||
-        jset(d, "cached_tokens", json_integer(r->cached_tokens)) ||
-        jset(sp, "drafted", json_integer(r->spec_drafted)) ||
-        jset(sp, "accepted", json_integer(r->spec_accepted))) {
+    if (!u || !d || !sp || api_jset(u, "prompt_tokens", json_integer(pt)) ||
+        api_jset(u, "completion_tokens", json_integer(r->completion_tokens)) ||
+        api_jset(u, "total_tokens", json_integer(pt + r->completion_tokens)) ||
+        api_jset(d, "cached_tokens", json_integer(r->cached_tokens)) ||
+        api_jset(sp, "drafted", json_integer(r->spec_drafted)) ||
+        api_jset(sp, "accepted", json_integer(r->spec_accepted))) {
         json_decref(u);
         json_decref(d);
         json_decref(sp);
@@ -1096,9 +1095,9 @@ static json_t *usage_json(const srv_req *r) {
 /* {id, object, created, model} */
 static json_t *reply_head(const api_ctx *a, const srv_req *r, const char *object) {
     json_t *o = json_object();
-    if (!o || jset(o, "id", json_string(r->id)) || jset(o, "object", json_string(object)) ||
-        jset(o, "created", json_integer(r->created)) ||
-        jset(o, "model", jstr_bytes(a->model_id, strlen(a->model_id)))) {
+    if (!o || api_jset(o, "id", json_string(r->id)) || api_jset(o, "object", json_string(object)) ||
+        api_jset(o, "created", json_integer(r->created)) ||
+        api_jset(o, "model", jstr_bytes(a->model_id, strlen(a->model_id)))) {
         json_decref(o);
         return NULL;
     }
@@ -1125,13 +1124,13 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
             bad = ev->text_len && api_buf_add(&text, ev->text, ev->text_len);
         if (ev->kind == SRV_EV_DONE && ev->finish_reason) finish = ev->finish_reason;
         if (bad || skip_lp(a, ev) || (ev->kind != SRV_EV_TOKEN && ev->kind != SRV_EV_PROMPT)) continue;
-        if (chat_lp && ev->kind == SRV_EV_TOKEN) bad = jpush(chat_lp, chat_lp_entry(a, r, ev));
+        if (chat_lp && ev->kind == SRV_EV_TOKEN) bad = api_jpush(chat_lp, chat_lp_entry(a, r, ev));
         if (legacy) bad = legacy_add(a, r, &l, ev);
     }
     json_t *c = json_object(), *lp = NULL;
     if (!bad && chat_lp) {
         lp = json_object();
-        if (!lp || json_object_set(lp, "content", chat_lp) || jset(lp, "refusal", json_null())) bad = 1;
+        if (!lp || json_object_set(lp, "content", chat_lp) || api_jset(lp, "refusal", json_null())) bad = 1;
     } else if (!bad && legacy) {
         lp = legacy_obj(&l);
         legacy = 0;
@@ -1167,7 +1166,7 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     api_buf_free(&text);
     if (r->kind == SRV_CHAT) {
         json_t *m = json_object();
-        if (!m || jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt) ||
+        if (!m || api_jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt) ||
             (reasoning && json_object_set(m, "reasoning_content", reasoning)) ||
             (calls && json_object_set(m, "tool_calls", calls))) {
             json_decref(m);
@@ -1177,15 +1176,15 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
         json_decref(reasoning);
         reasoning = NULL;
         txt = NULL;
-        bad |= !c || jset(c, "index", json_integer(0)) || jset(c, "message", m);
+        bad |= !c || api_jset(c, "index", json_integer(0)) || api_jset(c, "message", m);
     } else {
-        bad |= !c || jset(c, "index", json_integer(0)) || jset(c, "text", txt);
+        bad |= !c || api_jset(c, "index", json_integer(0)) || api_jset(c, "text", txt);
         txt = NULL;
     }
     json_decref(txt);
     json_decref(reasoning);
-    if (bad || jset(c, "logprobs", lp ? lp : json_null()) ||
-        jset(c, "finish_reason", json_string(finish))) {
+    if (bad || api_jset(c, "logprobs", lp ? lp : json_null()) ||
+        api_jset(c, "finish_reason", json_string(finish))) {
         json_decref(c);
         return NULL;
     }
@@ -1195,8 +1194,8 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
 json_t *api_reply_obj(const api_ctx *a, const srv_req *r) {
     json_t *o = reply_head(a, r, r->kind == SRV_CHAT ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
-    if (!o || !choices || jpush(choices, reply_choice(a, r)) ||
-        json_object_set_new(o, "choices", choices) || jset(o, "usage", usage_json(r))) {
+    if (!o || !choices || api_jpush(choices, reply_choice(a, r)) ||
+        json_object_set_new(o, "choices", choices) || api_jset(o, "usage", usage_json(r))) {
         json_decref(o);
         if (!o) json_decref(choices);
         return NULL;
@@ -1209,7 +1208,7 @@ char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
     if (!o) return NULL;
     if (r->dialect == SRV_DIALECT_RESPONSES) return resp_reply(a, r, o, len);
     if (r->dialect == SRV_DIALECT_MESSAGES) return msg_reply(a, r, o, len);
-    return dump(o, len);
+    return api_dump(o, len);
 }
 
 void api_stream_free(api_stream *st) {
@@ -1226,7 +1225,7 @@ void api_stream_free(api_stream *st) {
 static int frame(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out, json_t *j) {
     if (r->dialect == SRV_DIALECT_RESPONSES) return resp_stream_chunk(a, r, &st->ds, j, out);
     if (r->dialect == SRV_DIALECT_MESSAGES) return msg_stream_chunk(a, r, &st->ds, j, out);
-    char *s = dump(j, NULL);
+    char *s = api_dump(j, NULL);
     if (!s) return -1;
     int rc = api_buf_add(out, "data: ", 6) || api_buf_add(out, s, strlen(s)) ||
              api_buf_add(out, "\n\n", 2);
@@ -1242,18 +1241,18 @@ static int chunk(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *ou
     json_t *c = json_object(), *choices = json_array(), *delta = chat ? json_object() : NULL;
     int bad = !o || !c || !choices || (chat && !delta);
     if (!bad && chat) {
-        if (role) bad |= jset(delta, "role", json_string(role));
-        if (text) bad |= jset(delta, "content", jstr_bytes(text, tlen));
+        if (role) bad |= api_jset(delta, "role", json_string(role));
+        if (text) bad |= api_jset(delta, "content", jstr_bytes(text, tlen));
         bad |= json_object_set_new(c, "delta", delta);
         delta = NULL;
     } else if (!bad) {
-        bad |= jset(c, "text", jstr_bytes(text ? text : "", text ? tlen : 0));
+        bad |= api_jset(c, "text", jstr_bytes(text ? text : "", text ? tlen : 0));
     }
-    bad = bad || jset(c, "index", json_integer(0)) || jset(c, "logprobs", lp ? lp : json_null());
+    bad = bad || api_jset(c, "index", json_integer(0)) || api_jset(c, "logprobs", lp ? lp : json_null());
     lp = NULL;
-    bad = bad || jset(c, "finish_reason", finish ? json_string(finish) : json_null()) ||
+    bad = bad || api_jset(c, "finish_reason", finish ? json_string(finish) : json_null()) ||
           json_array_append(choices, c) || json_object_set(o, "choices", choices) ||
-          (r->include_usage && jset(o, "usage", json_null()));
+          (r->include_usage && api_jset(o, "usage", json_null()));
     json_decref(lp);
     json_decref(delta);
     json_decref(c);
@@ -1267,7 +1266,7 @@ static int chunk(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *ou
 
 static int usage_chunk(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out) {
     json_t *o = reply_head(a, r, r->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    if (!o || jset(o, "choices", json_array()) || jset(o, "usage", usage_json(r))) {
+    if (!o || api_jset(o, "choices", json_array()) || api_jset(o, "usage", usage_json(r))) {
         json_decref(o);
         return -1;
     }
@@ -1292,8 +1291,8 @@ static json_t *event_lp(const api_ctx *a, const srv_req *r, api_stream *st, cons
     if (!r->logprobs || skip_lp(a, ev)) return NULL;
     if (r->kind == SRV_CHAT) {
         json_t *o = json_object(), *arr = json_array();
-        if (!o || !arr || jpush(arr, chat_lp_entry(a, r, ev)) ||
-            json_object_set_new(o, "content", arr) || jset(o, "refusal", json_null())) {
+        if (!o || !arr || api_jpush(arr, chat_lp_entry(a, r, ev)) ||
+            json_object_set_new(o, "content", arr) || api_jset(o, "refusal", json_null())) {
             json_decref(o);
             *bad = 1;
             return NULL;
@@ -1331,7 +1330,7 @@ static int chunk_delta(const api_ctx *a, const srv_req *r, api_stream *st, api_b
                       : NULL;
     json_t *choices = c ? json_pack("[o]", c) : NULL;
     if (!o || !choices || json_object_set_new(o, "choices", choices) ||
-        (r->include_usage && jset(o, "usage", json_null()))) {
+        (r->include_usage && api_jset(o, "usage", json_null()))) {
         json_decref(o);
         return -1;
     }
@@ -1496,19 +1495,19 @@ char *api_props_json(const api_ctx *a, size_t *len) {
                           a->model_path ? a->model_path : "", "model_alias", a->model_id, "n_ctx", a->n_ctx,
                           "capabilities", capabilities(a), "chat_template", tm ? tm : "", "modalities", "vision", 0,
                           "audio", 0);
-    return o ? dump(o, len) : NULL;
+    return o ? api_dump(o, len) : NULL;
 }
 
 char *api_models_json(const api_ctx *a, size_t *len) {
     json_t *root = json_object(), *data = json_array(), *m = json_object();
-    if (!root || !data || !m || jset(m, "id", jstr_bytes(a->model_id, strlen(a->model_id))) ||
-        jset(m, "object", json_string("model")) || jset(m, "created", json_integer(time(NULL))) ||
-        jset(m, "owned_by", json_string("tokenloop")) ||
-        jset(m, "max_model_len", json_integer(a->n_ctx)) || jset(m, "context_length", json_integer(a->n_ctx)) ||
-        jset(m, "capabilities", capabilities(a)) || jset(m, "type", json_string("model")) ||
-        jset(m, "display_name", jstr_bytes(a->model_id, strlen(a->model_id))) ||
-        jset(m, "created_at", json_string("1970-01-01T00:00:00Z")) || json_array_append(data, m) ||
-        jset(root, "object", json_string("list")) || json_object_set(root, "data", data)) {
+    if (!root || !data || !m || api_jset(m, "id", jstr_bytes(a->model_id, strlen(a->model_id))) ||
+        api_jset(m, "object", json_string("model")) || api_jset(m, "created", json_integer(time(NULL))) ||
+        api_jset(m, "owned_by", json_string("tokenloop")) ||
+        api_jset(m, "max_model_len", json_integer(a->n_ctx)) || api_jset(m, "context_length", json_integer(a->n_ctx)) ||
+        api_jset(m, "capabilities", capabilities(a)) || api_jset(m, "type", json_string("model")) ||
+        api_jset(m, "display_name", jstr_bytes(a->model_id, strlen(a->model_id))) ||
+        api_jset(m, "created_at", json_string("1970-01-01T00:00:00Z")) || json_array_append(data, m) ||
+        api_jset(root, "object", json_string("list")) || json_object_set(root, "data", data)) {
         json_decref(root);
         json_decref(data);
         json_decref(m);
@@ -1516,7 +1515,7 @@ char *api_models_json(const api_ctx *a, size_t *len) {
     }
     json_decref(data);
     json_decref(m);
-    return dump(root, len);
+    return api_dump(root, len);
 }
 
 static int only_keys(json_t *root, const char *const *keys, api_err *e) {
@@ -1535,14 +1534,14 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
     int32_t *ids = NULL;
     int n = 0, add_special = -1, add_gen = 1, rc = only_keys(root, keys, e);
     const char *text = NULL;
-    json_t *msgs = field(root, "messages");
+    json_t *msgs = api_field(root, "messages");
     if (!rc && (get_bool(root, "add_special", &add_special, e) < 0 ||
                 get_bool(root, "add_generation_prompt", &add_gen, e) < 0 ||
                 get_str(root, "content", &text, e) < 0 || (!text && get_str(root, "prompt", &text, e) < 0)))
         rc = -1;
     if (!rc && !text && !msgs) rc = BAD("content", "give 'content', 'prompt' or 'messages'");
     if (!rc && msgs) {
-        rc = chat_prompt(a, msgs, NULL, field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, e);
+        rc = chat_prompt(a, msgs, NULL, api_field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, e);
     } else if (!rc) {
         size_t tl = strlen(text);
         int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;
@@ -1551,17 +1550,17 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
     json_decref(root);
     json_t *o = rc ? NULL : json_object(), *arr = rc ? NULL : json_array();
     int bad = rc || !o || !arr;
-    for (int i = 0; !bad && i < n; i++) bad = jpush(arr, json_integer(ids[i]));
+    for (int i = 0; !bad && i < n; i++) bad = api_jpush(arr, json_integer(ids[i]));
     tl_free(ids);
-    if (bad || json_object_set(o, "tokens", arr) || jset(o, "count", json_integer(n)) ||
-        jset(o, "max_model_len", json_integer(a->n_ctx))) {
+    if (bad || json_object_set(o, "tokens", arr) || api_jset(o, "count", json_integer(n)) ||
+        api_jset(o, "max_model_len", json_integer(a->n_ctx))) {
         json_decref(o);
         json_decref(arr);
         if (!rc) api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return NULL;
     }
     json_decref(arr);
-    return dump(o, out_len);
+    return api_dump(o, out_len);
 }
 
 char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e) {
@@ -1571,7 +1570,7 @@ char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out
     if (!root) return NULL;
     int32_t *ids = NULL;
     int n = 0, rc = only_keys(root, keys, e);
-    json_t *t = field(root, "tokens");
+    json_t *t = api_field(root, "tokens");
     if (!rc && !json_is_array(t)) rc = BAD("tokens", "'tokens' must be an array of token ids");
     if (!rc) rc = token_array(a, t, "tokens", &ids, &n, e);
     json_decref(root);
@@ -1591,13 +1590,13 @@ char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out
     }
     free(ids);
     json_t *o = rc ? NULL : json_object();
-    if (rc || !o || jset(o, "content", jstr_bytes(b.p, b.n)) ||
-        jset(o, "prompt", jstr_bytes(b.p, b.n))) {
+    if (rc || !o || api_jset(o, "content", jstr_bytes(b.p, b.n)) ||
+        api_jset(o, "prompt", jstr_bytes(b.p, b.n))) {
         json_decref(o);
         api_buf_free(&b);
         if (!rc) api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return NULL;
     }
     api_buf_free(&b);
-    return dump(o, out_len);
+    return api_dump(o, out_len);
 }

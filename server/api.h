@@ -49,6 +49,15 @@ int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t 
 /* The same from a parsed chat-shaped object (a dialect's translation; not
  * taken). count_only: no length check (count_tokens). */
 int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_only, api_err *e);
+/* jansson helpers every reply builder uses. api_jset/api_jpush take v (set or
+ * not) and return nonzero on failure, a NULL v (no memory) included;
+ * api_field is NULL for a missing or null key; api_dump takes j and returns
+ * its compact text (malloc'ed; NULL for a NULL j or no memory). */
+int api_jset(json_t *o, const char *k, json_t *v);
+int api_jpush(json_t *a, json_t *v);
+json_t *api_field(json_t *o, const char *k);
+char *api_dump(json_t *j, size_t *len);
+
 /* A JSON object body (depth-limited), or NULL with e filled. */
 json_t *api_load_body(const char *body, size_t len, api_err *e);
 

@@ -63,6 +63,12 @@ void dialect_stream_free(void *ds);
  * say nothing to the model and would end the cached prefix at the top.
  * Returns the new length. */
 size_t api_volatile_strip(char *s, size_t n);
+/* The text of content given as a string or as parts whose type is one of
+ * types (NULL-terminated), joined by newlines; a part's text is its "text"
+ * (a refusal part's "refusal"). 0; -1 with e filled (a 400); -2: no memory. */
+int dialect_text(json_t *c, const char *param, const char *const *types, api_buf *b, api_err *e);
+/* The buffer's bytes as a JSON string (NULL: no memory). */
+json_t *dialect_str(const api_buf *b);
 /* Appends an SSE event "event: type\ndata: json\n\n" (j taken). */
 int dialect_event(api_buf *out, const char *type, json_t *j);
 

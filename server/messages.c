@@ -10,12 +10,6 @@
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
-static int jset(json_t *o, const char *k, json_t *v) { return !v || json_object_set_new(o, k, v); }
-static int jpush(json_t *a, json_t *v) { return !v || json_array_append_new(a, v); }
-static json_t *field(json_t *o, const char *k) {
-    json_t *v = json_object_get(o, k);
-    return json_is_null(v) ? NULL : v;
-}
 
 /* ---- errors ---------------------------------------------------------------------- */
 
@@ -34,10 +28,7 @@ static const char *err_type(int http) {
 
 char *msg_error_json(const api_err *e, size_t *len) {
     json_t *o = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", err_type(e->http), "message", e->msg);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s && len) *len = strlen(s);
-    return s;
+    return api_dump(o, len);
 }
 
 /* ---- the request ------------------------------------------------------------------- */
@@ -56,36 +47,17 @@ static void dx_free(void *p) {
     free(d);
 }
 
-static json_t *str_of(api_buf *b) { return json_stringn(b->p ? b->p : "", b->n); }
-
-/* Text of a string or of text blocks (joined by newlines). */
-static int blocks_text(json_t *c, const char *param, api_buf *b, api_err *e) {
-    if (json_is_string(c)) return api_buf_add(b, json_string_value(c), json_string_length(c)) ? -2 : 0;
-    if (!json_is_array(c)) return BAD(param, "'%s' must be a string or an array of blocks", param);
-    size_t i;
-    json_t *bl;
-    int first = 1;
-    json_array_foreach(c, i, bl) {
-        const char *t = json_string_value(field(bl, "type"));
-        if (!t || strcmp(t, "text")) return BAD(param, "blocks of type '%.32s' are not supported here (text only)", t ? t : "?");
-        json_t *text = field(bl, "text");
-        if (!json_is_string(text)) return BAD(param, "a text block needs a string 'text'");
-        if ((!first && api_buf_add(b, "\n", 1)) || api_buf_add(b, json_string_value(text), json_string_length(text)))
-            return -2;
-        first = 0;
-    }
-    return 0;
-}
+static const char *const TEXT_BLOCKS[] = {"text", NULL};
 
 #define OOM() api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
 /* One Anthropic message -> chat messages (tool results become tool messages). */
 static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
-    const char *role = json_string_value(field(m, "role"));
+    const char *role = json_string_value(api_field(m, "role"));
     if (!json_is_object(m) || !role ||
         !(strcmp(role, "user") == 0 || strcmp(role, "assistant") == 0 || strcmp(role, "system") == 0))
         return BAD("messages", "each message needs a role of user or assistant");
-    json_t *c = field(m, "content");
+    json_t *c = api_field(m, "content");
     if (!c) return BAD("messages", "each message needs 'content'");
     api_buf text = {0}, think = {0};
     json_t *calls = NULL;
@@ -99,13 +71,13 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
         size_t i;
         json_t *bl;
         json_array_foreach(c, i, bl) {
-            const char *t = json_string_value(field(bl, "type"));
+            const char *t = json_string_value(api_field(bl, "type"));
             if (!t) {
                 rc = BAD("messages", "each content block needs a 'type'");
                 break;
             }
             if (!strcmp(t, "text")) {
-                json_t *s = field(bl, "text");
+                json_t *s = api_field(bl, "text");
                 if (!json_is_string(s)) {
                     rc = BAD("messages", "a text block needs a string 'text'");
                     break;
@@ -113,7 +85,7 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
                 if ((n_text++ && api_buf_add(&text, "\n", 1)) || api_buf_add(&text, json_string_value(s), json_string_length(s)))
                     rc = -2;
             } else if (!strcmp(t, "thinking")) {
-                json_t *s = field(bl, "thinking");
+                json_t *s = api_field(bl, "thinking");
                 if (!json_is_string(s)) {
                     rc = BAD("messages", "a thinking block needs a string 'thinking'");
                     break;
@@ -122,7 +94,7 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
             } else if (!strcmp(t, "redacted_thinking")) {
                 continue;
             } else if (!strcmp(t, "tool_use")) {
-                json_t *id = field(bl, "id"), *name = field(bl, "name"), *input = field(bl, "input");
+                json_t *id = api_field(bl, "id"), *name = api_field(bl, "name"), *input = api_field(bl, "input");
                 if (!json_is_string(id) || !json_is_string(name) || (input && !json_is_object(input))) {
                     rc = BAD("messages", "a tool_use block needs a string 'id' and 'name' and an object 'input'");
                     break;
@@ -130,24 +102,24 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
                 char *args = input ? json_dumps(input, JSON_COMPACT) : strdup("{}");
                 if (!calls) calls = json_array();
                 if (!args || !calls ||
-                    jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name",
+                    api_jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function", "name",
                                            name, "arguments", args)))
                     rc = -2;
                 free(args);
             } else if (!strcmp(t, "tool_result")) {
-                json_t *id = field(bl, "tool_use_id"), *rc_c = field(bl, "content");
+                json_t *id = api_field(bl, "tool_use_id"), *rc_c = api_field(bl, "content");
                 if (!json_is_string(id)) {
                     rc = BAD("messages", "a tool_result block needs a string 'tool_use_id'");
                     break;
                 }
                 api_buf r = {0};
-                if (rc_c && (rc = blocks_text(rc_c, "messages", &r, e))) {
+                if (rc_c && (rc = dialect_text(rc_c, "messages", TEXT_BLOCKS, &r, e))) {
                     api_buf_free(&r);
                     break;
                 }
-                json_t *is_err = field(bl, "is_error");
+                json_t *is_err = api_field(bl, "is_error");
                 if (is_err && json_is_true(is_err) && !r.n && api_buf_add(&r, "error", 5)) rc = -2;
-                if (!rc && jpush(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", str_of(&r))))
+                if (!rc && api_jpush(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", dialect_str(&r))))
                     rc = -2;
                 api_buf_free(&r);
             } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
@@ -162,9 +134,9 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
     if (!rc && (n_text || calls || think.n)) {
         const char *r = !strcmp(role, "system") ? "system" : role;
         if (!strcmp(r, "system") && text.p) text.n = api_volatile_strip(text.p, text.n);
-        json_t *cm = json_pack("{s:s, s:o}", "role", r, "content", str_of(&text));
+        json_t *cm = json_pack("{s:s, s:o}", "role", r, "content", dialect_str(&text));
         if (!cm || (calls && json_object_set(cm, "tool_calls", calls)) ||
-            (think.n && json_object_set_new(cm, "reasoning_content", str_of(&think))) || jpush(msgs, cm))
+            (think.n && json_object_set_new(cm, "reasoning_content", dialect_str(&think))) || api_jpush(msgs, cm))
             rc = -2;
     }
     api_buf_free(&text);
@@ -180,19 +152,19 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
         OOM();
         return NULL;
     }
-    json_t *sys = field(root, "system");
+    json_t *sys = api_field(root, "system");
     if (sys) {
         api_buf b = {0};
-        int rc = blocks_text(sys, "system", &b, e);
+        int rc = dialect_text(sys, "system", TEXT_BLOCKS, &b, e);
         if (!rc && b.p) b.n = api_volatile_strip(b.p, b.n);
-        if (!rc && jpush(msgs, json_pack("{s:s, s:o}", "role", "system", "content", str_of(&b)))) rc = -2;
+        if (!rc && api_jpush(msgs, json_pack("{s:s, s:o}", "role", "system", "content", dialect_str(&b)))) rc = -2;
         api_buf_free(&b);
         if (rc) {
             if (rc == -2) OOM();
             goto fail;
         }
     }
-    json_t *ms = field(root, "messages");
+    json_t *ms = api_field(root, "messages");
     if (!json_is_array(ms) || !json_array_size(ms)) {
         BAD("messages", "'messages' must be a non-empty array");
         goto fail;
@@ -200,7 +172,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
     size_t i;
     json_t *m;
     json_array_foreach(ms, i, m) if (message_to_chat(m, msgs, e)) goto fail;
-    json_t *tools = field(root, "tools");
+    json_t *tools = api_field(root, "tools");
     int n_fn = 0;
     if (tools && !json_is_array(tools)) {
         BAD("tools", "'tools' must be an array");
@@ -211,14 +183,14 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
         if (!ct || json_object_set_new(chat, "tools", ct)) goto oom;
         json_t *t;
         json_array_foreach(tools, i, t) {
-            const char *type = json_string_value(field(t, "type"));
-            json_t *name = field(t, "name"), *schema = field(t, "input_schema");
+            const char *type = json_string_value(api_field(t, "type"));
+            json_t *name = api_field(t, "name"), *schema = api_field(t, "input_schema");
             if (type && strcmp(type, "custom")) { /* Anthropic's server and client tools */
                 char w[160];
                 snprintf(w, sizeof w, "tools of type '%.40s' are not supported here and were ignored", type);
                 api_utf8_scrub(w);
                 if (!d->warnings) d->warnings = json_array();
-                if (jpush(d->warnings, json_string(w))) goto oom;
+                if (api_jpush(d->warnings, json_string(w))) goto oom;
                 continue;
             }
             if (!json_is_string(name) || (schema && !json_is_object(schema))) {
@@ -228,60 +200,60 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
             /* in the order chat clients send, so the rendered tools, and the
              * cache, are the same whichever dialect an agent speaks */
             json_t *fn = json_pack("{s:O}", "name", name);
-            json_t *desc = field(t, "description");
+            json_t *desc = api_field(t, "description");
             if (!fn || (desc && json_object_set(fn, "description", desc)) ||
                 json_object_set_new(fn, "parameters", schema ? json_incref(schema) : json_object()) ||
-                jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
+                api_jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
                 goto oom;
             n_fn++;
         }
         if (!n_fn) json_object_del(chat, "tools");
     }
-    json_t *tc = field(root, "tool_choice");
+    json_t *tc = api_field(root, "tool_choice");
     if (tc && !json_is_object(tc)) {
         BAD("tool_choice", "'tool_choice' must be an object");
         goto fail;
     }
     if (tc && n_fn) {
-        const char *type = json_string_value(field(tc, "type"));
+        const char *type = json_string_value(api_field(tc, "type"));
         json_t *v = NULL;
         if (type && !strcmp(type, "auto")) v = json_string("auto");
         else if (type && !strcmp(type, "any")) v = json_string("required");
         else if (type && !strcmp(type, "none")) v = json_string("none");
-        else if (type && !strcmp(type, "tool") && json_is_string(field(tc, "name")))
-            v = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", field(tc, "name"));
+        else if (type && !strcmp(type, "tool") && json_is_string(api_field(tc, "name")))
+            v = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", api_field(tc, "name"));
         else {
             BAD("tool_choice", "'tool_choice.type' must be auto, any, tool (with a name) or none");
             goto fail;
         }
-        if (jset(chat, "tool_choice", v)) goto oom;
-        json_t *dp = field(tc, "disable_parallel_tool_use");
-        if (dp && json_is_true(dp) && jset(chat, "parallel_tool_calls", json_false())) goto oom;
+        if (api_jset(chat, "tool_choice", v)) goto oom;
+        json_t *dp = api_field(tc, "disable_parallel_tool_use");
+        if (dp && json_is_true(dp) && api_jset(chat, "parallel_tool_calls", json_false())) goto oom;
     }
     /* thinking: a budget, or none */
-    json_t *th = field(root, "thinking");
+    json_t *th = api_field(root, "thinking");
     if (th) {
-        const char *type = json_string_value(field(th, "type"));
+        const char *type = json_string_value(api_field(th, "type"));
         if (!json_is_object(th) || !type) {
             BAD("thinking", "'thinking' must be an object with a 'type'");
             goto fail;
         }
         if (!strcmp(type, "enabled")) {
-            json_t *b = field(th, "budget_tokens");
+            json_t *b = api_field(th, "budget_tokens");
             if (!json_is_integer(b) || json_integer_value(b) < 0) {
                 BAD("thinking", "'thinking.budget_tokens' must be a non-negative integer");
                 goto fail;
             }
             json_int_t v = json_integer_value(b);
-            if (jset(chat, "max_thinking_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
+            if (api_jset(chat, "max_thinking_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
         } else if (!strcmp(type, "disabled")) {
-            if (jset(chat, "max_thinking_tokens", json_integer(0))) goto oom;
+            if (api_jset(chat, "max_thinking_tokens", json_integer(0))) goto oom;
         } else if (strcmp(type, "adaptive")) {
             BAD("thinking", "'thinking.type' must be enabled, disabled or adaptive");
             goto fail;
         }
     }
-    json_t *mt = field(root, "max_tokens");
+    json_t *mt = api_field(root, "max_tokens");
     if (!mt && !count_only) {
         BAD("max_tokens", "'max_tokens' is required");
         goto fail;
@@ -292,29 +264,29 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
             goto fail;
         }
         json_int_t v = json_integer_value(mt);
-        if (jset(chat, "max_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
+        if (api_jset(chat, "max_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
     }
-    json_t *ss = field(root, "stop_sequences");
+    json_t *ss = api_field(root, "stop_sequences");
     if (ss && !json_is_array(ss)) {
         BAD("stop_sequences", "'stop_sequences' must be an array of strings");
         goto fail;
     }
     if (ss && json_array_size(ss)) {
-        if (jset(chat, "stop", json_incref(ss))) goto oom;
+        if (api_jset(chat, "stop", json_incref(ss))) goto oom;
         d->stop = json_incref(ss);
     }
     static const char *const SAME[] = {"temperature", "top_p", "top_k", "stream", "model", NULL};
     for (int k = 0; SAME[k]; k++) {
-        json_t *v = field(root, SAME[k]);
-        if (v && !count_only && jset(chat, SAME[k], json_incref(v))) goto oom;
+        json_t *v = api_field(root, SAME[k]);
+        if (v && !count_only && api_jset(chat, SAME[k], json_incref(v))) goto oom;
     }
-    json_t *md = field(root, "metadata");
+    json_t *md = api_field(root, "metadata");
     if (md && !json_is_object(md)) {
         BAD("metadata", "'metadata' must be an object");
         goto fail;
     }
-    json_t *uid = md ? field(md, "user_id") : NULL;
-    if (json_is_string(uid) && jset(chat, "user", json_incref(uid))) goto oom;
+    json_t *uid = md ? api_field(md, "user_id") : NULL;
+    if (json_is_string(uid) && api_jset(chat, "user", json_incref(uid))) goto oom;
     return chat;
 oom:
     OOM();
@@ -352,10 +324,7 @@ out:
 
 char *msg_count_json(const srv_req *r, size_t *len) {
     json_t *o = json_pack("{s:i}", "input_tokens", r->n_prompt);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s && len) *len = strlen(s);
-    return s;
+    return api_dump(o, len);
 }
 
 /* ---- the reply ------------------------------------------------------------------------ */
@@ -412,23 +381,20 @@ char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
     json_t *m = json_object_get(ch, "message");
     const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
     json_t *content = json_array();
-    json_t *rs = field(m, "reasoning_content"), *text = field(m, "content"), *calls = field(m, "tool_calls");
+    json_t *rs = api_field(m, "reasoning_content"), *text = api_field(m, "content"), *calls = api_field(m, "tool_calls");
     int bad = !content;
     if (!bad && rs && json_string_length(rs))
-        bad = jpush(content, json_pack("{s:s, s:O, s:s}", "type", "thinking", "thinking", rs, "signature", ""));
-    if (!bad && text && json_string_length(text)) bad = jpush(content, json_pack("{s:s, s:O}", "type", "text", "text", text));
+        bad = api_jpush(content, json_pack("{s:s, s:O, s:s}", "type", "thinking", "thinking", rs, "signature", ""));
+    if (!bad && text && json_string_length(text)) bad = api_jpush(content, json_pack("{s:s, s:O}", "type", "text", "text", text));
     size_t i;
     json_t *c;
-    json_array_foreach(calls, i, c) bad = bad || jpush(content, tool_block(c, 1));
+    json_array_foreach(calls, i, c) bad = bad || api_jpush(content, tool_block(c, 1));
     json_t *o = bad ? NULL
                     : message_head(a, r, content, stop_reason(r, finish, json_array_size(calls) > 0), stop_seq(r),
                                    usage_of(r, json_object_get(chat, "usage"), 1));
     if (bad) json_decref(content);
     json_decref(chat);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s && len) *len = strlen(s);
-    return s;
+    return api_dump(o, len);
 }
 
 /* ---- the stream -------------------------------------------------------------------------- */
@@ -445,7 +411,7 @@ typedef struct msg_ds {
 static void ds_free(dialect_stream *p) { free(p); }
 
 static int ev(api_buf *out, const char *type, json_t *o) {
-    if (!o || jset(o, "type", json_string(type))) {
+    if (!o || api_jset(o, "type", json_string(type))) {
         json_decref(o);
         return -1;
     }
@@ -522,8 +488,8 @@ int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chun
     json_t *choices = json_object_get(chunk, "choices");
     if (!rc && json_array_size(choices)) {
         json_t *ch = json_array_get(choices, 0), *delta = json_object_get(ch, "delta");
-        json_t *rs = field(delta, "reasoning_content"), *content = field(delta, "content"),
-               *calls = field(delta, "tool_calls"), *fin = field(ch, "finish_reason");
+        json_t *rs = api_field(delta, "reasoning_content"), *content = api_field(delta, "content"),
+               *calls = api_field(delta, "tool_calls"), *fin = api_field(ch, "finish_reason");
         if (!rc && rs) rc = text_delta(d, out, 1, rs);
         if (!rc && content) rc = text_delta(d, out, 2, content);
         if (!rc && calls) rc = calls_delta(d, out, calls);

@@ -13,12 +13,6 @@
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
-static int jset(json_t *o, const char *k, json_t *v) { return !v || json_object_set_new(o, k, v); }
-static int jpush(json_t *a, json_t *v) { return !v || json_array_append_new(a, v); }
-static json_t *field(json_t *o, const char *k) {
-    json_t *v = json_object_get(o, k);
-    return json_is_null(v) ? NULL : v;
-}
 
 /* ---- the store ------------------------------------------------------------------ */
 
@@ -152,17 +146,20 @@ static int store_get(resp_store *s, const char *id, json_t **items, json_t **res
     return rc;
 }
 
+/* o's text (o taken), or NULL with e filled. */
+static char *dump_or_fail(json_t *o, size_t *len, api_err *e) {
+    char *s = api_dump(o, len);
+    if (!s) api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return s;
+}
+
 char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e) {
     json_t *r = NULL;
     if (store_get(a->store, id, NULL, &r) || !r) {
         api_fail(e, 404, "invalid_request_error", "response_id", NULL, "no stored response with id '%.64s'", id);
         return NULL;
     }
-    char *s = json_dumps(r, JSON_COMPACT);
-    json_decref(r);
-    if (s) *len = strlen(s);
-    else api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    return s;
+    return dump_or_fail(r, len, e);
 }
 
 char *resp_input_items(const api_ctx *a, const char *id, int asc, size_t *len, api_err *e) {
@@ -195,11 +192,7 @@ char *resp_input_items(const api_ctx *a, const char *id, int asc, size_t *len, a
                                  json_object_get(json_array_get(data, 0), "id"), "last_id",
                                  json_object_get(json_array_get(data, json_array_size(data) - 1), "id"), "has_more", 0)
                      : NULL;
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s) *len = strlen(s);
-    else api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    return s;
+    return dump_or_fail(o, len, e);
 }
 
 char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e) {
@@ -214,11 +207,7 @@ char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e) {
         return NULL;
     }
     json_t *o = json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s) *len = strlen(s);
-    else api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    return s;
+    return dump_or_fail(o, len, e);
 }
 
 /* ---- the request ----------------------------------------------------------------- */
@@ -246,31 +235,12 @@ static void dx_free(void *p) {
 
 static int warn(resp_dx *d, const char *msg) {
     if (!d->warnings && !(d->warnings = json_array())) return -1;
-    return jpush(d->warnings, json_string(msg));
+    return api_jpush(d->warnings, json_string(msg));
 }
 
-/* The text of a content value: a string, or parts whose text is joined by
- * newlines. Parts that are not text (images, files, audio) are refused. */
-static int content_text(json_t *c, const char *param, api_buf *b, api_err *e) {
-    if (json_is_string(c)) return api_buf_add(b, json_string_value(c), json_string_length(c)) ? -2 : 0;
-    if (!json_is_array(c)) return BAD(param, "'%s' content must be a string or an array of parts", param);
-    size_t i;
-    json_t *p;
-    json_array_foreach(c, i, p) {
-        const char *t = json_string_value(field(p, "type"));
-        json_t *text = field(p, "text");
-        if (t && (!strcmp(t, "refusal"))) text = field(p, "refusal");
-        if (!t || !(strcmp(t, "input_text") == 0 || strcmp(t, "output_text") == 0 || strcmp(t, "text") == 0 ||
-                    strcmp(t, "refusal") == 0 || strcmp(t, "summary_text") == 0 || strcmp(t, "reasoning_text") == 0))
-            return BAD(param, "content parts of type '%.32s' are not supported (text only)", t ? t : "?");
-        if (!json_is_string(text)) return BAD(param, "a '%s' part needs a string 'text'", t);
-        if ((i && api_buf_add(b, "\n", 1)) || api_buf_add(b, json_string_value(text), json_string_length(text)))
-            return -2;
-    }
-    return 0;
-}
-
-static json_t *str_of(api_buf *b) { return json_stringn(b->p ? b->p : "", b->n); }
+/* Text parts of input and output items; images, files and audio are refused. */
+static const char *const TEXT_PARTS[] = {"input_text", "output_text", "text", "refusal", "summary_text",
+                                         "reasoning_text", NULL};
 
 /* The last chat message, if it is the assistant's and may take tool calls. */
 static json_t *open_assistant(json_t *msgs, int joinable) {
@@ -292,39 +262,39 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             rc = BAD("input", "input items must be objects");
             break;
         }
-        const char *type = json_string_value(field(it, "type"));
-        if (!type) type = field(it, "role") ? "message" : "";
+        const char *type = json_string_value(api_field(it, "type"));
+        if (!type) type = api_field(it, "role") ? "message" : "";
         api_buf b = {0};
         if (!strcmp(type, "message")) {
-            const char *role = json_string_value(field(it, "role"));
+            const char *role = json_string_value(api_field(it, "role"));
             if (!role || !(strcmp(role, "user") == 0 || strcmp(role, "assistant") == 0 || strcmp(role, "system") == 0 ||
                            strcmp(role, "developer") == 0)) {
                 rc = BAD("input", "a message's role must be user, assistant, system or developer");
                 break;
             }
-            json_t *c = field(it, "content");
+            json_t *c = api_field(it, "content");
             if (!c) {
                 rc = BAD("input", "a message needs 'content'");
                 break;
             }
-            if ((rc = content_text(c, "input", &b, e))) {
+            if ((rc = dialect_text(c, "input", TEXT_PARTS, &b, e))) {
                 api_buf_free(&b);
                 if (rc == -2) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                 break;
             }
             int sys = !strcmp(role, "system") || !strcmp(role, "developer");
             if (sys && b.p) b.n = api_volatile_strip(b.p, b.n);
-            json_t *m = json_pack("{s:s, s:o}", "role", sys ? "system" : role, "content", str_of(&b));
+            json_t *m = json_pack("{s:s, s:o}", "role", sys ? "system" : role, "content", dialect_str(&b));
             if (m && !strcmp(role, "assistant") && reasoning) {
                 json_object_set_new(m, "reasoning_content", reasoning);
                 reasoning = NULL;
             }
-            if (jpush(msgs, m)) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            if (api_jpush(msgs, m)) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             joinable = !strcmp(role, "assistant");
         } else if (!strcmp(type, "function_call") || !strcmp(type, "custom_tool_call")) {
             /* a custom (freeform) tool's call carries its text as 'input' */
             int custom = !strcmp(type, "custom_tool_call");
-            json_t *name = field(it, "name"), *args = field(it, custom ? "input" : "arguments"), *cid = field(it, "call_id");
+            json_t *name = api_field(it, "name"), *args = api_field(it, custom ? "input" : "arguments"), *cid = api_field(it, "call_id");
             if (!json_is_string(name) || !json_is_string(args) || !json_is_string(cid)) {
                 rc = BAD("input", "a function_call item needs string 'call_id', 'name' and 'arguments'");
                 break;
@@ -332,7 +302,7 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             json_t *m = open_assistant(msgs, joinable);
             if (!m) {
                 m = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
-                if (jpush(msgs, m)) {
+                if (api_jpush(msgs, m)) {
                     rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                     break;
                 }
@@ -345,38 +315,37 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
             if (!calls) json_object_set_new(m, "tool_calls", calls = json_array());
             /* chat arguments are JSON: a custom tool's free text goes in as {"input": text} */
             json_t *wo = custom ? json_pack("{s:O}", "input", args) : NULL;
-            char *wrapped = wo ? json_dumps(wo, JSON_COMPACT) : NULL;
-            json_decref(wo);
+            char *wrapped = api_dump(wo, NULL);
             if (!calls || (custom && !wrapped) ||
-                jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", cid, "type", "function", "function", "name",
+                api_jpush(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", cid, "type", "function", "function", "name",
                                        name, "arguments", custom ? wrapped : json_string_value(args))))
                 rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             free(wrapped);
             joinable = 1;
         } else if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output")) {
-            json_t *cid = field(it, "call_id"), *out = field(it, "output");
+            json_t *cid = api_field(it, "call_id"), *out = api_field(it, "output");
             if (!json_is_string(cid) || !out) {
                 rc = BAD("input", "a function_call_output item needs a string 'call_id' and an 'output'");
                 break;
             }
-            if ((rc = content_text(out, "input", &b, e))) {
+            if ((rc = dialect_text(out, "input", TEXT_PARTS, &b, e))) {
                 api_buf_free(&b);
                 if (rc == -2) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                 break;
             }
-            if (jpush(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", cid, "content", str_of(&b))))
+            if (api_jpush(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", cid, "content", dialect_str(&b))))
                 rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             joinable = 0;
         } else if (!strcmp(type, "reasoning")) {
-            json_t *c = field(it, "content");
-            if (!c || !json_array_size(c)) c = field(it, "summary");
-            if (c && (rc = content_text(c, "input", &b, e))) {
+            json_t *c = api_field(it, "content");
+            if (!c || !json_array_size(c)) c = api_field(it, "summary");
+            if (c && (rc = dialect_text(c, "input", TEXT_PARTS, &b, e))) {
                 api_buf_free(&b);
                 if (rc == -2) rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
                 break;
             }
             json_decref(reasoning);
-            reasoning = str_of(&b);
+            reasoning = dialect_str(&b);
         } else if (!strcmp(type, "web_search_call") || !strcmp(type, "local_shell_call") ||
                    !strcmp(type, "local_shell_call_output") || !strcmp(type, "file_search_call") ||
                    !strcmp(type, "image_generation_call") || !strcmp(type, "code_interpreter_call") ||
@@ -398,8 +367,8 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
 
 /* Copies the scalar fields that mean the same in chat. */
 static int copy_if(json_t *from, const char *k, json_t *to, const char *tk) {
-    json_t *v = field(from, k);
-    return v ? jset(to, tk, json_incref(v)) : 0;
+    json_t *v = api_field(from, k);
+    return v ? api_jset(to, tk, json_incref(v)) : 0;
 }
 
 static const char *const KNOWN[] = {
@@ -422,7 +391,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
         api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return NULL;
     }
-    json_t *ins = field(root, "instructions");
+    json_t *ins = api_field(root, "instructions");
     if (ins && !json_is_string(ins)) {
         BAD("instructions", "'instructions' must be a string");
         goto fail;
@@ -431,13 +400,13 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
         char *t = strdup(json_string_value(ins));
         if (!t) goto oom;
         size_t n = api_volatile_strip(t, strlen(t));
-        int bad = jpush(msgs, json_pack("{s:s, s:s%}", "role", "system", "content", t, n));
+        int bad = api_jpush(msgs, json_pack("{s:s, s:s%}", "role", "system", "content", t, n));
         free(t);
         if (bad) goto oom;
     }
     if (items_to_chat(d->items, msgs, e)) goto fail;
     /* tools: functions; other kinds are left out with a warning */
-    json_t *tools = field(root, "tools");
+    json_t *tools = api_field(root, "tools");
     int n_fn = 0;
     if (tools && !json_is_array(tools)) {
         BAD("tools", "'tools' must be an array");
@@ -449,7 +418,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
         size_t i;
         json_t *t;
         json_array_foreach(tools, i, t) {
-            const char *type = json_string_value(field(t, "type"));
+            const char *type = json_string_value(api_field(t, "type"));
             if (!type) {
                 BAD("tools", "each tool needs a 'type'");
                 goto fail;
@@ -462,7 +431,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
                 if (warn(d, m)) goto oom;
                 continue;
             }
-            json_t *name = field(t, "name");
+            json_t *name = api_field(t, "name");
             if (!json_is_string(name)) {
                 BAD("tools", "a function tool needs a string 'name'");
                 goto fail;
@@ -471,26 +440,26 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
             /* a custom tool takes free text: a function of one string here,
              * and its calls go back as custom_tool_call items */
             if (!fn || copy_if(t, "description", fn, "description") ||
-                (custom ? jset(fn, "parameters", json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object",
+                (custom ? api_jset(fn, "parameters", json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object",
                                                              "properties", "input", "type", "string", "required",
                                                              "input", "additionalProperties", 0))
                         : copy_if(t, "parameters", fn, "parameters")) ||
-                jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
+                api_jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
                 goto oom;
             if (custom && ((!d->custom && !(d->custom = json_array())) || json_array_append(d->custom, name))) goto oom;
             n_fn++;
         }
         if (!n_fn) json_object_del(chat, "tools");
     }
-    json_t *tc = field(root, "tool_choice");
+    json_t *tc = api_field(root, "tool_choice");
     if (tc && n_fn) {
         if (json_is_string(tc)) {
-            if (jset(chat, "tool_choice", json_incref(tc))) goto oom;
+            if (api_jset(chat, "tool_choice", json_incref(tc))) goto oom;
         } else if (json_is_object(tc)) {
-            const char *type = json_string_value(field(tc, "type"));
-            json_t *name = field(tc, "name");
+            const char *type = json_string_value(api_field(tc, "type"));
+            json_t *name = api_field(tc, "name");
             if (type && (!strcmp(type, "function") || !strcmp(type, "custom")) && json_is_string(name)) {
-                if (jset(chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name)))
+                if (api_jset(chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name)))
                     goto oom;
             } else if (warn(d, "a tool_choice other than auto, none, required or a function was taken as auto")) {
                 goto oom;
@@ -502,27 +471,27 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
     }
     if (n_fn && copy_if(root, "parallel_tool_calls", chat, "parallel_tool_calls")) goto oom;
     /* text.format: JSON mode or a schema */
-    json_t *text = field(root, "text");
+    json_t *text = api_field(root, "text");
     if (text && !json_is_object(text)) {
         BAD("text", "'text' must be an object");
         goto fail;
     }
-    json_t *fmt = text ? field(text, "format") : NULL;
+    json_t *fmt = text ? api_field(text, "format") : NULL;
     if (fmt) {
-        const char *type = json_string_value(field(fmt, "type"));
+        const char *type = json_string_value(api_field(fmt, "type"));
         if (!type) {
             BAD("text.format", "'text.format' needs a 'type'");
             goto fail;
         }
         if (!strcmp(type, "json_object")) {
-            if (jset(chat, "response_format", json_pack("{s:s}", "type", "json_object"))) goto oom;
+            if (api_jset(chat, "response_format", json_pack("{s:s}", "type", "json_object"))) goto oom;
         } else if (!strcmp(type, "json_schema")) {
             json_t *js = json_object();
-            if (!js || jset(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js)) ||
+            if (!js || api_jset(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js)) ||
                 copy_if(fmt, "name", js, "name") || copy_if(fmt, "schema", js, "schema") ||
                 copy_if(fmt, "strict", js, "strict"))
                 goto oom;
-            if (!field(fmt, "schema")) {
+            if (!api_field(fmt, "schema")) {
                 BAD("text.format", "a json_schema format needs a 'schema'");
                 goto fail;
             }
@@ -531,26 +500,26 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
             goto fail;
         }
     }
-    json_t *rs = field(root, "reasoning");
+    json_t *rs = api_field(root, "reasoning");
     if (rs && !json_is_object(rs)) {
         BAD("reasoning", "'reasoning' must be an object");
         goto fail;
     }
-    json_t *effort = rs ? field(rs, "effort") : NULL;
+    json_t *effort = rs ? api_field(rs, "effort") : NULL;
     if (effort) {
         const char *ev = json_string_value(effort);
         /* "xhigh" (newer models) is high here */
-        if (jset(chat, "reasoning_effort", ev && !strcmp(ev, "xhigh") ? json_string("high") : json_incref(effort)))
+        if (api_jset(chat, "reasoning_effort", ev && !strcmp(ev, "xhigh") ? json_string("high") : json_incref(effort)))
             goto oom;
     }
-    json_t *mo = field(root, "max_output_tokens");
+    json_t *mo = api_field(root, "max_output_tokens");
     if (mo) {
         if (!json_is_integer(mo) || json_integer_value(mo) < 1) {
             BAD("max_output_tokens", "'max_output_tokens' must be a positive integer");
             goto fail;
         }
         json_int_t v = json_integer_value(mo);
-        if (jset(chat, "max_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
+        if (api_jset(chat, "max_tokens", json_integer(v > a->n_ctx ? a->n_ctx : v))) goto oom;
     }
     if (copy_if(root, "temperature", chat, "temperature") || copy_if(root, "top_p", chat, "top_p") ||
         copy_if(root, "stream", chat, "stream") || copy_if(root, "prompt_cache_key", chat, "prompt_cache_key") ||
@@ -597,18 +566,18 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
         api_utf8_scrub(m);
         if (warn(d, m)) goto oom;
     }
-    json_t *bg = field(root, "background");
+    json_t *bg = api_field(root, "background");
     if (bg && json_is_true(bg)) {
         BAD("background", "'background' responses are not supported");
         goto out;
     }
-    json_t *st = field(root, "store");
+    json_t *st = api_field(root, "store");
     if (st && !json_is_boolean(st)) {
         BAD("store", "'store' must be true or false");
         goto out;
     }
     d->store = !st || json_is_true(st);
-    json_t *prev = field(root, "previous_response_id");
+    json_t *prev = api_field(root, "previous_response_id");
     if (prev && !json_is_string(prev)) {
         BAD("previous_response_id", "'previous_response_id' must be a string");
         goto out;
@@ -624,18 +593,18 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
         goto oom;
     }
     d->n_hist = json_array_size(d->items);
-    json_t *in = field(root, "input");
+    json_t *in = api_field(root, "input");
     if (json_is_string(in)) {
-        if (jpush(d->items, json_pack("{s:s, s:s, s:O}", "type", "message", "role", "user", "content", in))) goto oom;
+        if (api_jpush(d->items, json_pack("{s:s, s:s, s:O}", "type", "message", "role", "user", "content", in))) goto oom;
     } else if (json_is_array(in)) {
         size_t i;
         json_t *it;
-        json_array_foreach(in, i, it) if (jpush(d->items, json_deep_copy(it))) goto oom;
+        json_array_foreach(in, i, it) if (api_jpush(d->items, json_deep_copy(it))) goto oom;
     } else {
         BAD("input", "'input' must be a string or an array of items");
         goto out;
     }
-    json_t *md = field(root, "metadata");
+    json_t *md = api_field(root, "metadata");
     if (md && !json_is_object(md)) {
         BAD("metadata", "'metadata' must be an object");
         goto out;
@@ -677,7 +646,7 @@ static json_t *usage_of(json_t *cu) {
 }
 
 static json_t *echo_or(const resp_dx *d, const char *k, json_t *dflt) {
-    json_t *v = field(d->echo, k);
+    json_t *v = api_field(d->echo, k);
     if (v) {
         json_decref(dflt);
         return json_incref(v);
@@ -699,28 +668,28 @@ static json_t *resp_object(const api_ctx *a, const srv_req *r, const char *statu
         json_decref(usage);
         return NULL;
     }
-    int bad = jset(o, "id", json_string(d->id)) || jset(o, "object", json_string("response")) ||
-              jset(o, "created_at", json_integer(r->created)) || jset(o, "status", json_string(status));
+    int bad = api_jset(o, "id", json_string(d->id)) || api_jset(o, "object", json_string("response")) ||
+              api_jset(o, "created_at", json_integer(r->created)) || api_jset(o, "status", json_string(status));
     /* the values this function owns are set (and so taken) whatever failed before */
-    bad |= jset(o, "output", output);
-    bad |= jset(o, "usage", usage ? usage : json_null());
-    bad |= jset(o, "reasoning", reasoning);
-    bad |= jset(o, "text", text);
-    bad = bad || jset(o, "error", json_null()) ||
-              jset(o, "incomplete_details", incomplete ? json_pack("{s:s}", "reason", incomplete) : json_null()) ||
-              jset(o, "instructions", echo_or(d, "instructions", json_null())) ||
-              jset(o, "max_output_tokens", echo_or(d, "max_output_tokens", json_null())) ||
-              jset(o, "model", json_string(a->model_id)) ||
-              jset(o, "parallel_tool_calls", echo_or(d, "parallel_tool_calls", json_true())) ||
-              jset(o, "previous_response_id", echo_or(d, "previous_response_id", json_null())) ||
-              jset(o, "store", json_boolean(d->store)) ||
-              jset(o, "temperature", echo_or(d, "temperature", json_real(1.0))) ||
-              jset(o, "tool_choice", echo_or(d, "tool_choice", json_string("auto"))) ||
-              jset(o, "tools", echo_or(d, "tools", json_array())) ||
-              jset(o, "top_p", echo_or(d, "top_p", json_real(1.0))) || jset(o, "truncation", json_string("disabled")) ||
-              jset(o, "user", echo_or(d, "user", json_null())) ||
-              jset(o, "metadata", echo_or(d, "metadata", json_object()));
-    if (!bad && d->warnings) bad = jset(o, "warnings", json_incref(d->warnings));
+    bad |= api_jset(o, "output", output);
+    bad |= api_jset(o, "usage", usage ? usage : json_null());
+    bad |= api_jset(o, "reasoning", reasoning);
+    bad |= api_jset(o, "text", text);
+    bad = bad || api_jset(o, "error", json_null()) ||
+              api_jset(o, "incomplete_details", incomplete ? json_pack("{s:s}", "reason", incomplete) : json_null()) ||
+              api_jset(o, "instructions", echo_or(d, "instructions", json_null())) ||
+              api_jset(o, "max_output_tokens", echo_or(d, "max_output_tokens", json_null())) ||
+              api_jset(o, "model", json_string(a->model_id)) ||
+              api_jset(o, "parallel_tool_calls", echo_or(d, "parallel_tool_calls", json_true())) ||
+              api_jset(o, "previous_response_id", echo_or(d, "previous_response_id", json_null())) ||
+              api_jset(o, "store", json_boolean(d->store)) ||
+              api_jset(o, "temperature", echo_or(d, "temperature", json_real(1.0))) ||
+              api_jset(o, "tool_choice", echo_or(d, "tool_choice", json_string("auto"))) ||
+              api_jset(o, "tools", echo_or(d, "tools", json_array())) ||
+              api_jset(o, "top_p", echo_or(d, "top_p", json_real(1.0))) || api_jset(o, "truncation", json_string("disabled")) ||
+              api_jset(o, "user", echo_or(d, "user", json_null())) ||
+              api_jset(o, "metadata", echo_or(d, "metadata", json_object()));
+    if (!bad && d->warnings) bad = api_jset(o, "warnings", json_incref(d->warnings));
     if (bad) {
         json_decref(o);
         return NULL;
@@ -787,24 +756,24 @@ char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) 
     json_t *m = json_object_get(ch, "message");
     const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
     json_t *output = json_array();
-    json_t *rs = field(m, "reasoning_content"), *content = field(m, "content"), *calls = field(m, "tool_calls");
+    json_t *rs = api_field(m, "reasoning_content"), *content = api_field(m, "content"), *calls = api_field(m, "tool_calls");
     char id[96];
     int k = 0, bad = !output;
     if (!bad && rs && json_string_length(rs)) {
         item_id(d, "rs", k++, id, sizeof id);
-        bad = jpush(output, reasoning_item(id, json_string_value(rs), json_string_length(rs)));
+        bad = api_jpush(output, reasoning_item(id, json_string_value(rs), json_string_length(rs)));
     }
     /* as the stream does: a message item for content, or an empty one when there is no item at all */
     if (!bad && ((content && json_string_length(content)) || (!json_array_size(calls) && !json_array_size(output)))) {
         item_id(d, "msg", k++, id, sizeof id);
-        bad = jpush(output, message_item(id, "completed", content ? json_string_value(content) : "",
+        bad = api_jpush(output, message_item(id, "completed", content ? json_string_value(content) : "",
                                          content ? json_string_length(content) : 0));
     }
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {
         item_id(d, "fc", k++, id, sizeof id);
-        bad = bad || jpush(output, call_item(d, id, "completed", c));
+        bad = bad || api_jpush(output, call_item(d, id, "completed", c));
     }
     int cut = finish && !strcmp(finish, "length");
     json_t *o = bad ? NULL
@@ -813,10 +782,7 @@ char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) 
     if (bad) json_decref(output);
     json_decref(chat);
     keep(a, d, o);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s && len) *len = strlen(s);
-    return s;
+    return api_dump(o, len);
 }
 
 /* ---- the stream ------------------------------------------------------------------------ */
@@ -842,7 +808,7 @@ static void ds_free(dialect_stream *p) {
 
 /* One event: o (taken) gets its type and sequence number. */
 static int ev(resp_ds *d, api_buf *out, const char *type, json_t *o) {
-    if (!o || jset(o, "type", json_string(type)) || jset(o, "sequence_number", json_integer(d->seq++))) {
+    if (!o || api_jset(o, "type", json_string(type)) || api_jset(o, "sequence_number", json_integer(d->seq++))) {
         json_decref(o);
         return -1;
     }
@@ -977,8 +943,8 @@ int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chu
     json_t *choices = json_object_get(chunk, "choices");
     if (!rc && json_array_size(choices)) {
         json_t *ch = json_array_get(choices, 0), *delta = json_object_get(ch, "delta");
-        json_t *rs = field(delta, "reasoning_content"), *content = field(delta, "content"),
-               *calls = field(delta, "tool_calls"), *fin = field(ch, "finish_reason");
+        json_t *rs = api_field(delta, "reasoning_content"), *content = api_field(delta, "content"),
+               *calls = api_field(delta, "tool_calls"), *fin = api_field(ch, "finish_reason");
         if (!rc && rs) rc = text_delta(r, d, out, 1, rs);
         if (!rc && content) rc = text_delta(r, d, out, 2, content);
         if (!rc && calls) rc = calls_delta(r, d, out, calls);
