@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -425,6 +426,40 @@ static int msg_content(json_t *c, int i, const char *role, api_buf *b, api_err *
     return 0;
 }
 
+/* Prefixes of lines that change on every request and tell the model nothing.
+ * Claude Code's billing line carries a per-request hash (cch=...) at the very
+ * top of its system prompt: kept, it would end every turn's cached prefix
+ * there. Anthropic's own API does not show it to the model either. */
+static const char *const VOLATILE[] = {"x-anthropic-billing-header:", NULL};
+
+size_t api_volatile_strip(char *s, size_t n) {
+    size_t w = 0, i = 0;
+    while (i < n) {
+        size_t e = i;
+        while (e < n && s[e] != '\n') e++;
+        size_t end = e < n ? e + 1 : e; /* the line with its newline */
+        int drop = 0;
+        for (int k = 0; VOLATILE[k]; k++) {
+            size_t kl = strlen(VOLATILE[k]);
+            if (e - i >= kl && !strncasecmp(s + i, VOLATILE[k], kl)) drop = 1;
+        }
+        if (!drop) {
+            memmove(s + w, s + i, end - i);
+            w += end - i;
+        }
+        i = end;
+    }
+    /* a stripped first line leaves the blank line that followed it */
+    size_t lead = 0;
+    if (w < n) {
+        while (lead < w && s[lead] == '\n') lead++;
+        memmove(s, s + lead, w - lead);
+        w -= lead;
+    }
+    s[w] = 0;
+    return w;
+}
+
 /* One {role, content} for the template, from a request message. */
 static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
     char p[32];
@@ -455,6 +490,8 @@ static json_t *chat_message(json_t *msg, int i, int tools_native, api_err *e) {
         api_buf_free(&b);
         return NULL;
     }
+    /* here, where every dialect's system messages pass, so the rule is one */
+    if (!strcmp(ro, "system") && b.p) b.n = api_volatile_strip(b.p, b.n);
     /* tool calls the assistant made: the template renders them (arguments as
      * objects, as Hugging Face templates expect), or, without tool support,
      * they become the tagged blocks the model was asked to write */

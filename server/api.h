@@ -61,6 +61,12 @@ char *api_dump(json_t *j, size_t *len);
 /* A JSON object body (depth-limited), or NULL with e filled. */
 json_t *api_load_body(const char *body, size_t len, api_err *e);
 
+/* Removes, in place (s NUL-terminated at n), the lines of a system prompt that are known to change on
+ * every request: Claude Code's "x-anthropic-billing-header: ..." line. They
+ * say nothing to the model and would end the cached prefix at the top.
+ * Returns the new length. */
+size_t api_volatile_strip(char *s, size_t n);
+
 /* Drops, in place, the bytes of a NUL-terminated string that are not whole
  * UTF-8 characters (what a cut at a byte limit leaves). */
 void api_utf8_scrub(char *s);

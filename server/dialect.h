@@ -12,8 +12,9 @@
  *   server/messages.c   Anthropic's Messages API: POST /v1/messages and
  *                       /v1/messages/count_tokens, its error shape
  *
- * Both drop known per-request lines from system prompts (api_volatile_strip)
- * so that an agent's turns share their prefix in the cache. */
+ * Known per-request lines in system prompts are dropped where every dialect's
+ * chat messages pass (api_volatile_strip, api.c), so that an agent's turns
+ * share their prefix in the cache. */
 #ifndef TL_SERVER_DIALECT_H
 #define TL_SERVER_DIALECT_H
 
@@ -58,11 +59,6 @@ typedef struct dialect_stream {
 void dialect_stream_free(void *ds);
 
 /* ---- shared ------------------------------------------------------------------ */
-/* Removes, in place (s NUL-terminated at n), the lines of a system prompt that are known to change on
- * every request: Claude Code's "x-anthropic-billing-header: ..." line. They
- * say nothing to the model and would end the cached prefix at the top.
- * Returns the new length. */
-size_t api_volatile_strip(char *s, size_t n);
 /* The text of content given as a string or as parts whose type is one of
  * types (NULL-terminated), joined by newlines; a part's text is its "text"
  * (a refusal part's "refusal"). 0; -1 with e filled (a 400); -2: no memory. */

@@ -133,7 +133,6 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
     }
     if (!rc && (n_text || calls || think.n)) {
         const char *r = !strcmp(role, "system") ? "system" : role;
-        if (!strcmp(r, "system") && text.p) text.n = api_volatile_strip(text.p, text.n);
         json_t *cm = json_pack("{s:s, s:o}", "role", r, "content", dialect_str(&text));
         if (!cm || (calls && json_object_set(cm, "tool_calls", calls)) ||
             (think.n && json_object_set_new(cm, "reasoning_content", dialect_str(&think))) || api_jpush(msgs, cm))
@@ -156,7 +155,6 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
     if (sys) {
         api_buf b = {0};
         int rc = dialect_text(sys, "system", TEXT_BLOCKS, &b, e);
-        if (!rc && b.p) b.n = api_volatile_strip(b.p, b.n);
         if (!rc && api_jpush(msgs, json_pack("{s:s, s:o}", "role", "system", "content", dialect_str(&b)))) rc = -2;
         api_buf_free(&b);
         if (rc) {

@@ -283,7 +283,6 @@ static int items_to_chat(json_t *items, json_t *msgs, api_err *e) {
                 break;
             }
             int sys = !strcmp(role, "system") || !strcmp(role, "developer");
-            if (sys && b.p) b.n = api_volatile_strip(b.p, b.n);
             json_t *m = json_pack("{s:s, s:o}", "role", sys ? "system" : role, "content", dialect_str(&b));
             if (m && !strcmp(role, "assistant") && reasoning) {
                 json_object_set_new(m, "reasoning_content", reasoning);
@@ -396,14 +395,7 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
         BAD("instructions", "'instructions' must be a string");
         goto fail;
     }
-    if (ins) {
-        char *t = strdup(json_string_value(ins));
-        if (!t) goto oom;
-        size_t n = api_volatile_strip(t, strlen(t));
-        int bad = api_jpush(msgs, json_pack("{s:s, s:s%}", "role", "system", "content", t, n));
-        free(t);
-        if (bad) goto oom;
-    }
+    if (ins && api_jpush(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins))) goto oom;
     if (items_to_chat(d->items, msgs, e)) goto fail;
     /* tools: functions; other kinds are left out with a warning */
     json_t *tools = api_field(root, "tools");

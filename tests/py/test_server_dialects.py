@@ -22,9 +22,9 @@ anthropic one as x-api-key):
   allows it: folded into the next user turn when the template refuses it
   (tests/templates/alternate.jinja, Gemma's alternation rule);
 - an 8-turn agent session replayed in each dialect: every turn after the
-  first takes at least 90% of its prompt from the prefix cache, in Messages
-  with Claude Code's per-request billing line at the top of the system
-  prompt (the table is printed).
+  first takes at least 90% of its prompt from the prefix cache, with Claude
+  Code's per-request billing line at the top of the system prompt in every
+  dialect (the table is printed).
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_dialects.py"""
 import json
 import os
@@ -366,6 +366,12 @@ def fuzz(url):
         check(n5 == 0, f"no 5xx over mutated bodies on {path}: {n5} (worst {worst}; {n2} answered 200)")
 
 
+def billing():
+    """Claude Code's first system line: it changes on every request. The
+    rule that drops it holds in every dialect, so each session carries it."""
+    return f"x-anthropic-billing-header: cc_version=2.1.0; cc_entrypoint=cli; cch={random.randrange(16**8):08x};"
+
+
 def agent_session(url, dialect):
     """8 turns of a scripted coding-agent session; the cached share of each turn's prompt."""
     rules = " ".join(f"Rule {i}: keep the change small, run the tests, and report what changed in file {i}."
@@ -388,7 +394,7 @@ def agent_session(url, dialect):
     for t, end in enumerate(turns):
         hist = script[:end]
         if dialect == "chat":
-            msgs = [{"role": "system", "content": system}]
+            msgs = [{"role": "system", "content": billing() + "\n" + system}]
             for k, s in enumerate(hist):
                 if s[0] in ("user", "assistant"):
                     msgs.append({"role": s[0], "content": s[1]})
@@ -412,7 +418,7 @@ def agent_session(url, dialect):
                     items.append({"type": "function_call", "call_id": f"c{k}", "name": s[1], "arguments": json.dumps(s[2])})
                 else:
                     items.append({"type": "function_call_output", "call_id": f"c{k - 1}", "output": s[1]})
-            body = {"model": "m", "instructions": system, "input": items, "max_output_tokens": 2, "temperature": 0,
+            body = {"model": "m", "instructions": billing() + "\n" + system, "input": items, "max_output_tokens": 2, "temperature": 0,
                     "store": False, "tools": [{"type": "function", "name": n, "description": d, "parameters": schema}
                                               for n, d in fns.items()]}
             code, r = raw(url, "/v1/responses", body)
@@ -429,10 +435,8 @@ def agent_session(url, dialect):
                 else:
                     msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{k - 1}",
                                                               "content": s[1]}]})
-            # Claude Code's first system block: a billing line that changes on every request
-            billing = f"x-anthropic-billing-header: cc_version=2.1.0; cc_entrypoint=cli; cch={random.randrange(16**8):08x};"
             body = {"model": "m", "max_tokens": 2, "temperature": 0, "messages": msgs,
-                    "system": [{"type": "text", "text": billing},
+                    "system": [{"type": "text", "text": billing()},
                                {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
                     "tools": [{"name": n, "description": d, "input_schema": schema} for n, d in fns.items()]}
             code, r = raw(url, "/v1/messages", body, headers={"x-api-key": KEY, "Authorization": ""})
