@@ -243,7 +243,18 @@ static void sb_vllm(sbuf *b, const char *name, const char *type, const char *hel
     sb_printf(b, "\"} %.17g\n", v);
 }
 
-static void render_ours(sbuf *b, const srv_metrics *mx) {
+/* The process's resident memory in bytes (0: unknown), read outside the lock. */
+static double resident_bytes(void) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    return rss > 0 ? (double)rss * (double)sysconf(_SC_PAGESIZE) : 0.0;
+}
+
+static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
     sb_head(b, "tokenloop_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
     for (int i = 0; i < mx->n_req; i++) {
         sb_printf(b, "tokenloop_requests_total{endpoint=\"");
@@ -283,15 +294,7 @@ static void render_ours(sbuf *b, const srv_metrics *mx) {
               (double)mx->timeouts);
     /* the process's resident memory, as Prometheus's client libraries name it:
      * flat under steady load once the KV pool has been touched */
-    long pages = 0, rss = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
-        fclose(f);
-    }
-    if (rss > 0)
-        sb_simple(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
-                  (double)rss * (double)sysconf(_SC_PAGESIZE));
+    if (rss > 0) sb_simple(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", rss);
 }
 
 static void render_vllm(sbuf *b, const srv_metrics *mx, const char *model) {
@@ -320,8 +323,9 @@ int srv_metrics_render(srv_metrics *mx, const char *model_id, char **out, size_t
     sbuf b = {malloc(4096), 0, 4096, 0};
     if (!b.p) return TL_ERR_NOMEM;
     b.p[0] = 0;
+    double rss = resident_bytes();
     pthread_mutex_lock(&mx->mu);
-    render_ours(&b, mx);
+    render_ours(&b, mx, rss);
     render_vllm(&b, mx, model_id ? model_id : "");
     pthread_mutex_unlock(&mx->mu);
     if (b.oom) {
