@@ -18,6 +18,7 @@
 #include <microhttpd.h>
 
 #include "dialect.h"
+#include "util.h"
 #include "http.h"
 #include "loop.h"
 
@@ -49,11 +50,6 @@ struct srv_http {
     pthread_t reaper;
 };
 
-static double mono(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
              R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS };
@@ -535,7 +531,7 @@ static void sock_mark(struct MHD_Connection *c, int replying) {
     if (!s) return;
     pthread_mutex_lock(&s->h->mu);
     s->replying = replying;
-    if (!replying) s->since = mono();
+    if (!replying) s->since = tl_now();
     pthread_mutex_unlock(&s->h->mu);
 }
 
@@ -584,7 +580,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         if (!s) return; /* no deadline for this one; MHD's idle timeout still holds */
         s->h = h;
         s->fd = conn_fd(c);
-        s->since = mono();
+        s->since = tl_now();
         pthread_mutex_lock(&h->mu);
         s->next = h->socks.next;
         s->prev = &h->socks;
@@ -619,7 +615,7 @@ static void *reaper(void *arg) {
         t.tv_nsec += 250000000;
         if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&h->cv, &h->mu, &t);
-        double now = mono();
+        double now = tl_now();
         for (sock *s = h->socks.next; s != &h->socks; s = s->next)
             if (!s->replying && !s->cut && s->fd >= 0 && now - s->since > limit) {
                 shutdown(s->fd, SHUT_RDWR);

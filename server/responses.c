@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "dialect.h"
+#include "util.h"
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
@@ -35,11 +36,6 @@ struct resp_store {
     size_t bytes, max_bytes; /* held, and the budget (their JSON text's size) */
 };
 
-static double mono(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 resp_store *resp_store_new(int max_n, int ttl_s, size_t max_bytes) {
     resp_store *s = calloc(1, sizeof *s);
@@ -73,7 +69,7 @@ void resp_store_free(resp_store *s) {
 
 /* Oldest first; the expired go, and the oldest when full. Under mu. */
 static void expire(resp_store *s) {
-    double now = mono();
+    double now = tl_now();
     while (s->n && now - s->e[0].t > s->ttl) drop_at(s, 0);
 }
 
@@ -107,7 +103,7 @@ static void store_put(resp_store *s, const char *id, const char *prev, json_t *i
     x->bytes = bytes;
     snprintf(x->id, sizeof x->id, "%s", id);
     snprintf(x->prev, sizeof x->prev, "%s", prev ? prev : "");
-    x->t = mono();
+    x->t = tl_now();
     x->items = items;
     x->resp = resp;
     pthread_mutex_unlock(&s->mu);
