@@ -46,7 +46,7 @@ struct srv_http {
     pthread_mutex_t mu; /* guards socks and stop */
     pthread_cond_t cv;
     sock socks;         /* list head */
-    int stop, reaper_on;
+    int stop;
     pthread_t reaper;
 };
 
