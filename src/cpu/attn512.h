@@ -257,7 +257,212 @@ static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, fl
     }
 }
 
-static void attn512_online(const tl_attn_rows *a) { tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows); }
+/* R rows' score chains against two blocks at once (each K vector load and q
+ * broadcast serves twice the fmas); every score is the same chain as
+ * attn512_scores'. */
+AI void attn512_scores2(int hd, int R, const float *const *q, const float *kt0, const float *kt1, float *out0,
+                        float *out1) {
+    __m512 a[8][2];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m512 k0 = _mm512_loadu_ps(kt0 + d * 16), k1 = _mm512_loadu_ps(kt1 + d * 16);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            const __m512 qb = _mm512_set1_ps(q[r][d]);
+            a[r][0] = _mm512_fmadd_ps(qb, k0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(qb, k1, a[r][1]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out0 + 16 * r, a[r][0]);
+        _mm512_storeu_ps(out1 + 16 * r, a[r][1]);
+    }
+}
+
+#define ATTN512_SCORES2(R)                                                                                    \
+    __attribute__((noinline)) static void attn512_scores2_##R(int hd, const float *const *q, const float *kt0, \
+                                                              const float *kt1, float *out0, float *out1) {    \
+        attn512_scores2(hd, R, q, kt0, kt1, out0, out1);                                                      \
+    }
+ATTN512_SCORES2(1)
+ATTN512_SCORES2(2)
+ATTN512_SCORES2(3)
+ATTN512_SCORES2(4)
+ATTN512_SCORES2(5)
+ATTN512_SCORES2(6)
+ATTN512_SCORES2(7)
+ATTN512_SCORES2(8)
+#undef ATTN512_SCORES2
+
+AI void attn512_scores2_call(int hd, int R, const float *const *q, const float *kt0, const float *kt1, float *out0,
+                             float *out1) {
+    switch (R) {
+    case 1: attn512_scores2_1(hd, q, kt0, kt1, out0, out1); break;
+    case 2: attn512_scores2_2(hd, q, kt0, kt1, out0, out1); break;
+    case 3: attn512_scores2_3(hd, q, kt0, kt1, out0, out1); break;
+    case 4: attn512_scores2_4(hd, q, kt0, kt1, out0, out1); break;
+    case 5: attn512_scores2_5(hd, q, kt0, kt1, out0, out1); break;
+    case 6: attn512_scores2_6(hd, q, kt0, kt1, out0, out1); break;
+    case 7: attn512_scores2_7(hd, q, kt0, kt1, out0, out1); break;
+    default: attn512_scores2_8(hd, q, kt0, kt1, out0, out1); break;
+    }
+}
+
+/* attn512_pv over nb blocks: o loaded once, then per block o*alpha and the
+ * block's 16 fmas in key order, stored once (the same operations as nb
+ * calls of attn512_pv, without o's trips through memory). p[k] holds block
+ * k's weights, row r at p[k] + 16r; al[k][r] its alphas. */
+AI void attn512_pv_multi(int hd, int R, int W, int c0, int r0, float *const *o, const float (*al)[8],
+                         const float (*p)[8 * 16], int nb, const float *vf) {
+    for (; c0 + W <= hd; c0 += W) {
+        __m512 acc[4][4];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
+        for (int k = 0; k < nb; k++) {
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
+                UNROLL
+                for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_mul_ps(acc[r][i], alv);
+            }
+            const float *vk = vf + (size_t)k * 16 * hd + c0;
+            for (int j = 0; j < 16; j++) {
+                __m512 v[4];
+                UNROLL
+                for (int i = 0; i < W / 16; i++) v[i] = _mm512_loadu_ps(vk + (size_t)j * hd + 16 * i);
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const __m512 pj = _mm512_set1_ps(p[k][16 * (r0 + r) + j]);
+                    UNROLL
+                    for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_fmadd_ps(pj, v[i], acc[r][i]);
+                }
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r0 + r] + c0 + 16 * i, acc[r][i]);
+    }
+}
+
+/* nb whole blocks (every slot live) for R rows: attn512_rows_r's steps block
+ * after block, m and l in registers between blocks, the scores two blocks
+ * at a time, and V summed over all nb blocks per pass over o. */
+AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                        float *const *l, int nb, const float *kt, const float *vf) {
+    const int hd = a->hd;
+    float sc[TL_ATTN_NB][8 * 16], al[TL_ATTN_NB][8];
+    int k = 0;
+    for (; k + 1 < nb; k += 2)
+        attn512_scores2_call(hd, R, q, kt + (size_t)k * 16 * hd, kt + (size_t)(k + 1) * 16 * hd, sc[k], sc[k + 1]);
+    if (k < nb) attn512_scores_call(hd, R, q, kt + (size_t)k * 16 * hd, sc[k]);
+    float mo[8], lo[8];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) {
+        const int rr = r < R ? r : 0; /* rows past R repeat row 0; their results are dropped */
+        mo[r] = *m[rr];
+        lo[r] = *l[rr];
+    }
+    __m256 mold = _mm256_loadu_ps(mo), lv = _mm256_loadu_ps(lo);
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (k = 0; k < nb; k++) {
+        __m512 s[8];
+        __m256 h[8];
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; r++) {
+            const int rr = r < R ? r : 0;
+            s[r] = _mm512_mul_ps(_mm512_loadu_ps(sc[k] + 16 * rr), scale);
+            h[r] = _mm256_max_ps(_mm512_castps512_ps256(s[r]), _mm512_extractf32x8_ps(s[r], 1));
+        }
+        const __m256 mv = _mm256_max_ps(attn512_max8x8(h), mold);
+        const __mmask8 first = _mm256_cmp_ps_mask(mold, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+        const __m256 dm = _mm256_mask_blend_ps(first, _mm256_sub_ps(mold, mv), _mm256_setzero_ps());
+        const __m256 alv = _mm256_mask_blend_ps(
+            first, _mm512_castps512_ps256(attn512_exp(_mm512_castps256_ps512(dm))), _mm256_setzero_ps());
+        _mm256_storeu_ps(al[k], alv);
+        float mn[8];
+        _mm256_storeu_ps(mn, mv);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; r++) {
+            const __m512 pv = attn512_exp(_mm512_sub_ps(s[r], _mm512_set1_ps(mn[r])));
+            if (r < R) _mm512_storeu_ps(sc[k] + 16 * r, pv);
+            h[r] = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1)); /* slots j + j+8 */
+        }
+        lv = _mm256_add_ps(_mm256_mul_ps(lv, alv), attn512_sum8x8(h));
+        mold = mv;
+    }
+    _mm256_storeu_ps(mo, mold);
+    _mm256_storeu_ps(lo, lv);
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) {
+        *m[r] = mo[r];
+        *l[r] = lo[r];
+    }
+    for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
+        const int rn = R - r0 < 4 ? R - r0 : 4;
+#define PV_PASSES(RN)                                                                   \
+    do {                                                                                \
+        attn512_pv_multi(hd, RN, 64, 0, r0, o, al, sc, nb, vf);                         \
+        attn512_pv_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, sc, nb, vf);              \
+    } while (0)
+        switch (rn) {
+        case 1: PV_PASSES(1); break;
+        case 2: PV_PASSES(2); break;
+        case 3: PV_PASSES(3); break;
+        default: PV_PASSES(4); break;
+        }
+#undef PV_PASSES
+        for (int c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
+            for (int r = r0; r < r0 + rn; r++) {
+                __m256 s8 = _mm256_loadu_ps(o[r] + c0);
+                for (k = 0; k < nb; k++) {
+                    s8 = _mm256_mul_ps(s8, _mm256_set1_ps(al[k][r]));
+                    const float *vk = vf + (size_t)k * 16 * hd;
+                    for (int j = 0; j < 16; j++)
+                        s8 = _mm256_fmadd_ps(_mm256_set1_ps(sc[k][16 * r + j]), _mm256_loadu_ps(vk + (size_t)j * hd + c0), s8);
+                }
+                _mm256_storeu_ps(o[r] + c0, s8);
+            }
+    }
+}
+
+#define ATTN512_MULTI(R)                                                                                      \
+    __attribute__((noinline)) static void attn512_multi_##R(const tl_attn_rows *a, const float *const *q,    \
+                                                            float *const *o, float *const *m, float *const *l, \
+                                                            int nb, const float *kt, const float *vf) {        \
+        attn512_multi_r(a, R, q, o, m, l, nb, kt, vf);                                                        \
+    }
+ATTN512_MULTI(1)
+ATTN512_MULTI(2)
+ATTN512_MULTI(3)
+ATTN512_MULTI(4)
+ATTN512_MULTI(5)
+ATTN512_MULTI(6)
+ATTN512_MULTI(7)
+ATTN512_MULTI(8)
+#undef ATTN512_MULTI
+
+static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                          float *const *l, int nb, const float *kt, const float *vf) {
+    switch (R) {
+    case 1: attn512_multi_1(a, q, o, m, l, nb, kt, vf); break;
+    case 2: attn512_multi_2(a, q, o, m, l, nb, kt, vf); break;
+    case 3: attn512_multi_3(a, q, o, m, l, nb, kt, vf); break;
+    case 4: attn512_multi_4(a, q, o, m, l, nb, kt, vf); break;
+    case 5: attn512_multi_5(a, q, o, m, l, nb, kt, vf); break;
+    case 6: attn512_multi_6(a, q, o, m, l, nb, kt, vf); break;
+    case 7: attn512_multi_7(a, q, o, m, l, nb, kt, vf); break;
+    default: attn512_multi_8(a, q, o, m, l, nb, kt, vf); break;
+    }
+}
+
+static void attn512_online(const tl_attn_rows *a) {
+    tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows, attn512_multi);
+}
 
 static void attn512_fill(tl_kernels *k) { k->math.attn_online = attn512_online; }
 

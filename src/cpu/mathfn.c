@@ -632,10 +632,11 @@ typedef struct attn_group {
     float *o[8], *m[8], *l[8];
 } attn_group;
 
-void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows) {
+void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows,
+                   tl_attn_multi_fn multi) {
     const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
-    float *kt = a->scratch, *vf = kt + (size_t)SLOTS * hd;
-    float *m = vf + (size_t)SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
+    float *kt = a->scratch, *vf = kt + (size_t)TL_ATTN_NB * SLOTS * hd;
+    float *m = vf + (size_t)TL_ATTN_NB * SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
     for (int i = 0; i < T; i++)
         for (int h = 0; h < G; h++) {
             m[i * G + h] = -INFINITY;
@@ -644,12 +645,40 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
         }
     if (rmax > 8) rmax = 8;
     const int last = a->pos0 + T - 1;
+    /* Blocks every token sees whole: from the last token's first key (the
+     * window's start moves with the token) to the first token's position. */
+    const int full_lo = attn_lo(a, T - 1), full_hi = a->pos0;
+    if (bs != SLOTS) multi = NULL;
     /* Blocks by absolute position; each widened once for all T tokens, each
      * token taking the part of it within its own keys lo_i..pos_i. Rows with
      * the same live slots (the heads of a token, and of the tokens that see
      * the whole block) go to the block function together, up to rmax: they
      * share its K and V loads, and their score chains run side by side. */
-    for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last; b0 += bs) {
+    for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last;) {
+        if (multi && b0 >= full_lo && b0 + bs - 1 <= full_hi) {
+            /* a run of whole blocks: all rows in order, rmax at a time */
+            int nb = 0;
+            while (nb < TL_ATTN_NB && b0 + (nb + 1) * bs - 1 <= full_hi) {
+                const int bk = b0 + nb * bs;
+                widen(a, bk, bk, bk + bs - 1, kt + (size_t)nb * SLOTS * hd, vf + (size_t)nb * SLOTS * hd);
+                nb++;
+            }
+            attn_group g = {0, 0, 0, {0}, {0}, {0}, {0}};
+            for (int i = 0; i < T; i++)
+                for (int h = 0; h < G; h++) {
+                    g.q[g.R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                    g.o[g.R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+                    g.m[g.R] = &m[i * G + h];
+                    g.l[g.R] = &l[i * G + h];
+                    if (++g.R == rmax) {
+                        multi(a, g.R, g.q, g.o, g.m, g.l, nb, kt, vf);
+                        g.R = 0;
+                    }
+                }
+            if (g.R > 0) multi(a, g.R, g.q, g.o, g.m, g.l, nb, kt, vf);
+            b0 += nb * bs;
+            continue;
+        }
         const int ws = b0 > attn_lo(a, 0) ? b0 : attn_lo(a, 0);
         const int we = b0 + bs - 1 < last ? b0 + bs - 1 : last;
         widen(a, b0, ws, we, kt, vf);
@@ -672,6 +701,7 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
             }
         }
         if (g.R > 0) rows(a, g.R, g.q, g.o, g.m, g.l, g.st, g.en, kt, vf);
+        b0 += bs;
     }
     for (int i = 0; i < T; i++)
         for (int h = 0; h < G; h++) {
@@ -689,12 +719,12 @@ static void rows_block_ref(const tl_attn_rows *a, int R, const float *const *q, 
 void tl_attn_online(const tl_attn_rows *a, int avx2) {
 #ifdef TL_X86
     if (avx2) {
-        tl_attn_drive(a, 4, tl_attn_widen_avx2, rows_block_avx2);
+        tl_attn_drive(a, 4, tl_attn_widen_avx2, rows_block_avx2, NULL);
         return;
     }
 #endif
     (void)avx2;
-    tl_attn_drive(a, 4, widen_block_ref, rows_block_ref);
+    tl_attn_drive(a, 4, widen_block_ref, rows_block_ref, NULL);
 }
 
 /* ---- bound to a level (tl_mathfn_bind) ---- */

@@ -72,8 +72,10 @@ typedef struct tl_attn_rows {
     size_t out_stride, out_tok;
     float *scratch;          /* tl_attn_scratch(hd, G, bs, T) floats */
 } tl_attn_rows;
+/* Whole blocks a level's multi-block function takes at once (tl_attn_drive). */
+#define TL_ATTN_NB 4
 static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
-    return 2 * (size_t)bs * hd + (size_t)bs + 2 * (size_t)G * T;
+    return 2 * (size_t)TL_ATTN_NB * bs * hd + (size_t)bs + 2 * (size_t)G * T;
 }
 void tl_attn_online(const tl_attn_rows *a, int avx2);
 
@@ -85,7 +87,14 @@ void tl_attn_online(const tl_attn_rows *a, int avx2);
 typedef void (*tl_attn_widen_fn)(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
 typedef void (*tl_attn_block_fn)(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
                                  float *const *m, float *const *l, int st, int en, const float *kt, const float *vf);
-void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows);
+/* multi (NULL where a level has none) takes nb (<= TL_ATTN_NB) consecutive
+ * blocks whose every slot is live for all R rows, block k's keys at
+ * kt + k*16*hd and V at vf + k*16*hd: bitwise nb calls of rows, without
+ * the trips of o, m and l through memory between them. */
+typedef void (*tl_attn_multi_fn)(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
+                                 float *const *m, float *const *l, int nb, const float *kt, const float *vf);
+void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows,
+                   tl_attn_multi_fn multi);
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 widening (for levels above AVX2 too). */
 void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);

@@ -586,7 +586,11 @@ static void bench_type(const tl_kernels *k, const tl_kernels *ref, tl_type t, rn
 static void check_attn(const tl_kernels *k, rng *r) {
     if (!k->math.attn_online) return;
     static const int cases[][5] = {{64, 3, 16, 0, 0},  {64, 3, 5, 37, 0},   {128, 4, 16, 100, 0}, {80, 2, 7, 20, 0},
-                                   {72, 1, 3, 5, 0},   {64, 4, 16, 50, 20}, {256, 7, 2, 300, 0},  {96, 5, 1, 17, 0}};
+                                   {72, 1, 3, 5, 0},   {64, 4, 16, 50, 20}, {256, 7, 2, 300, 0},  {96, 5, 1, 17, 0},
+                                   /* runs of whole blocks (the multi-block path): 1 to 4 at once, 1 to 8 rows,
+                                    * an 8-wide remainder, a window */
+                                   {64, 3, 64, 500, 0}, {128, 2, 33, 401, 0}, {72, 3, 9, 333, 0}, {64, 4, 20, 450, 100},
+                                   {64, 1, 1, 600, 0},  {80, 7, 5, 47, 0},    {64, 5, 3, 96, 0},   {160, 3, 2, 250, 0}};
     enum { BS = 16, NB = 40 };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const int hd = cases[ci][0], G = cases[ci][1], T = cases[ci][2], pos0 = cases[ci][3], swa = cases[ci][4];
