@@ -12,9 +12,11 @@
 #include "cpu/simd256.h"
 
 /* Tiles: R8_DM groups for one token (decode), R8_PM groups x R8_PN tokens for
- * prompts, within the registers (16 ymm on AVX2, 32 with AVX-512 VL). */
+ * prompts, within the registers (16 ymm on AVX2, 32 with AVX-512 VL). Decode
+ * reads one group (one stream) at a time: on an AMD EPYC (Zen 4, DRAM-bound
+ * files) two side by side read ~15% slower than one, on AVX2 and AVX-512. */
 #ifndef R8_DM
-#define R8_DM 2
+#define R8_DM 1
 #endif
 #ifndef R8_PM
 #define R8_PM 1
@@ -32,8 +34,22 @@
 _Static_assert(!R8_ZMM || R8_PN == 4, "the 512-bit token switch makes 1..4");
 _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below makes 1..R8_PN");
 
-/* Bytes ahead each group stream asks for (decode reads weights from memory). */
-#define R8_PREFETCH 2048
+/* Bytes ahead each group stream asks for (decode reads weights from memory),
+ * into L2: on the AMD EPYC, 2048 ahead into L1 (the earlier choice, tuned on
+ * a Xeon whose L3 held the small files) decoded SmolLM2 Q4_0 at 0.6x of this
+ * and below the exact path's plain loop; 4096-16384 into L2 were within noise
+ * of each other. */
+#ifndef R8_PREFETCH
+#define R8_PREFETCH 8192
+#endif
+#ifndef R8_HINT
+#define R8_HINT _MM_HINT_T1
+#endif
+#ifdef R8_NOPF
+#define R8_PF(p) ((void)(p))
+#else
+#define R8_PF(p) _mm_prefetch((const char *)(p), R8_HINT)
+#endif
 
 enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0 };
 
@@ -133,11 +149,11 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         UNROLL
         for (int g = 0; g < M; g++) {
             const uint8_t *blk = w + (size_t)g * gs + (size_t)b * r_blk(f);
-            _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + R8_PREFETCH + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + R8_PREFETCH + 128, _MM_HINT_T0);
-            if (r_blk(f) > 192) _mm_prefetch((const char *)blk + R8_PREFETCH + 192, _MM_HINT_T0);
-            if (r_blk(f) > 256) _mm_prefetch((const char *)blk + R8_PREFETCH + 256, _MM_HINT_T0);
+            R8_PF(blk + R8_PREFETCH);
+            R8_PF(blk + R8_PREFETCH + 64);
+            R8_PF(blk + R8_PREFETCH + 128);
+            if (r_blk(f) > 192) R8_PF(blk + R8_PREFETCH + 192);
+            if (r_blk(f) > 256) R8_PF(blk + R8_PREFETCH + 256);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const int32_t *sum = (const int32_t *)(const void *)(a + (size_t)t * as + n + 8 * (size_t)nb);
@@ -252,8 +268,8 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
             b0[p] = w + (size_t)(2 * p) * gs + (size_t)b * r_blk(f);
             b1[p] = b0[p] + gs;
             for (size_t o = 0; o < r_blk(f); o += 64) {
-                _mm_prefetch((const char *)b0[p] + R8_PREFETCH + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)b1[p] + R8_PREFETCH + o, _MM_HINT_T0);
+                R8_PF(b0[p] + R8_PREFETCH + o);
+                R8_PF(b1[p] + R8_PREFETCH + o);
             }
             h[p] = _mm512_setzero_si512();
             UNROLL8
@@ -385,7 +401,7 @@ AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, i
         UNROLL
         for (int g = 0; g < M; g++) {
             const uint8_t *o = w + (size_t)g * gs + (size_t)b * 8 * sb;
-            _mm_prefetch((const char *)o + 8 * sb, _MM_HINT_T0);
+            for (size_t p = 0; p < 8 * sb; p += 64) R8_PF(o + R8_PREFETCH + p);
             __m256i isum[4], imin[4];
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -497,9 +513,9 @@ AI void r8kz_tile(int q5, int N, int64_t n, const uint8_t *w, size_t gs, int nr,
     for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o0 = w + (size_t)b * 8 * sb, *o1 = o0 + gs;
-        for (size_t p = 0; p < 8 * sb; p += 256) {
-            _mm_prefetch((const char *)o0 + 8 * sb + p, _MM_HINT_T0);
-            _mm_prefetch((const char *)o1 + 8 * sb + p, _MM_HINT_T0);
+        for (size_t p = 0; p < 8 * sb; p += 64) {
+            R8_PF(o0 + R8_PREFETCH + p);
+            R8_PF(o1 + R8_PREFETCH + p);
         }
         __m512i isum[4], imin[4];
         {
@@ -619,7 +635,7 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
     for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = w + (size_t)b * 8 * R8Q6_SB;
-        _mm_prefetch((const char *)o + 8 * R8Q6_SB, _MM_HINT_T0);
+        for (int p = 0; p < 8 * R8Q6_SB; p += 64) R8_PF(o + R8_PREFETCH + p);
         __m256i isum[4];
         UNROLL
         for (int t = 0; t < N; t++) {
@@ -694,9 +710,9 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
     for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o0 = w + (size_t)b * 8 * R8Q6_SB, *o1 = o0 + gs;
-        for (int p = 0; p < 8 * R8Q6_SB; p += 256) {
-            _mm_prefetch((const char *)o0 + 8 * R8Q6_SB + p, _MM_HINT_T0);
-            _mm_prefetch((const char *)o1 + 8 * R8Q6_SB + p, _MM_HINT_T0);
+        for (int p = 0; p < 8 * R8Q6_SB; p += 64) {
+            R8_PF(o0 + R8_PREFETCH + p);
+            R8_PF(o1 + R8_PREFETCH + p);
         }
         __m512i isum[4];
         {
@@ -813,7 +829,7 @@ AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, 
         _Pragma("GCC unroll 8")
         for (int g = 0; g < M; g++) {
             const uint16_t *p = w + (size_t)g * gs + 8 * (size_t)j;
-            if ((j & 3) == 0) _mm_prefetch((const char *)p + R8_PREFETCH, _MM_HINT_T0); /* a line per 4 elements */
+            if ((j & 3) == 0) R8_PF(p + R8_PREFETCH); /* a line per 4 elements */
             const __m256 wv = r8h_wvec(bf, p);
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -842,8 +858,8 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
         for (int p = 0; p < M; p++) {
             const uint16_t *p0 = w + (size_t)(2 * p) * gs + 8 * (size_t)j, *p1 = p0 + gs;
             if ((j & 3) == 0) { /* a line per 4 elements and group */
-                _mm_prefetch((const char *)p0 + R8_PREFETCH, _MM_HINT_T0);
-                _mm_prefetch((const char *)p1 + R8_PREFETCH, _MM_HINT_T0);
+                R8_PF(p0 + R8_PREFETCH);
+                R8_PF(p1 + R8_PREFETCH);
             }
             const __m256i h = rz_pair16(p0, p1);
             const __m512 wv = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
