@@ -356,7 +356,10 @@ AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void 
         float *yt = y + (size_t)t0 * ys;
         int g = 0;
 #if R8_ZMM
-        if (tn > 1 || f == R_Q8_0) { /* Q8_0 decode too: one 64-byte load per vector, not two (+4-7% tg) */
+        /* prompts only: for Q8_0 decode, the pair tile's four streams read
+         * DRAM 10-20% slower on the AMD EPYC than the one-group tile's one
+         * (it had been +4-7% on a Xeon whose L3 held the file) */
+        if (tn > 1) {
             for (; g + 2 * R8Z_PM <= ng; g += 2 * R8Z_PM) R8Z_TOKENS(R8Z_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
             for (; g + 2 <= ng; g += 2) R8Z_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         }
@@ -589,10 +592,9 @@ AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const voi
         const uint8_t *at = a + (size_t)t0 * as;
         float *yt = y + (size_t)t0 * ys;
         int g = 0;
-        if (tn == 1)
-            for (; g + 2 <= ng; g += 2) r8k_tile(q5, 2, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        /* decode: one group at a time (below), one memory stream (R8_DM) */
 #if R8_ZMM
-        else
+        if (tn > 1)
             for (; g + 2 <= ng; g += 2) {
                 switch (tn) {
                 case 2: r8kz_tile(q5, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
@@ -784,8 +786,10 @@ static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *
         const int tn = nt - t0 < 4 ? nt - t0 : 4;
         int g0 = 0;
 #if R8_ZMM
-        /* decode too: the 256-bit tile read Q6_K at half Q4_0's rate */
-        for (; g0 + 2 <= ng; g0 += 2) {
+        /* prompts; decode goes one group at a time (below), one memory
+         * stream (R8_DM): with the L2 prefetch that read the random 1B
+         * file's Q6_K output matrix faster on the AMD EPYC than this tile's two */
+        for (; g0 + 2 <= ng && tn > 1; g0 += 2) {
             const uint8_t *wg = w + g0 * gs, *at = a + (size_t)t0 * as;
             float *yt = y + (size_t)t0 * ys + 8 * g0;
             switch (tn) {
