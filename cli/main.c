@@ -26,7 +26,7 @@ static const char USAGE[] =
     "  serve       OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "\n"
     "Run 'tokenloop COMMAND --help' for the options of a command.\n"
-    "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni caps it).\n";
+    "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni|avx512-bf16 caps it).\n";
 
 void cli_error(const char *fmt, ...) {
     va_list ap;

@@ -8,7 +8,7 @@
 
 #include "util.h"
 
-static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
+static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16"};
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -35,7 +35,9 @@ tl_cpu_level tl_cpu_detect(void) {
     const int vnni = (c >> 11) & 1;
     if (!(ymm_os && avx2 && fma && f16c)) return TL_CPU_SCALAR;
     if (!(zmm_os && f512 && bw && vl && dq)) return TL_CPU_AVX2;
-    return vnni ? TL_CPU_AVX512VNNI : TL_CPU_AVX512;
+    if (!vnni) return TL_CPU_AVX512;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return TL_CPU_AVX512VNNI;
+    return (a >> 5) & 1 ? TL_CPU_AVX512BF16 : TL_CPU_AVX512VNNI;
 }
 #else
 tl_cpu_level tl_cpu_detect(void) { return TL_CPU_SCALAR; }
@@ -45,7 +47,7 @@ tl_cpu_level tl_cpu_choose(void) {
     const tl_cpu_level detected = tl_cpu_detect();
     const char *want = getenv("TL_CPU");
     if (!want) return detected;
-    for (int l = TL_CPU_SCALAR; l <= TL_CPU_AVX512VNNI; l++)
+    for (int l = TL_CPU_SCALAR; l <= TL_CPU_AVX512BF16; l++)
         if (!strcmp(want, names[l])) return (tl_cpu_level)l < detected ? (tl_cpu_level)l : detected;
     return detected; /* unknown name: ignore rather than fail start-up */
 }
@@ -69,6 +71,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     }
     if (level >= TL_CPU_AVX2) tl_kernels_fill_avx2(k, mode);
     if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI, mode);
+    if (level >= TL_CPU_AVX512BF16) tl_kernels_fill_avx512bf16(k, mode);
     k->level = level;
     k->mode = mode;
     k->name = names[level];
@@ -99,12 +102,13 @@ int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int
 int tl_kern_row_align(const tl_kernels *k, tl_type t) { return grouped(k, t) ? 8 : 1; }
 
 size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
+    if (r8h(k, t)) return tl_r8h_row_bytes(t, n);
     return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);
 }
 
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
     const tl_type vt = tl_type_info(t)->vec_dot_type;
-    if (r8h(k, t)) return (size_t)n * sizeof(float);
+    if (r8h(k, t)) return tl_r8h_act_row_size(t, n);
     return r8(k, t) ? tl_r8_act_row_size(n) : tl_act_row_size(vt, n);
 }
 
@@ -115,7 +119,7 @@ void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row,
         return;
     }
     if (r8h(k, t)) {
-        memcpy(row, x, (size_t)n * sizeof(float));
+        tl_r8h_act_make(t, x, row, n);
         return;
     }
     k->quantize[vt](x, row, n);

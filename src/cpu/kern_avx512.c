@@ -2,7 +2,9 @@
  * in the vnni variant: the exact integer partial sums of two 32-blocks or 64
  * K-quant elements per 512-bit vector, then the float accumulation in the 8-lane
  * order of llama.cpp's AVX2 kernels (see quant.c), so that every level gives the
- * same bits. The activation quantizers and the F16 dot stay the AVX2 ones. */
+ * same bits. The activation quantizers and the F16 dot stay the AVX2 ones. The
+ * fast mode's r8 tiles (cpu/r8_tile.h), its attention (cpu/attn512.h) and, with
+ * AVX-512 BF16, its BF16 gemm on vdpbf16ps live here too. */
 #include "cpu/kernels.h"
 #include "cpu/simd256.h"
 
@@ -291,6 +293,114 @@ VARIANTS(dot_q6_K)
 #endif
 #include "cpu/r8_tile.h"
 #include "cpu/attn512.h"
+
+/* ---- BF16 with vdpbf16ps (AVX-512 BF16): one instruction is two steps of
+ * the r8h BF16 chain (cpu/r8.c) for 8 rows (ymm) or two groups' 16 (zmm); the
+ * levels below emulate it (r8h_gemm_bf16 in cpu/r8_tile.h). */
+#ifndef R8_BF16
+#define R8_BF16 1
+#endif
+#if R8_BF16
+AI __m512bh r8bz_x(const uint8_t *a, int64_t p) {
+    int32_t v;
+    memcpy(&v, a + 4 * (size_t)p, 4);
+    return (__m512bh)_mm512_set1_epi32(v);
+}
+
+AI void r8bz_tile(int M, int N, int64_t np, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                  float *y, size_t ys) {
+    __m512 acc[4][4];
+    UNROLL
+    for (int m = 0; m < M; m++)
+        UNROLL
+        for (int t = 0; t < N; t++) acc[m][t] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        __m512bh x[4];
+        UNROLL
+        for (int t = 0; t < N; t++) x[t] = r8bz_x(a + (size_t)t * as, p);
+        UNROLL
+        for (int m = 0; m < M; m++) {
+            const uint16_t *q0 = w + (size_t)(2 * m) * gs + 16 * (size_t)p, *q1 = q0 + gs;
+            if ((p & 1) == 0) { /* a line per 2 pairs and group */
+                R8_PF((const uint8_t *)q0 + R8_PREFETCH);
+                R8_PF((const uint8_t *)q1 + R8_PREFETCH);
+            }
+            const __m512bh wv = (__m512bh)load2x32(q0, q1);
+            UNROLL
+            for (int t = 0; t < N; t++) acc[m][t] = _mm512_dpbf16_ps(acc[m][t], wv, x[t]);
+        }
+    }
+    UNROLL
+    for (int m = 0; m < M; m++)
+        UNROLL
+        for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys + 16 * (size_t)m, acc[m][t], nr - 16 * m);
+}
+
+AI void r8by_tile(int N, int64_t np, const uint16_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
+    __m256 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        const uint16_t *q = w + 16 * (size_t)p;
+        if ((p & 1) == 0) R8_PF((const uint8_t *)q + R8_PREFETCH);
+        const __m256bh wv = (__m256bh)_mm256_loadu_si256((const __m256i *)(const void *)q);
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            int32_t v;
+            memcpy(&v, a + (size_t)t * as + 4 * (size_t)p, 4);
+            acc[t] = _mm256_dpbf16_ps(acc[t], wv, (__m256bh)_mm256_set1_epi32(v));
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) r8_store8(y + (size_t)t * ys, acc[t], nr);
+}
+
+#define R8BZ_TOKENS(M, TN, ...)                          \
+    switch (TN) {                                        \
+    case 1: r8bz_tile(M, 1, __VA_ARGS__); break;         \
+    case 2: r8bz_tile(M, 2, __VA_ARGS__); break;         \
+    case 3: r8bz_tile(M, 3, __VA_ARGS__); break;         \
+    default: r8bz_tile(M, 4, __VA_ARGS__); break;        \
+    }
+
+static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                        size_t ys) {
+    const uint16_t *w = vw;
+    const uint8_t *a = va;
+    const size_t gs = 8 * ws / sizeof(uint16_t);
+    const int64_t np = (n + 1) / 2;
+    const int ng = (nr + 7) / 8;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        const uint8_t *at = a + (size_t)t0 * as;
+        float *yt = y + (size_t)t0 * ys;
+        int g = 0;
+        if (tn > 1) /* 16 accumulators: 4 weight loads and 4 broadcasts serve 16 instructions */
+            for (; g + 8 <= ng; g += 8) R8BZ_TOKENS(4, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+#ifndef R8BZ_DM
+#define R8BZ_DM 2
+#endif
+        /* decode: R8BZ_DM chains of 16 rows */
+        for (; g + 2 * R8BZ_DM <= ng; g += 2 * R8BZ_DM) R8BZ_TOKENS(R8BZ_DM, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g + 4 <= ng; g += 4) R8BZ_TOKENS(2, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g + 2 <= ng; g += 2) R8BZ_TOKENS(1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g < ng; g++) switch (tn) {
+            case 1: r8by_tile(1, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 2: r8by_tile(2, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 3: r8by_tile(3, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            default: r8by_tile(4, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            }
+    }
+}
+#endif
+
+void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode) {
+#if R8_BF16
+    if (mode == TL_NUM_FAST) k->gemm[TL_BF16] = r8b_gemm_dp;
+#else
+    (void)k, (void)mode;
+#endif
+}
 
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode) {
     if (vnni) tile32_fill(k);

@@ -1,5 +1,5 @@
 /* cpu/kernels: the table of CPU kernels chosen once at start-up from the
- * features this CPU has (scalar, AVX2, AVX-512, AVX-512 VNNI) and the numerics
+ * features this CPU has (scalar, AVX2, AVX-512, AVX-512 VNNI, AVX-512 BF16) and the numerics
  * mode (fast, or exact: llama.cpp's float order). Entries a level lacks fall
  * back to the level below, down to the scalar references. */
 #ifndef TL_CPU_KERNELS_H
@@ -14,7 +14,8 @@ typedef enum tl_cpu_level {
     TL_CPU_SCALAR = 0,
     TL_CPU_AVX2 = 1,       /* AVX2 + FMA + F16C */
     TL_CPU_AVX512 = 2,     /* + AVX-512 F/BW/VL/DQ */
-    TL_CPU_AVX512VNNI = 3  /* + AVX-512 VNNI */
+    TL_CPU_AVX512VNNI = 3, /* + AVX-512 VNNI */
+    TL_CPU_AVX512BF16 = 4  /* + AVX-512 BF16 (vdpbf16ps) */
 } tl_cpu_level;
 
 /* dot(weight row w of `type`, activation row a in its vec_dot_type), n elements. */
@@ -46,7 +47,7 @@ typedef enum tl_num_mode { TL_NUM_FAST = 0, TL_NUM_EXACT = 1 } tl_num_mode;
 typedef struct tl_kernels {
     tl_cpu_level level;
     tl_num_mode mode;
-    const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni" */
+    const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
     tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
@@ -96,11 +97,16 @@ size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
-/* F16 and BF16 in the r8 layout (r8h, cpu/r8.c): groups of 8 rows, element
- * by element the 8 rows' values (same bytes per row as GGUF); their gemm
- * takes the f32 activation rows as they are. */
+/* F16 and BF16 in the r8 layout (r8h, cpu/r8.c): groups of 8 rows. F16
+ * element by element the 8 rows' values (same bytes per row as GGUF), its
+ * gemm taking the f32 activation rows as they are. BF16 pair by pair, the 8
+ * rows' two values (a row padded to an even length with a zero), its gemm
+ * taking bf16 activation rows (vdpbf16ps's operands; tl_r8h_act_make). */
 int tl_r8h_supported(tl_type type);
 int tl_r8h_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+size_t tl_r8h_row_bytes(tl_type type, int64_t n);
+size_t tl_r8h_act_row_size(tl_type type, int64_t n);
+void tl_r8h_act_make(tl_type type, const float *x, void *row, int64_t n);
 void tl_kernels_fill_r8h_ref(tl_kernels *k);
 
 /* What a table's gemm for weight type t reads, whatever the mode: whether it
@@ -119,7 +125,7 @@ size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n);
 /* The best level this CPU supports (cpuid + OS support for the registers). */
 tl_cpu_level tl_cpu_detect(void);
 /* The level requested by the environment variable TL_CPU (scalar, avx2,
- * avx512, avx512-vnni), capped at what the CPU supports; else the detected one. */
+ * avx512, avx512-vnni, avx512-bf16), capped at what the CPU supports; else the detected one. */
 tl_cpu_level tl_cpu_choose(void);
 /* Fills k for level (capped at the detected level) and mode. */
 void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode);
@@ -131,5 +137,8 @@ tl_num_mode tl_num_choose(void);
 void tl_kernels_fill_ref(tl_kernels *k);
 void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode);
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode);
+/* The BF16 gemm with vdpbf16ps (fast mode; the same bits as the emulation
+ * the levels below run, see cpu/r8.c). */
+void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode);
 
 #endif

@@ -360,27 +360,83 @@ void tl_kernels_fill_r8k_ref(tl_kernels *k) {
 }
 
 /* ---- F16 and BF16 in the r8 layout (r8h) ----
- * Per group of 8 rows, element by element: the 8 rows' 16-bit values of
+ * F16: per group of 8 rows, element by element: the 8 rows' 16-bit values of
  * element j at 16j (2 bytes per row and element, as in GGUF). Activations are
  * the f32 row itself. Per row, one fma chain over the elements:
  *
- *     acc = 0;  for each j:  acc = fma(w_j, x_j, acc)       (w_j widened exactly) */
+ *     acc = 0;  for each j:  acc = fma(w_j, x_j, acc)       (w_j widened exactly)
+ *
+ * BF16: what vdpbf16ps computes (AVX-512 BF16), so that the instruction is
+ * the fast path and the levels without it emulate it. Per group, pair by pair:
+ * the 8 rows' elements 2p and 2p+1 at 32p (a row with an odd length gets a
+ * zero element). Activations are rounded to bf16 (to nearest even, as
+ * llama.cpp rounds them for its BF16 dot), padded the same way. bf16 inputs
+ * with a zero exponent are zeros (the instruction's DAZ: done once, when the
+ * weights are packed and the activations made). Per row:
+ *
+ *     acc = 0
+ *     for each pair p:  acc = ftz(fma(w_2p+1, x_2p+1, acc))   (odd element first,
+ *                       acc = ftz(fma(w_2p,   x_2p,   acc))    as the instruction)
+ *
+ * where ftz is the instruction's flush to zero: a result whose value, rounded
+ * to 24 bits with an unbounded exponent, is under FLT_MIN in magnitude becomes
+ * a zero of its sign (x86 detects tininess after rounding: an exact sum in
+ * [FLT_MIN - 2^-150, FLT_MIN - 2^-151) is flushed though fmaf rounds it up to
+ * FLT_MIN). The products are exact (8-bit significands). The SIMD levels
+ * without the instruction run the same fmas with MXCSR's FTZ bit set, which
+ * flushes by the same rule (48M cases near FLT_MIN equal to vdpbf16ps's
+ * results on an AMD EPYC Zen 4, as the unit test's edge cases are). */
 
 int tl_r8h_supported(tl_type type) { return type == TL_F16 || type == TL_BF16; }
 
+static int64_t bf16_even(int64_t n) { return n + (n & 1); }
+
+size_t tl_r8h_row_bytes(tl_type type, int64_t n) {
+    return (size_t)(type == TL_BF16 ? bf16_even(n) : n) * sizeof(uint16_t);
+}
+
+size_t tl_r8h_act_row_size(tl_type type, int64_t n) {
+    return type == TL_BF16 ? (size_t)bf16_even(n) * sizeof(uint16_t) : (size_t)n * sizeof(float);
+}
+
+/* vdpbf16ps reads a bf16 with a zero exponent as a zero of its sign */
+static uint16_t bf16_daz(uint16_t h) { return (h & 0x7f80) ? h : (uint16_t)(h & 0x8000); }
+
+void tl_r8h_act_make(tl_type type, const float *x, void *row, int64_t n) {
+    if (type != TL_BF16) {
+        memcpy(row, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = row;
+    for (int64_t j = 0; j < n; j++) h[j] = bf16_daz(tl_fp32_to_bf16(x[j]));
+    if (n & 1) h[n] = 0;
+}
+
 int tl_r8h_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
     if (!tl_r8h_supported(type) || nrows < 0 || n < 0) return -1;
-    const int64_t ng = tl_r8_rows(nrows) / 8;
+    const int64_t ng = tl_r8_rows(nrows) / 8, ne = type == TL_BF16 ? bf16_even(n) : n;
     const uint16_t *s = src;
     uint16_t *d = dst;
-    memset(d, 0, (size_t)(ng * 8 * n) * sizeof(uint16_t));
+    memset(d, 0, (size_t)(ng * 8 * ne) * sizeof(uint16_t));
     for (int64_t g = 0; g < ng; g++)
         for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
             const uint16_t *row = s + (size_t)(g * 8 + r) * (size_t)n;
-            uint16_t *o = d + (size_t)g * 8 * (size_t)n + (size_t)r;
-            for (int64_t j = 0; j < n; j++) o[8 * j] = row[j];
+            uint16_t *o = d + (size_t)g * 8 * (size_t)ne;
+            if (type == TL_BF16)
+                for (int64_t j = 0; j < n; j++) o[16 * (j / 2) + 2 * r + (j & 1)] = bf16_daz(row[j]);
+            else
+                for (int64_t j = 0; j < n; j++) o[8 * j + r] = row[j];
         }
     return 0;
+}
+
+/* fma(w, x, acc) flushed as vdpbf16ps flushes (see above). w*x is exact in
+ * double, and so is acc + w*x whenever the result lies near FLT_MIN. */
+static float bf16_fma_ftz(float w, float x, float acc) {
+    const float r = fmaf(w, x, acc);
+    if (fabsf(r) > 0x1p-126f) return r;
+    if (fabsf(r) == 0x1p-126f && fabs((double)acc + (double)w * (double)x) >= 0x1p-126 - 0x1p-151) return r;
+    return copysignf(0.0f, r);
 }
 
 static void r8h_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
@@ -388,12 +444,19 @@ static void r8h_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr, 
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint16_t *grp = (const uint16_t *)(const void *)((const uint8_t *)vw + (size_t)r0 * ws);
         for (int t = 0; t < nt; t++) {
-            const float *x = (const float *)(const void *)((const uint8_t *)va + (size_t)t * as);
+            const void *xt = (const uint8_t *)va + (size_t)t * as;
             for (int r = 0; r < 8 && r0 + r < nr; r++) {
                 float acc = 0.0f;
-                for (int64_t j = 0; j < n; j++) {
-                    const uint16_t h = grp[8 * j + r];
-                    acc = fmaf(type == TL_F16 ? tl_fp16_to_fp32(h) : tl_bf16_to_fp32(h), x[j], acc);
+                if (type == TL_BF16) {
+                    const uint16_t *x = xt;
+                    for (int64_t p = 0; p < bf16_even(n) / 2; p++) {
+                        const uint16_t *w = grp + 16 * p + 2 * r;
+                        acc = bf16_fma_ftz(tl_bf16_to_fp32(w[1]), tl_bf16_to_fp32(x[2 * p + 1]), acc);
+                        acc = bf16_fma_ftz(tl_bf16_to_fp32(w[0]), tl_bf16_to_fp32(x[2 * p]), acc);
+                    }
+                } else {
+                    const float *x = xt;
+                    for (int64_t j = 0; j < n; j++) acc = fmaf(tl_fp16_to_fp32(grp[8 * j + r]), x[j], acc);
                 }
                 y[(size_t)t * ys + r0 + r] = acc;
             }

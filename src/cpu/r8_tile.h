@@ -813,16 +813,12 @@ static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *
     }
 }
 
-/* ---- F16 and BF16 on r8h rows (cpu/r8.c): element j of a group is 8 rows'
- * values, widened exactly, times the token's f32 x_j broadcast, one fma chain
- * per (row, token) over the elements. */
-AI __m256 r8h_wvec(int bf, const uint16_t *p) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (bf) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
+/* ---- F16 on r8h rows (cpu/r8.c): element j of a group is 8 rows' values,
+ * widened exactly, times the token's f32 x_j broadcast, one fma chain per
+ * (row, token) over the elements. */
+AI __m256 r8h_wvec(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 
-AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+AI void r8h_tile(int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                  float *y, size_t ys) {
     __m256 acc[8][4];
     _Pragma("GCC unroll 8")
@@ -834,7 +830,7 @@ AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, 
         for (int g = 0; g < M; g++) {
             const uint16_t *p = w + (size_t)g * gs + 8 * (size_t)j;
             if ((j & 3) == 0) R8_PF(p + R8_PREFETCH); /* a line per 4 elements */
-            const __m256 wv = r8h_wvec(bf, p);
+            const __m256 wv = r8h_wvec(p);
             UNROLL
             for (int t = 0; t < N; t++) {
                 const float *x = (const float *)(const void *)(a + (size_t)t * as);
@@ -850,7 +846,7 @@ AI void r8h_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, 
 
 #if R8_ZMM
 /* two groups per 512-bit vector */
-AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+AI void r8hz_tile(int M, int N, int64_t n, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                   float *y, size_t ys) {
     __m512 acc[8][4];
     _Pragma("GCC unroll 8")
@@ -866,7 +862,7 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
                 R8_PF(p1 + R8_PREFETCH);
             }
             const __m256i h = rz_pair16(p0, p1);
-            const __m512 wv = bf ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+            const __m512 wv = _mm512_cvtph_ps(h);
             UNROLL
             for (int t = 0; t < N; t++) {
                 const float *x = (const float *)(const void *)(a + (size_t)t * as);
@@ -883,14 +879,14 @@ AI void r8hz_tile(int bf, int M, int N, int64_t n, const uint16_t *w, size_t gs,
 
 #define R8H_TOKENS(TILE, M, TN, ...)                 \
     switch (TN) {                                    \
-    case 1: TILE(bf, M, 1, __VA_ARGS__); break;      \
-    case 2: TILE(bf, M, 2, __VA_ARGS__); break;      \
-    case 3: TILE(bf, M, 3, __VA_ARGS__); break;      \
-    default: TILE(bf, M, 4, __VA_ARGS__); break;     \
+    case 1: TILE(M, 1, __VA_ARGS__); break;          \
+    case 2: TILE(M, 2, __VA_ARGS__); break;          \
+    case 3: TILE(M, 3, __VA_ARGS__); break;          \
+    default: TILE(M, 4, __VA_ARGS__); break;         \
     }
 
-AI void r8h_gemm(int bf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
-                 size_t ys) {
+static void r8h_gemm_f16(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                         size_t ys) {
     const uint16_t *w = vw;
     const uint8_t *a = va;
     const size_t gs = 8 * ws / sizeof(uint16_t); /* a group, in elements */
@@ -905,28 +901,89 @@ AI void r8h_gemm(int bf, int64_t n, const void *vw, size_t ws, int nr, const voi
             for (; g + 4 <= ng; g += 4) R8H_TOKENS(r8hz_tile, 2, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
             for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8hz_tile, 1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         } else { /* decode: 8 fma chains in flight, 16 rows each */
-            for (; g + 16 <= ng; g += 16) r8hz_tile(bf, 8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+            for (; g + 16 <= ng; g += 16) r8hz_tile(8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         }
 #endif
         /* decode: 8 independent fma chains hide the fma latency */
         if (tn == 1)
-            for (; g + 8 <= ng; g += 8) r8h_tile(bf, 8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+            for (; g + 8 <= ng; g += 8) r8h_tile(8, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         if (tn == 1)
-            for (; g + 4 <= ng; g += 4) r8h_tile(bf, 4, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+            for (; g + 4 <= ng; g += 4) r8h_tile(4, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
         else
             for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8h_tile, 2, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         for (; g < ng; g++) R8H_TOKENS(r8h_tile, 1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
     }
 }
 
-static void r8h_gemm_f16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
-                         size_t ys) {
-    r8h_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
+/* ---- BF16 on r8h pair rows (cpu/r8.c): vdpbf16ps emulated. A 32-bit lane
+ * holds one row's pair with the odd element in its high half, so a mask gives
+ * that element as a float and a shift the even one; per pair, the odd
+ * product's fma, then the even one's, with MXCSR's flush to zero on, as the
+ * instruction flushes. */
+AI __m256 r8b_hi(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
+AI __m256 r8b_lo(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+
+AI void r8b_tile(int M, int N, int64_t np, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                 float *y, size_t ys) {
+    __m256 acc[4][4];
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) acc[g][t] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        __m256 xh[4], xl[4];
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            int32_t v;
+            memcpy(&v, a + (size_t)t * as + 4 * (size_t)p, 4);
+            const __m256i b = _mm256_set1_epi32(v);
+            xh[t] = r8b_hi(b);
+            xl[t] = r8b_lo(b);
+        }
+        UNROLL
+        for (int g = 0; g < M; g++) {
+            const uint16_t *q = w + (size_t)g * gs + 16 * (size_t)p;
+            if ((p & 1) == 0) R8_PF((const uint8_t *)q + R8_PREFETCH); /* a line per 2 pairs */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)q);
+            const __m256 wh = r8b_hi(v), wl = r8b_lo(v);
+            UNROLL
+            for (int t = 0; t < N; t++) {
+                acc[g][t] = _mm256_fmadd_ps(wh, xh[t], acc[g][t]);
+                acc[g][t] = _mm256_fmadd_ps(wl, xl[t], acc[g][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int g = 0; g < M; g++)
+        UNROLL
+        for (int t = 0; t < N; t++) r8_store8(y + (size_t)t * ys + 8 * (size_t)g, acc[g][t], nr - 8 * g);
 }
 
-static void r8h_gemm_bf16(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+/* Prompt tiles: 2 groups x 4 tokens where 32 registers hold them, else 1. */
+#define R8B_PM (R8_ZMM ? 2 : 1)
+
+static void r8h_gemm_bf16(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                           size_t ys) {
-    r8h_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
+    const uint16_t *w = vw;
+    const uint8_t *a = va;
+    const size_t gs = 8 * ws / sizeof(uint16_t);
+    const int64_t np = (n + 1) / 2;
+    const int ng = (nr + 7) / 8;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8000); /* FTZ; the fmas below sit between this and the restore */
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        const uint8_t *at = a + (size_t)t0 * as;
+        float *yt = y + (size_t)t0 * ys;
+        int g = 0;
+        if (tn == 1) /* decode: 4 chains */
+            for (; g + 4 <= ng; g += 4) r8b_tile(4, 1, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        else
+            for (; g + R8B_PM <= ng; g += R8B_PM)
+                R8H_TOKENS(r8b_tile, R8B_PM, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g < ng; g++) R8H_TOKENS(r8b_tile, 1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+    }
+    _mm_setcsr(csr);
 }
 
 static void r8_fill(tl_kernels *k) {

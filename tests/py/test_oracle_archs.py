@@ -2,7 +2,8 @@
 """Checks tokenloop ($TL_BIN) on the architectures we have no real model file
 for (Llama 3 RoPE factors, Qwen2 biases, Qwen3 QK-norm, Mistral's sliding
 window key, Phi-3 fused tensors) against llama.cpp's logits in
-tests/oracle/fixtures/archs_*.json (tests/oracle/make_fixtures_archs.py).
+tests/oracle/fixtures/archs_*.json (tests/oracle/make_fixtures_archs.py);
+BF16 weights in fast mode against the exact mode and across CPU levels.
 The models are regenerated with scripts/mkmodel.py into models/random/ and
 must hash as recorded. Also: an unknown architecture and a missing tensor must
 fail with an error naming them.
@@ -35,6 +36,11 @@ TIMEOUT = 300
 TOL = 0.0
 FAST_TOL = 0.1
 FAST_MARGIN = 0.3
+# BF16 fast vs exact: both round activations to bf16, so an order difference
+# that moves a value across a rounding step becomes a 2^-9 relative change
+# (measured: max abs 0.24 at logits up to 107 in magnitude; the F16 model the
+# file is made from gives 0.03, and bf16 vs f16 weights move them by 0.36).
+BF16_TOL = 0.5
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_oracle import check  # noqa: E402  (shared pass/fail counting)
@@ -110,6 +116,49 @@ def check_fixture(path, tmp):
     check(top1_bad == 0, f"{name}: top-1 differs at {top1_bad} positions")
 
 
+def check_bf16(tmp):
+    """BF16 weights (the qwen2 fixture's model converted by `tokenloop quantize`):
+    the fast mode's vdpbf16ps order against the exact mode by the fidelity
+    rules, and the same bits on every CPU level (the instruction where the CPU
+    has it, its emulation elsewhere) and under other threads and chunking."""
+    src = os.path.join(OUT_DIR, "archs_qwen2.gguf")
+    model = os.path.join(tmp, "qwen2_bf16.gguf")
+    p = subprocess.run([TL_BIN, "quantize", src, model, "BF16"], capture_output=True, text=True, timeout=TIMEOUT)
+    if not check(p.returncode == 0, f"bf16: quantize failed: {p.stderr.strip()[-300:]}"):
+        return
+    with open(os.path.join(FIX, "archs_qwen2.json"), encoding="utf-8") as f:
+        ids = json.load(f)["cases"][-1]["ids"]
+    saved = to.NUMERICS
+    got = {}
+    for mode, cpu, extra in (("exact", None, ()), ("fast", None, ()), ("fast", None, ("-t", "3", "-b", "7")),
+                             ("fast", "avx2", ()), ("fast", "scalar", ())):
+        to.NUMERICS = mode
+        env_cpu = os.environ.pop("TL_CPU", None)
+        if cpu:
+            os.environ["TL_CPU"] = cpu
+        flat, err = tl_logits(model, ids, tmp, extra)
+        os.environ.pop("TL_CPU", None)
+        if env_cpu is not None:
+            os.environ["TL_CPU"] = env_cpu
+        key = f"{mode} {cpu or 'detected'} {' '.join(extra)}".strip()
+        if check(flat is not None, f"bf16 {key}: tokenloop failed: {err}"):
+            got[key] = flat.reshape(len(ids), -1)
+    to.NUMERICS = saved
+    if "exact detected" not in got or "fast detected" not in got:
+        return
+    ex, fa = got["exact detected"], got["fast detected"]
+    d = np.abs(ex - fa)
+    srt = np.sort(ex, axis=1)
+    margin = srt[:, -1] - srt[:, -2]
+    top1_bad = int(np.sum((np.argmax(ex, axis=1) != np.argmax(fa, axis=1)) & (margin > FAST_MARGIN)))
+    print(f"bf16 [fast vs exact]: {len(ids)} positions, max abs {d.max():.3g}, mean abs {d.mean():.3g}")
+    check(d.max() <= BF16_TOL, f"bf16: fast vs exact max abs {d.max():.3g} > {BF16_TOL}")
+    check(top1_bad == 0, f"bf16: fast and exact top-1 differ at {top1_bad} decisive positions")
+    for key, rows in got.items():
+        if key.startswith("fast") and key != "fast detected":
+            check(np.array_equal(rows, fa), f"bf16: fast '{key}' differs from the detected level's bits")
+
+
 def check_errors(tmp):
     """Files to refuse: unknown architecture, a tensor left out, RoPE scalings
     not implemented."""
@@ -142,6 +191,7 @@ def main():
         for to.NUMERICS in ("exact", "fast"):
             for path in fixtures:
                 check_fixture(path, tmp)
+        check_bf16(tmp)
         check_errors(tmp)
     print(f"{to.passed} passed, {to.failed} failed")
     return 1 if to.failed else 0

@@ -426,51 +426,109 @@ static void check_r8q6_case(const tl_kernels *k, const tl_kernels *ref, int64_t 
 
 /* F16 and BF16 in the r8h layout: the level's tiles bitwise the scalar
  * reference's; the reference (one fma chain per row) within n roundings of a
- * double sum of the same products. */
-static void check_r8h_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, rng *r) {
+ * double sum of the same products (for BF16, of the bf16-rounded activations).
+ * tiny: BF16 weights and activations scaled so that the partial sums fall
+ * under FLT_MIN, where the chain flushes them (vdpbf16ps's FTZ). */
+static void check_r8h_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, int tiny,
+                           rng *r) {
     const int64_t prow = tl_r8_rows(nr);
-    const size_t wb = (size_t)n * 2, ab = (size_t)n * 4, ys = (size_t)nr + 3;
-    uint16_t *w = malloc(wb * (size_t)nr), *wp = malloc(wb * (size_t)prow);
-    float *a = malloc(ab * (size_t)nt), *y = malloc(sizeof(float) * ys * (size_t)nt);
+    const size_t wb = (size_t)n * 2, pb = tl_r8h_row_bytes(t, n), ab = tl_r8h_act_row_size(t, n), ys = (size_t)nr + 3;
+    uint16_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow);
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)nt), *y = malloc(sizeof(float) * ys * (size_t)nt);
+    uint8_t *a = malloc(ab * (size_t)nt);
     float *yr = malloc(sizeof(float) * ys * (size_t)nt);
-    CHECK(w && wp && a && y && yr, "alloc");
-    if (w && wp && a && y && yr) {
+    CHECK(w && wp && a && x && y && yr, "alloc");
+    if (w && wp && a && x && y && yr) {
+        const float ws = tiny ? 0x1p-66f : 2.0f, xs = tiny ? 0x1p-62f : 1.0f;
         for (size_t i = 0; i < (size_t)nr * (size_t)n; i++) {
-            const float v = frand(r) * 2.0f;
+            const float v = frand(r) * ws;
             w[i] = t == TL_F16 ? tl_fp32_to_fp16(v) : tl_fp32_to_bf16(v);
         }
-        for (size_t i = 0; i < (size_t)nt * (size_t)n; i++) a[i] = frand(r);
+        for (size_t i = 0; i < (size_t)nt * (size_t)n; i++) x[i] = frand(r) * xs;
+        if (tiny && nt > 1) /* token 0: a few ordinary products among the tiny ones */
+            for (int i = 0; i < 3; i++) x[rnd(r) % (uint64_t)n] = 0x1p60f;
+        for (int ti = 0; ti < nt; ti++) tl_r8h_act_make(t, x + (size_t)ti * (size_t)n, a + (size_t)ti * ab, n);
         CHECK(tl_r8h_pack(t, w, wp, nr, n) == 0, "r8h pack");
         for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
-        k->gemm[t](n, wp, wb, nr, a, ab, nt, y, ys);
-        ref->gemm[t](n, wp, wb, nr, a, ab, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8h %s n=%lld %dx%d: not the reference's bits",
-              k->name, tl_type_info(t)->name, (long long)n, nr, nt);
-        int bad = 0;
+        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
+        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8h %s n=%lld %dx%d%s: not the reference's bits",
+              k->name, tl_type_info(t)->name, (long long)n, nr, nt, tiny ? " tiny" : "");
+        int bad = 0, flushed = 0;
         for (int ti = 0; ti < nt; ti++)
             for (int ri = 0; ri < nr; ri++) {
                 double want = 0, mag = 0;
                 for (int64_t j = 0; j < n; j++) {
                     const uint16_t h = w[(size_t)ri * (size_t)n + (size_t)j];
-                    const double p = (double)(t == TL_F16 ? tl_fp16_to_fp32(h) : tl_bf16_to_fp32(h)) *
-                                     a[(size_t)ti * (size_t)n + (size_t)j];
+                    const float xv = x[(size_t)ti * (size_t)n + (size_t)j];
+                    const double p = t == TL_F16 ? (double)tl_fp16_to_fp32(h) * xv
+                                                 : (double)tl_bf16_to_fp32(h) * tl_bf16_to_fp32(tl_fp32_to_bf16(xv));
                     want += p;
                     mag += fabs(p);
                 }
-                if (fabs(yr[(size_t)ti * ys + ri] - want) > (double)n * 0x1p-24 * mag + 1e-30) bad++;
+                const float got = yr[(size_t)ti * ys + ri];
+                if (tiny) { /* every partial sum under FLT_MIN is flushed: only the big products remain */
+                    flushed += got == 0.0f && want != 0.0;
+                    if (got != 0.0f && fabs(got - want) > (double)n * 0x1p-24 * mag + 0x1p-120) bad++;
+                } else if (fabs(got - want) > (double)n * 0x1p-24 * mag + 1e-30) {
+                    bad++;
+                }
             }
-        CHECK(!bad, "%s r8h %s n=%lld %dx%d: %d outputs outside the chain's bound", k->name, tl_type_info(t)->name,
-              (long long)n, nr, nt, bad);
+        CHECK(!bad, "%s r8h %s n=%lld %dx%d%s: %d outputs outside the chain's bound", k->name, tl_type_info(t)->name,
+              (long long)n, nr, nt, tiny ? " tiny" : "", bad);
+        if (tiny) CHECK(flushed > 0, "%s r8h BF16 tiny: no output flushed", k->name);
     }
-    free(w), free(wp), free(a), free(y), free(yr);
+    free(w), free(wp), free(a), free(x), free(y), free(yr);
+}
+
+/* BF16's flush to zero at its edges (cpu/r8.c): one token x = (0, 2^-63, 0,
+ * 2^-75), so a row's products are w1 * 2^-63, then w3 * 2^-75 (each pair's even
+ * product is 1 * 0, which turns a -0 into +0); the values
+ * are what vdpbf16ps gives (measured on an AMD EPYC Zen 4), and every level
+ * must give them bitwise. */
+static void check_r8h_bf16_edges(const tl_kernels *k, const tl_kernels *ref) {
+    static const float w13[8][2] = {
+        {0x1p-63f, -0x1p-75f},  /* FLT_MIN - 2^-150: fmaf rounds up to FLT_MIN, still flushed */
+        {0x1p-63f, -0x1p-76f},  /* FLT_MIN - 2^-151: rounds to FLT_MIN at 24 bits, kept */
+        {-0x1p-63f, 0x1p-75f},  /* the negative of the first: -0, then + 1 * 0 gives +0 */
+        {0x1p-64f, 0x1p-75f},   /* 2^-127 flushed, then 2^-150 alone: +0 */
+        {0x1.8p-63f, -0x1p-75f}, /* 1.5 FLT_MIN - 2^-150: normal */
+        {0x1p-63f, 0x1p-75f},   /* FLT_MIN + 2^-150: FLT_MIN */
+        {1.0f, 1.0f},           /* ordinary */
+        {0.0f, -0x1p-60f},      /* -2^-135 alone: -0, then +0 */
+    };
+    static const float want[8] = {0.0f, 0x1p-126f, 0.0f, 0.0f, 0, 0x1p-126f, 0, 0.0f};
+    const int64_t n = 4;
+    uint16_t w[8 * 4], wp[8 * 4], a[4];
+    const float x[4] = {0.0f, 0x1p-63f, 0.0f, 0x1p-75f};
+    for (int r = 0; r < 8; r++) {
+        w[r * 4 + 0] = w[r * 4 + 2] = tl_fp32_to_bf16(1.0f);
+        w[r * 4 + 1] = tl_fp32_to_bf16(w13[r][0]);
+        w[r * 4 + 3] = tl_fp32_to_bf16(w13[r][1]);
+    }
+    CHECK(tl_r8h_pack(TL_BF16, w, wp, 8, n) == 0, "r8h pack");
+    tl_r8h_act_make(TL_BF16, x, a, n);
+    float y[8], yr[8];
+    k->gemm[TL_BF16](n, wp, tl_r8h_row_bytes(TL_BF16, n), 8, a, sizeof a, 1, y, 8);
+    ref->gemm[TL_BF16](n, wp, tl_r8h_row_bytes(TL_BF16, n), 8, a, sizeof a, 1, yr, 8);
+    for (int r = 0; r < 8; r++) {
+        CHECK(memcmp(&y[r], &yr[r], sizeof(float)) == 0, "%s BF16 edge row %d: %a, the reference %a", k->name, r,
+              (double)y[r], (double)yr[r]);
+        if (r != 4 && r != 6)
+            CHECK(memcmp(&yr[r], &want[r], sizeof(float)) == 0, "BF16 edge row %d: reference %a, want %a", r,
+                  (double)yr[r], (double)want[r]);
+    }
 }
 
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
+    check_r8h_bf16_edges(k, ref);
     static const int hshapes[][2] = {{8, 1}, {40, 1}, {13, 1}, {16, 4}, {24, 3}, {3, 5}, {72, 6}, {56, 2}};
     for (size_t sh = 0; sh < sizeof hshapes / sizeof *hshapes; sh++)
         for (int bf = 0; bf < 2; bf++) {
-            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 64, hshapes[sh][0], hshapes[sh][1], r);
-            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 200, hshapes[sh][0], hshapes[sh][1], r);
+            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 64, hshapes[sh][0], hshapes[sh][1], 0, r);
+            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 200, hshapes[sh][0], hshapes[sh][1], 0, r);
+            check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 75, hshapes[sh][0], hshapes[sh][1], 0, r); /* odd */
+            if (bf) check_r8h_case(k, ref, TL_BF16, 96, hshapes[sh][0], hshapes[sh][1], 1, r);
         }
     static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}, {13, 3}, {24, 3}, {21, 6}, {32, 2}, {24, 1}, {40, 1}};
     for (size_t sh = 0; sh < sizeof qshapes / sizeof *qshapes; sh++) {
@@ -655,6 +713,14 @@ int main(void) {
         /* this level's own kernels only, without the table's fallbacks */
         tl_kernels k;
         memset(&k, 0, sizeof k);
+        if (level == TL_CPU_AVX512BF16) { /* what it adds to VNNI's: the BF16 gemm on vdpbf16ps */
+            tl_kernels_fill_avx2(&k, TL_NUM_EXACT);
+            tl_kernels_fill_avx512(&k, 1, TL_NUM_FAST);
+            tl_kernels_fill_avx512bf16(&k, TL_NUM_FAST);
+            k.name = "avx512-bf16";
+            check_r8(&k, &rfast, &r);
+            continue;
+        }
         tl_kernels_fill_avx2(&k, TL_NUM_EXACT);
         if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(&k, level >= TL_CPU_AVX512VNNI, TL_NUM_EXACT);
         k.name = level == TL_CPU_AVX2 ? "avx2" : level == TL_CPU_AVX512 ? "avx512" : "avx512-vnni";
