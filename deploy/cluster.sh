@@ -126,7 +126,8 @@ restart() {
     if [ -f "$dir/replica$i.pid" ] && alive "$(cat "$dir/replica$i.pid")"; then
         echo "cluster.sh: replica $i is running" >&2; exit 1
     fi
-    eval "$(cat "$dir/replica$i.cmd")" >>"$dir/replica$i.log" 2>&1 &
+    # exec: $! must be the replica itself, not a shell around it that `down` would stop alone
+    eval "exec $(cat "$dir/replica$i.cmd")" >>"$dir/replica$i.log" 2>&1 &
     echo $! >"$dir/replica$i.pid"
     local p _a; read -r p _a <"$dir/replica$i.ports"
     local t=0

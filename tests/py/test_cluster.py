@@ -236,6 +236,15 @@ def main():
         check(all(a[1]["completion_tokens"] > 0 for a in after), "after the kill every key is served elsewhere")
         rs = subprocess.run([CLUSTER, "restart", "3", "--dir", tmp], capture_output=True, text=True,
                             timeout=300 * SLOW, env=env)
+        with open(os.path.join(tmp, "replica3.pid")) as f:
+            pid3 = int(f.read())
+        try:
+            with open(f"/proc/{pid3}/cmdline", "rb") as f:
+                argv3 = f.read().split(b"\0")
+        except OSError:
+            argv3 = []
+        # (a shell around it would be all that `down` stops: the server would outlive the cluster)
+        check(b"serve" in argv3, f"replica3.pid is the restarted server itself: {argv3[:3]}")
         time.sleep(2.5)  # the proxy's checks (inter 1s, rise 2) see it again
         st = subprocess.run([CLUSTER, "status", "--dir", tmp], capture_output=True, text=True, timeout=60)
         served = 0
@@ -254,6 +263,13 @@ def main():
     finally:
         subprocess.run([CLUSTER, "down", "--dir", tmp], capture_output=True, timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
+    for i in (1, 2, 3):
+        try:
+            socket.create_connection(("127.0.0.1", port + i), timeout=2).close()
+            up_after = True
+        except OSError:
+            up_after = False
+        check(not up_after, f"replica {i} stopped by cluster.sh down")
     tlcheck.finish()
 
 
