@@ -309,7 +309,7 @@ AI __m512bh r8bz_x(const uint8_t *a, int64_t p) {
 
 AI void r8bz_tile(int M, int N, int64_t np, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                   float *y, size_t ys) {
-    __m512 acc[4][4];
+    __m512 acc[2][4];
     UNROLL
     for (int m = 0; m < M; m++)
         UNROLL
@@ -375,13 +375,8 @@ static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void
         const uint8_t *at = a + (size_t)t0 * as;
         float *yt = y + (size_t)t0 * ys;
         int g = 0;
-        if (tn > 1) /* 16 accumulators: 4 weight loads and 4 broadcasts serve 16 instructions */
-            for (; g + 8 <= ng; g += 8) R8BZ_TOKENS(4, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
-#ifndef R8BZ_DM
-#define R8BZ_DM 2
-#endif
-        /* decode: R8BZ_DM chains of 16 rows */
-        for (; g + 2 * R8BZ_DM <= ng; g += 2 * R8BZ_DM) R8BZ_TOKENS(R8BZ_DM, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        /* 32 rows (a prompt's tile, forward.c's MM_ROW_TILE) x up to 4 tokens, or in
+         * decode two chains of 16 rows: 4 groups streamed */
         for (; g + 4 <= ng; g += 4) R8BZ_TOKENS(2, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         for (; g + 2 <= ng; g += 2) R8BZ_TOKENS(1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         for (; g < ng; g++) switch (tn) {

@@ -434,7 +434,7 @@ int tl_r8h_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t
  * double, and so is acc + w*x whenever the result lies near FLT_MIN. */
 static float bf16_fma_ftz(float w, float x, float acc) {
     const float r = fmaf(w, x, acc);
-    if (fabsf(r) > 0x1p-126f) return r;
+    if (isnan(r) || fabsf(r) > 0x1p-126f) return r;
     if (fabsf(r) == 0x1p-126f && fabs((double)acc + (double)w * (double)x) >= 0x1p-126 - 0x1p-151) return r;
     return copysignf(0.0f, r);
 }

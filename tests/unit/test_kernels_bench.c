@@ -518,6 +518,34 @@ static void check_r8h_bf16_edges(const tl_kernels *k, const tl_kernels *ref) {
             CHECK(memcmp(&yr[r], &want[r], sizeof(float)) == 0, "BF16 edge row %d: reference %a, want %a", r,
                   (double)yr[r], (double)want[r]);
     }
+    /* infinities and NaN go through the chain as through the instruction:
+     * x = (1, inf, 1, -inf); weights (w0, w1, w2, w3) per row */
+    static const float wi[8][4] = {{1, 0, 1, 1},  /* inf * 0: NaN */
+                                   {1, 1, 1, 0},  /* inf, then -inf * 0: NaN */
+                                   {1, 1, 1, 1},  /* inf - inf: NaN */
+                                   {2, 1, 3, 0},  /* inf, NaN from -inf * 0 */
+                                   {1, 0, 1, 0},  /* NaN */
+                                   {0, 1, 0, -1}, /* inf + inf */
+                                   {5, -1, 0, -1}, /* -inf, then + inf: NaN */
+                                   {1, 1, 0, 1}}; /* inf, then -inf: NaN */
+    const float xi[4] = {1.0f, INFINITY, 1.0f, -INFINITY};
+    for (int r = 0; r < 8; r++)
+        for (int j = 0; j < 4; j++) w[r * 4 + j] = tl_fp32_to_bf16(wi[r][j]);
+    CHECK(tl_r8h_pack(TL_BF16, w, wp, 8, n) == 0, "r8h pack");
+    tl_r8h_act_make(TL_BF16, xi, a, n);
+    k->gemm[TL_BF16](n, wp, tl_r8h_row_bytes(TL_BF16, n), 8, a, sizeof a, 1, y, 8);
+    ref->gemm[TL_BF16](n, wp, tl_r8h_row_bytes(TL_BF16, n), 8, a, sizeof a, 1, yr, 8);
+    for (int r = 0; r < 8; r++) {
+        double want_r = 0; /* the same chain in double: inf and NaN propagate alike */
+        for (int p = 0; p < 2; p++) {
+            want_r += (double)wi[r][2 * p + 1] * xi[2 * p + 1];
+            want_r += (double)wi[r][2 * p] * xi[2 * p];
+        }
+        CHECK(isnan(y[r]) == isnan(yr[r]) && (isnan(y[r]) || memcmp(&y[r], &yr[r], sizeof(float)) == 0),
+              "%s BF16 inf/NaN row %d: %a, the reference %a", k->name, r, (double)y[r], (double)yr[r]);
+        CHECK(isnan(want_r) ? isnan(yr[r]) : (double)yr[r] == want_r, "BF16 inf/NaN row %d: reference %a, want %a",
+              r, (double)yr[r], want_r);
+    }
 }
 
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
