@@ -64,10 +64,21 @@ AI __m512 attn512_exp(__m512 x) {
     return _mm512_mask_blend_ps(d, _mm512_mask_blend_ps(c, normal, big), _mm512_mul_ps(s1, s1));
 }
 
+/* 16 floats at element i of p: f32, or f16 widened (exactly) on the load. */
+AI __m512 attn512_ld(const void *p, size_t i, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+AI __m256 attn512_ld8(const void *p, size_t i, int f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
 /* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
  * V loads, W (16, 32 or 64) dimensions per pass from c0 on. */
-AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
-                   const float *vf) {
+AI void attn512_pv_t(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
+                     const void *vf, size_t vs, int f16) {
     for (; c0 + W <= hd; c0 += W) {
         __m512 acc[4][4];
         UNROLL
@@ -76,10 +87,10 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
             for (int i = 0; i < W / 16; i++)
                 acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c0 + 16 * i), _mm512_set1_ps(al[r]));
         for (int j = 0; j < n; j++) {
-            const float *vj = vf + (size_t)j * hd + c0;
+            const size_t vj = (size_t)j * vs + (size_t)c0;
             __m512 v[4];
             UNROLL
-            for (int i = 0; i < W / 16; i++) v[i] = _mm512_loadu_ps(vj + 16 * i);
+            for (int i = 0; i < W / 16; i++) v[i] = attn512_ld(vf, vj + 16 * (size_t)i, f16);
             UNROLL
             for (int r = 0; r < R; r++) {
                 const __m512 pj = _mm512_set1_ps(p[r][j]);
@@ -94,15 +105,20 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
     }
 }
 
+AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
+                   const float *vf) {
+    attn512_pv_t(hd, R, W, c0, o, al, p, n, vf, (size_t)hd, 0);
+}
+
 /* R rows' score chains into out[r*16..], each accumulator a variable of its
  * own and stored right after the loop: live across the softmax's calls, GCC
  * kept them on the stack inside the loop. */
-AI void attn512_scores(int hd, int R, const float *const *q, const float *kt, float *out) {
+AI void attn512_scores_t(int hd, int R, const float *const *q, const void *kt, int f16, float *out) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const float *q0 = q[0], *q1 = R > 1 ? q[1] : q0, *q2 = R > 2 ? q[2] : q0, *q3 = R > 3 ? q[3] : q0;
     const float *q4 = R > 4 ? q[4] : q0, *q5 = R > 5 ? q[5] : q0, *q6 = R > 6 ? q[6] : q0, *q7 = R > 7 ? q[7] : q0;
     for (int d = 0; d < hd; d++) {
-        const __m512 k = _mm512_loadu_ps(kt + d * 16);
+        const __m512 k = attn512_ld(kt, (size_t)d * 16, f16);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, a0);
         if (R > 1) a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, a1);
         if (R > 2) a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, a2);
@@ -120,6 +136,10 @@ AI void attn512_scores(int hd, int R, const float *const *q, const float *kt, fl
     if (R > 5) _mm512_storeu_ps(out + 80, a5);
     if (R > 6) _mm512_storeu_ps(out + 96, a6);
     if (R > 7) _mm512_storeu_ps(out + 112, a7);
+}
+
+AI void attn512_scores(int hd, int R, const float *const *q, const float *kt, float *out) {
+    attn512_scores_t(hd, R, q, kt, 0, out);
 }
 
 /* The score loop as a function of its own per row count: within the whole
@@ -152,11 +172,14 @@ AI void attn512_scores_call(int hd, int R, const float *const *q, const float *k
     }
 }
 
-AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
-                       float *const *l, int st, int en, const float *kt, const float *vf) {
+/* kt and vf: the widened block (f16 0, V rows hd apart), or the cache's own
+ * f16 block (K transposed, V rows vs apart). */
+AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                       float *const *l, int st, int en, const void *kt, const void *vf, size_t vs, int f16) {
     const int hd = a->hd;
     float sc[8 * 16];
-    attn512_scores_call(hd, R, q, kt, sc);
+    if (f16) attn512_scores_t(hd, R, q, kt, 1, sc);
+    else attn512_scores_call(hd, R, q, (const float *)kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
     float t[8][16], al[8], mn[8], mo[8], lo[8];
     const float *p[8];
@@ -199,14 +222,15 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
         *l[r] = ln[r];
     }
     const int n = en - st + 1;
-    const float *vs = vf + (size_t)st * hd;
+    const void *v0 = f16 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
+                         : (const void *)((const float *)vf + (size_t)st * vs);
     for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
         const int rn = R - r0 < 4 ? R - r0 : 4;
         /* 64 dimensions per pass, then 16 */
 #define PV_PASSES(RN)                                                                   \
     do {                                                                                \
-        attn512_pv(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, vs);                      \
-        attn512_pv(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, vs);           \
+        attn512_pv_t(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, v0, vs, f16);           \
+        attn512_pv_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, v0, vs, f16); \
     } while (0)
         switch (rn) {
         case 1: PV_PASSES(1); break;
@@ -219,10 +243,15 @@ AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, floa
             for (int r = r0; r < r0 + rn; r++) {
                 __m256 s8 = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
                 for (int j = 0; j < n; j++)
-                    s8 = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), _mm256_loadu_ps(vs + (size_t)j * hd + c0), s8);
+                    s8 = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), attn512_ld8(v0, (size_t)j * vs + (size_t)c0, f16), s8);
                 _mm256_storeu_ps(o[r] + c0, s8);
             }
     }
+}
+
+AI void attn512_rows_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                       float *const *l, int st, int en, const float *kt, const float *vf) {
+    attn512_rows_t(a, R, q, o, m, l, st, en, kt, vf, (size_t)a->hd, 0);
 }
 
 /* One function per row count: inlined into one, GCC's register allocation
@@ -460,7 +489,75 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
     }
 }
 
+/* One token (decode, and each sequence's row in a batched step): its rows
+ * read the cache's f16 blocks as they are, K transposed, rather than widening
+ * each block to scratch for the G query rows that share it. The same float
+ * operations as tl_attn_drive's (the widening is exact), block by block. */
+#define ATTN512_ROWS16(R)                                                                                      \
+    __attribute__((noinline)) static void attn512_rows16_##R(const tl_attn_rows *a, const float *const *q,    \
+                                                             float *const *o, float *const *m, float *const *l, \
+                                                             int st, int en, const uint16_t *kb,              \
+                                                             const uint16_t *vb) {                            \
+        attn512_rows_t(a, R, q, o, m, l, st, en, kb, vb, a->kv_stride, 1);                                    \
+    }
+ATTN512_ROWS16(1)
+ATTN512_ROWS16(2)
+ATTN512_ROWS16(3)
+ATTN512_ROWS16(4)
+ATTN512_ROWS16(5)
+ATTN512_ROWS16(6)
+ATTN512_ROWS16(7)
+ATTN512_ROWS16(8)
+#undef ATTN512_ROWS16
+
+static void attn512_one_token(const tl_attn_rows *a) {
+    const int hd = a->hd, G = a->G, pos = a->pos0;
+    const int lo0 = a->n_swa > 0 ? pos - a->n_swa + 1 : 0, lo = lo0 > 0 ? lo0 : 0;
+    float *m = a->scratch, *l = m + G;
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        memset(a->out + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
+    }
+    for (int b0 = lo / 16 * 16; b0 <= pos; b0 += 16) {
+        tl_attn_prefetch(a, b0);
+        const int st = (b0 > lo ? b0 : lo) - b0, en = (b0 + 15 < pos ? b0 + 15 : pos) - b0;
+        const uint16_t *kb = a->k + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
+        const uint16_t *vb = a->v + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
+        for (int h0 = 0; h0 < G; h0 += 8) {
+            const int R = G - h0 < 8 ? G - h0 : 8;
+            const float *q[8];
+            float *o[8], *mm[8], *ll[8];
+            for (int r = 0; r < R; r++) {
+                q[r] = a->q + (size_t)(h0 + r) * a->q_stride;
+                o[r] = a->out + (size_t)(h0 + r) * a->out_stride;
+                mm[r] = &m[h0 + r];
+                ll[r] = &l[h0 + r];
+            }
+            switch (R) {
+            case 1: attn512_rows16_1(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 2: attn512_rows16_2(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 3: attn512_rows16_3(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 4: attn512_rows16_4(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 5: attn512_rows16_5(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 6: attn512_rows16_6(a, q, o, mm, ll, st, en, kb, vb); break;
+            case 7: attn512_rows16_7(a, q, o, mm, ll, st, en, kb, vb); break;
+            default: attn512_rows16_8(a, q, o, mm, ll, st, en, kb, vb); break;
+            }
+        }
+    }
+    for (int h = 0; h < G; h++) {
+        float *o = a->out + (size_t)h * a->out_stride;
+        const float inv = 1.0f / l[h];
+        for (int d = 0; d < hd; d++) o[d] *= inv;
+    }
+}
+
 static void attn512_online(const tl_attn_rows *a) {
+    if (a->T == 1 && a->k_tr && a->bs == 16) {
+        attn512_one_token(a);
+        return;
+    }
     tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows, attn512_multi);
 }
 

@@ -463,18 +463,14 @@ static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float
 #ifdef TL_X86
 #define AVX2_AI __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-/* K transposed 8 slots x 8 dims at a time (slot groups with a live slot; the
- * others' lanes are masked), V rows ws..we. Slots outside ws..we in a group
- * read their block's stored rows, which are ignored. */
-__attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we,
-                                                                   float *kt, float *vf) {
-    const int hd = a->hd;
 #ifndef TL_ATTN_PF
 #define TL_ATTN_PF 8 /* blocks ahead: a block's K and V sit wherever the pool put them */
 #endif
 #ifndef TL_ATTN_PF_HINT
 #define TL_ATTN_PF_HINT _MM_HINT_T1
 #endif
+void tl_attn_prefetch(const tl_attn_rows *a, int b0) {
+    const int hd = a->hd;
     if (TL_ATTN_PF > 0 && a->bs == SLOTS && b0 + TL_ATTN_PF * SLOTS <= a->pos0 + a->T - 1) {
         /* This block's neighbours in the cache are other sequences' or other
          * layers', so the hardware prefetcher cannot run ahead across blocks:
@@ -496,6 +492,15 @@ __attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_r
             }
         }
     }
+}
+
+/* K transposed 8 slots x 8 dims at a time (slot groups with a live slot; the
+ * others' lanes are masked), V rows ws..we. Slots outside ws..we in a group
+ * read their block's stored rows, which are ignored. */
+__attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we,
+                                                                   float *kt, float *vf) {
+    const int hd = a->hd;
+    tl_attn_prefetch(a, b0);
     if (a->k_tr && a->bs == SLOTS) { /* one conversion per dimension: all the block's keys */
         const uint16_t *kb = a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->kv_stride;
         for (int d = 0; d < hd; d++)

@@ -98,6 +98,9 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 widening (for levels above AVX2 too). */
 void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
+/* Asks for the K/V of the block some blocks after b0 (the widening's, and
+ * the levels that read the cache's blocks as they are). */
+void tl_attn_prefetch(const tl_attn_rows *a, int b0);
 #endif
 
 /* RMSNorm of one row: out[i] = (x[i] * scale) * w[i], scale = 1/sqrt(mean of

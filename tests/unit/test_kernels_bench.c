@@ -676,7 +676,10 @@ static void check_attn(const tl_kernels *k, rng *r) {
                                    /* runs of whole blocks (the multi-block path): 1 to 4 at once, 1 to 8 rows,
                                     * an 8-wide remainder, a window */
                                    {64, 3, 64, 500, 0}, {128, 2, 33, 401, 0}, {72, 3, 9, 333, 0}, {64, 4, 20, 450, 100},
-                                   {64, 1, 1, 600, 0},  {80, 7, 5, 47, 0},    {64, 5, 3, 96, 0},   {160, 3, 2, 250, 0}};
+                                   {64, 1, 1, 600, 0},  {80, 7, 5, 47, 0},    {64, 5, 3, 96, 0},   {160, 3, 2, 250, 0},
+                                   /* one token (AVX-512 reads the f16 blocks as they are) */
+                                   {72, 3, 1, 333, 0},  {80, 4, 1, 47, 0},    {64, 3, 1, 450, 100}, {128, 9, 1, 200, 0},
+                                   {64, 3, 1, 0, 0},    {96, 2, 1, 15, 0},    {160, 1, 1, 16, 7}};
     enum { BS = 16, NB = 40 };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const int hd = cases[ci][0], G = cases[ci][1], T = cases[ci][2], pos0 = cases[ci][3], swa = cases[ci][4];
