@@ -336,7 +336,10 @@ AI void r8bz_tile(int M, int N, int64_t np, const uint16_t *w, size_t gs, int nr
         for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys + 16 * (size_t)m, acc[m][t], nr - 16 * m);
 }
 
-AI void r8by_tile(int N, int64_t np, const uint16_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
+/* one group (M is 1: the signature of the other tiles, for R8H_TOKENS) */
+AI void r8by_tile(int M, int N, int64_t np, const uint16_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+                  float *y, size_t ys) {
+    (void)M, (void)gs;
     __m256 acc[4];
     UNROLL
     for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
@@ -355,14 +358,6 @@ AI void r8by_tile(int N, int64_t np, const uint16_t *w, int nr, const uint8_t *a
     for (int t = 0; t < N; t++) r8_store8(y + (size_t)t * ys, acc[t], nr);
 }
 
-#define R8BZ_TOKENS(M, TN, ...)                          \
-    switch (TN) {                                        \
-    case 1: r8bz_tile(M, 1, __VA_ARGS__); break;         \
-    case 2: r8bz_tile(M, 2, __VA_ARGS__); break;         \
-    case 3: r8bz_tile(M, 3, __VA_ARGS__); break;         \
-    default: r8bz_tile(M, 4, __VA_ARGS__); break;        \
-    }
-
 static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                         size_t ys) {
     const uint16_t *w = vw;
@@ -377,14 +372,9 @@ static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void
         int g = 0;
         /* 32 rows (a prompt's tile, forward.c's MM_ROW_TILE) x up to 4 tokens, or in
          * decode two chains of 16 rows: 4 groups streamed */
-        for (; g + 4 <= ng; g += 4) R8BZ_TOKENS(2, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
-        for (; g + 2 <= ng; g += 2) R8BZ_TOKENS(1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
-        for (; g < ng; g++) switch (tn) {
-            case 1: r8by_tile(1, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 2: r8by_tile(2, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 3: r8by_tile(3, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            default: r8by_tile(4, np, w + g * gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            }
+        for (; g + 4 <= ng; g += 4) R8H_TOKENS(r8bz_tile, 2, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g + 2 <= ng; g += 2) R8H_TOKENS(r8bz_tile, 1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+        for (; g < ng; g++) R8H_TOKENS(r8by_tile, 1, tn, np, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
     }
 }
 #endif
