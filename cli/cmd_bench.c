@@ -293,16 +293,25 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
         fprintf(stderr, "tokenloop bench: test %d/%d: warmup %s run\n", idx, total, kind);
         st = r->n_prompt ? test_prompt(b, size, &err) : test_gen(b, 1, &err);
     }
-    tl_thread_stats t0s;
-    tl_ctx_thread_stats(b->ctx, &t0s);
+    /* the pool's counters over the timed runs only (not the depth fills) */
+    uint64_t jobs = 0;
+    double wall = 0, busy = 0;
+    int n_threads = 1;
     for (int i = 0; !st && i < o->reps; i++) {
         if ((st = tl_ctx_truncate(b->ctx, 0, &err))) break;
         if (r->n_depth && (st = fill_depth(b, r->n_depth, &err))) break;
         fprintf(stderr, "tokenloop bench: test %d/%d: %s run %d/%d\n", idx, total, kind, i + 1,
                 o->reps);
+        tl_thread_stats t0s, t1s;
+        tl_ctx_thread_stats(b->ctx, &t0s);
         uint64_t t0 = now_ns();
         st = r->n_prompt ? test_prompt(b, size, &err) : test_gen(b, size, &err);
         uint64_t dt = now_ns() - t0;
+        tl_ctx_thread_stats(b->ctx, &t1s);
+        jobs += t1s.jobs - t0s.jobs;
+        wall += t1s.wall_s - t0s.wall_s;
+        busy += t1s.busy_s - t0s.busy_s;
+        n_threads = t1s.n_threads;
         r->ns[i] = dt ? dt : 1;
         r->ts[i] = 1e9 * size / (double)r->ns[i];
         r->n = i + 1;
@@ -314,17 +323,14 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
     /* How the threads spent the timed runs: fork-joins per token, and how much
      * of the threads' time inside those jobs did work (the rest: imbalance
      * and dispatch). */
-    tl_thread_stats t1s;
-    tl_ctx_thread_stats(b->ctx, &t1s);
-    const double wall = t1s.wall_s - t0s.wall_s, busy = t1s.busy_s - t0s.busy_s;
     double total_s = 0;
     for (int i = 0; i < r->n; i++) total_s += (double)r->ns[i] * 1e-9;
     if (r->n && wall > 0)
         fprintf(stderr,
                 "tokenloop bench: %s%d: %.1f fork-joins per token, %.0f%% of the time in them; threads busy "
                 "%.0f%% of their time in jobs\n",
-                r->n_prompt ? "pp" : "tg", size, (double)(t1s.jobs - t0s.jobs) / ((double)size * r->n),
-                100.0 * wall / total_s, 100.0 * busy / (wall * t1s.n_threads));
+                r->n_prompt ? "pp" : "tg", size, (double)jobs / ((double)size * r->n),
+                100.0 * wall / total_s, 100.0 * busy / (wall * n_threads));
     return 0;
 }
 
