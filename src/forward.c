@@ -53,6 +53,10 @@ struct tl_ctx {
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *ascr;        /* [n_threads][ascr_n]: the fast attention's scratch */
     int *att_run;       /* [n_batch + 1]: starts of the fast attention's runs */
+    float *apart;       /* [SPLIT_RUNS][n_head_kv][n_seg][G][hd + 2]: segment states
+                         * of a one-token run split between threads (o, then m, l) */
+    atomic_int *aleft;  /* [SPLIT_RUNS][n_head_kv]: the segments still running */
+    int n_seg;          /* segments of n_ctx positions (TL_ATTN_SEG) */
     int n_att_runs;     /* runs in the current forward call */
     size_t ascr_n;
     int fast_attn;      /* the fast numerics' attention (tl_attn_online) */
@@ -267,11 +271,20 @@ static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_hea
 
 /* ------------------------------------------------------------- attention */
 
+/* One-token runs whose (run, KV head) items are too few to keep the threads
+ * busy (one sequence decoding) split each item's keys by segment
+ * (TL_ATTN_SEG); the thread that finishes a run and head's last segment
+ * folds them in order, so the bits are those of the whole pass. */
+#define SPLIT_RUNS 4
+
 typedef struct att_job {
     tl_ctx *c;
     int layer, n_tok;
     int n_runs;      /* fast attention: runs in c->att_run */
     atomic_int next; /* fast attention: the next item to claim */
+    int split;       /* items are chunks of chunk (run, KV head, segment)s */
+    int chunk;
+    int seg0[SPLIT_RUNS], nseg[SPLIT_RUNS], item0[SPLIT_RUNS + 1];
 } att_job;
 
 /* Byte offset of position j's row of a sequence, from a layer's K or V base. */
@@ -332,8 +345,10 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
  * (tl_attn_online); a token's result does not depend on its run. */
 #define ATT_TILE 64
 
-/* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens. */
-static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch) {
+/* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens;
+ * seg > 0: segment seg - 1's keys alone, the state into out and part. */
+static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch, int seg, float *out,
+                        float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
     const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
@@ -348,8 +363,59 @@ static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, flo
         .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
         .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
-        .out_tok = (size_t)c->q_dim, .scratch = scratch};
+        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part};
+    if (seg > 0) a.out = out, a.out_tok = (size_t)nh * hd;
     c->kern.math.attn_online(&a);
+}
+
+/* Segment i of a split job: run r's KV head g, one segment; the last of the
+ * run and head's segments to finish folds them into c->att. */
+static void attend_split(att_job *j, int64_t i, float *scr) {
+    tl_ctx *c = j->c;
+    const tl_hparams *hp = &c->m->hp;
+    const int nkv = hp->n_head_kv, G = hp->n_head / nkv, hd = hp->head_dim;
+    int r = 0;
+    while (i >= j->item0[r + 1]) r++;
+    const int k = (int)(i - j->item0[r]), g = k / j->nseg[r], si = k % j->nseg[r];
+    const size_t slot = (size_t)G * (hd + 2);
+    float *base = c->apart + ((size_t)(r * nkv + g) * c->n_seg) * slot;
+    float *o = base + (size_t)si * slot;
+    const int t = c->att_run[r];
+    attend_fast(c, j->layer, t, 1, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)G * hd);
+    if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
+    for (int h = 0; h < G; h++) {
+        float ma = -INFINITY, la = 0.0f, *oa = scr;
+        for (int s = 0; s < j->nseg[r]; s++) {
+            const float *os = base + (size_t)s * slot, *ml = os + (size_t)G * hd + 2 * h;
+            if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)h * hd);
+        }
+        float *out = c->att + (size_t)t * c->q_dim + (size_t)(g * G + h) * hd;
+        const float inv = 1.0f / la;
+        for (int d = 0; d < hd; d++) out[d] = oa[d] * inv;
+    }
+}
+
+/* Whether the runs are split by segment (att_job.split), and the items. */
+static void att_plan(tl_ctx *c, att_job *j, int nth) {
+    const tl_hparams *hp = &c->m->hp;
+    const int nkv = hp->n_head_kv;
+    j->split = 0;
+    if (!c->apart || nth < 2 || j->n_runs > SPLIT_RUNS || (int64_t)j->n_runs * nkv >= 4 * (int64_t)nth) return;
+    j->item0[0] = 0;
+    for (int r = 0; r < j->n_runs; r++) {
+        const int t = c->att_run[r];
+        if (c->att_run[r + 1] - t != 1 || c->tpos[t] / TL_ATTN_SEG >= c->n_seg) return;
+        const int pos = c->tpos[t], w = c->m->layers[j->layer].swa ? pos - hp->n_swa + 1 : 0, lo = w > 0 ? w : 0;
+        j->seg0[r] = lo / TL_ATTN_SEG;
+        j->nseg[r] = pos / TL_ATTN_SEG - j->seg0[r] + 1;
+        j->item0[r + 1] = j->item0[r] + nkv * j->nseg[r];
+    }
+    const int n = j->item0[j->n_runs];
+    if (n < nth) return; /* one segment each: the heads' split below */
+    j->chunk = (n + 2 * nth - 1) / (2 * nth);
+    for (int r = 0; r < j->n_runs; r++)
+        for (int g = 0; g < nkv; g++) atomic_store_explicit(&c->aleft[r * nkv + g], j->nseg[r], memory_order_relaxed);
+    j->split = 1;
 }
 
 /* Splits the batch into runs for attend_fast: consecutive tokens of one
@@ -377,12 +443,22 @@ static void att_worker(void *arg, int ith, int nth) {
         const int nkv = c->m->hp.n_head_kv, G = c->m->hp.n_head / nkv;
         const int per = (int64_t)j->n_runs * nkv >= (int64_t)nth ? G : 1, nper = nkv * G / per;
         float *scr = c->ascr + (size_t)ith * c->ascr_n;
+        if (j->split) {
+            /* a thread takes consecutive segments, so that its prefetching
+             * runs on from one into the next */
+            const int64_t n = j->item0[j->n_runs];
+            for (;;) {
+                const int64_t i = (int64_t)atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) * j->chunk;
+                if (i >= n) return;
+                for (int64_t e = i + j->chunk < n ? i + j->chunk : n, k = i; k < e; k++) attend_split(j, k, scr);
+            }
+        }
         for (;;) {
             const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
             if (i >= (int64_t)j->n_runs * nper) return;
             const int r = j->n_runs - 1 - (int)(i / nper);
             attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
-                        scr);
+                        scr, 0, NULL, NULL);
         }
     }
     int nh = c->m->hp.n_head;
@@ -474,8 +550,9 @@ static void attention_block(tl_ctx *c, int il, int n) {
     add_bias(c->k, L->bk, n, c->kv_dim);
     add_bias(c->v, L->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n, c->n_att_runs, 0};
+    att_job aj = {c, il, n, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
+    if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = L->wo;
     float *o = c->xb; /* reuse: [n][d] */
@@ -686,6 +763,11 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     if (c->fast_attn) {
         c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
         c->att_run = xcalloc((size_t)nb + 1, sizeof(int), &fail);
+        if (nt > 1) {
+            c->n_seg = (c->n_ctx + TL_ATTN_SEG - 1) / TL_ATTN_SEG;
+            c->apart = xcalloc((size_t)SPLIT_RUNS * c->n_seg * hp->n_head * (hp->head_dim + 2), sizeof(float), &fail);
+            c->aleft = xcalloc((size_t)SPLIT_RUNS * hp->n_head_kv, sizeof *c->aleft, &fail);
+        }
     }
     c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (hp->n_swa > 0) c->rope_cs_swa = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
@@ -731,6 +813,8 @@ void tl_ctx_free(tl_ctx *c) {
     xfree(c->scores);
     xfree(c->vacc);
     xfree(c->ascr);
+    xfree(c->apart);
+    xfree(c->aleft);
     xfree(c->att_run);
     xfree(c->rope_cs);
     xfree(c->rope_cs_swa);

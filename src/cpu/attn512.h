@@ -511,15 +511,16 @@ ATTN512_ROWS16(8)
 #undef ATTN512_ROWS16
 
 static void attn512_one_token(const tl_attn_rows *a) {
-    const int hd = a->hd, G = a->G, pos = a->pos0;
-    const int lo0 = a->n_swa > 0 ? pos - a->n_swa + 1 : 0, lo = lo0 > 0 ? lo0 : 0;
-    float *m = a->scratch, *l = m + G;
-    for (int h = 0; h < G; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-        memset(a->out + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
-    }
+    const int G = a->G;
+    int lo, pos;
+    tl_attn_keys(a, 0, &lo, &pos);
+    float *m = tl_attn_begin(a), *l = m + G;
+    int folded = 0;
     for (int b0 = lo / 16 * 16; b0 <= pos; b0 += 16) {
+        if (b0 % TL_ATTN_SEG == 0 && b0 > lo / 16 * 16) {
+            tl_attn_fold(a, m);
+            folded = 1;
+        }
         tl_attn_prefetch(a, b0);
         const int st = (b0 > lo ? b0 : lo) - b0, en = (b0 + 15 < pos ? b0 + 15 : pos) - b0;
         const uint16_t *kb = a->k + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
@@ -546,11 +547,7 @@ static void attn512_one_token(const tl_attn_rows *a) {
             }
         }
     }
-    for (int h = 0; h < G; h++) {
-        float *o = a->out + (size_t)h * a->out_stride;
-        const float inv = 1.0f / l[h];
-        for (int d = 0; d < hd; d++) o[d] *= inv;
-    }
+    tl_attn_finish(a, m, folded);
 }
 
 static void attn512_online(const tl_attn_rows *a) {

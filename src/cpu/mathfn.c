@@ -651,10 +651,98 @@ __attribute__((target("avx2,fma,f16c"))) static void rows_block_avx2(const tl_at
 }
 #endif
 
-/* Token i's first key. */
+void tl_attn_keys(const tl_attn_rows *a, int i, int *lo, int *hi) {
+    const int w = a->n_swa > 0 ? a->pos0 + i - a->n_swa + 1 : 0;
+    *lo = w > 0 ? w : 0;
+    *hi = a->pos0 + i;
+    if (a->seg > 0) {
+        const int s0 = (a->seg - 1) * TL_ATTN_SEG;
+        if (*lo < s0) *lo = s0;
+        if (*hi > s0 + TL_ATTN_SEG - 1) *hi = s0 + TL_ATTN_SEG - 1;
+    }
+}
+
 static int attn_lo(const tl_attn_rows *a, int i) {
-    const int lo = a->n_swa > 0 ? a->pos0 + i - a->n_swa + 1 : 0;
-    return lo > 0 ? lo : 0;
+    int lo, hi;
+    tl_attn_keys(a, i, &lo, &hi);
+    return lo;
+}
+
+static int attn_hi(const tl_attn_rows *a, int i) {
+    int lo, hi;
+    tl_attn_keys(a, i, &lo, &hi);
+    return hi;
+}
+
+void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, const float *o) {
+    if (*ma == -INFINITY) {
+        *ma = m;
+        *la = l;
+        memcpy(oa, o, (size_t)hd * sizeof *oa);
+        return;
+    }
+    const float mn = m > *ma ? m : *ma;
+    const float ea = tl_expf_fast(*ma - mn), eb = tl_expf_fast(m - mn);
+    *ma = mn;
+    *la = *la * ea + l * eb;
+    for (int d = 0; d < hd; d++) oa[d] = oa[d] * ea + o[d] * eb;
+}
+
+/* The state after the widened blocks: m, l, then the accumulated ma, la
+ * ([T][G] each) and oa ([T][G][hd]). */
+static float *attn_state(const tl_attn_rows *a) { return a->scratch + 2 * (size_t)TL_ATTN_NB * SLOTS * a->hd; }
+
+static float *attn_out(const tl_attn_rows *a, int i, int h) {
+    return a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+}
+
+float *tl_attn_begin(const tl_attn_rows *a) {
+    const int n = a->G * a->T;
+    float *m = attn_state(a), *l = m + n, *ma = l + n;
+    for (int i = 0; i < a->T; i++)
+        for (int h = 0; h < a->G; h++) {
+            const int k = i * a->G + h;
+            m[k] = ma[k] = -INFINITY;
+            l[k] = 0.0f;
+            memset(attn_out(a, i, h), 0, (size_t)a->hd * sizeof(float));
+        }
+    return m;
+}
+
+void tl_attn_fold(const tl_attn_rows *a, float *m) {
+    const int n = a->G * a->T;
+    float *l = m + n, *ma = l + n, *la = ma + n, *oa = la + n;
+    for (int i = 0; i < a->T; i++)
+        for (int h = 0; h < a->G; h++) {
+            const int k = i * a->G + h;
+            if (m[k] == -INFINITY) continue;
+            float *o = attn_out(a, i, h);
+            tl_attn_merge(a->hd, &ma[k], &la[k], oa + (size_t)k * a->hd, m[k], l[k], o);
+            m[k] = -INFINITY;
+            l[k] = 0.0f;
+            memset(o, 0, (size_t)a->hd * sizeof *o);
+        }
+}
+
+void tl_attn_finish(const tl_attn_rows *a, float *m, int folded) {
+    const int n = a->G * a->T, hd = a->hd;
+    float *l = m + n, *la = l + 2 * n, *oa = la + n;
+    if (a->seg > 0) {
+        for (int k = 0; k < n; k++) {
+            a->part[2 * k] = m[k];
+            a->part[2 * k + 1] = l[k];
+        }
+        return;
+    }
+    if (folded) tl_attn_fold(a, m);
+    for (int i = 0; i < a->T; i++)
+        for (int h = 0; h < a->G; h++) {
+            const int k = i * a->G + h;
+            float *o = attn_out(a, i, h);
+            const float *src = folded ? oa + (size_t)k * hd : o;
+            const float inv = 1.0f / (folded ? la[k] : l[k]);
+            for (int d = 0; d < hd; d++) o[d] = src[d] * inv;
+        }
 }
 
 /* Rows waiting for one call of the level's block function: same live slots. */
@@ -668,29 +756,30 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
                    tl_attn_multi_fn multi) {
     const int hd = a->hd, G = a->G, bs = a->bs, T = a->T;
     float *kt = a->scratch, *vf = kt + (size_t)TL_ATTN_NB * SLOTS * hd;
-    float *m = vf + (size_t)TL_ATTN_NB * SLOTS * hd, *l = m + (size_t)G * T; /* [T][G] each */
-    for (int i = 0; i < T; i++)
-        for (int h = 0; h < G; h++) {
-            m[i * G + h] = -INFINITY;
-            l[i * G + h] = 0.0f;
-            memset(a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride, 0, (size_t)hd * sizeof(float));
-        }
+    float *m = tl_attn_begin(a), *l = m + (size_t)G * T; /* [T][G] each */
+    int folded = 0;
     if (rmax > 8) rmax = 8;
-    const int last = a->pos0 + T - 1;
+    const int last = attn_hi(a, T - 1), first = attn_lo(a, 0) / bs * bs;
     /* Blocks every token sees whole: from the last token's first key (the
-     * window's start moves with the token) to the first token's position. */
-    const int full_lo = attn_lo(a, T - 1), full_hi = a->pos0;
+     * window's start moves with the token) to the first token's last. */
+    const int full_lo = attn_lo(a, T - 1), full_hi = attn_hi(a, 0);
     if (bs != SLOTS) multi = NULL;
     /* Blocks by absolute position; each widened once for all T tokens, each
      * token taking the part of it within its own keys lo_i..pos_i. Rows with
      * the same live slots (the heads of a token, and of the tokens that see
      * the whole block) go to the block function together, up to rmax: they
      * share its K and V loads, and their score chains run side by side. */
-    for (int b0 = attn_lo(a, 0) / bs * bs; b0 <= last;) {
+    for (int b0 = first; b0 <= last;) {
+        if (b0 % TL_ATTN_SEG == 0 && b0 > first) {
+            tl_attn_fold(a, m);
+            folded = 1;
+        }
         if (multi && b0 >= full_lo && b0 + bs - 1 <= full_hi) {
-            /* a run of whole blocks: all rows in order, rmax at a time */
+            /* a run of whole blocks within a segment: all rows in order,
+             * rmax at a time */
             int nb = 0;
-            while (nb < TL_ATTN_NB && b0 + (nb + 1) * bs - 1 <= full_hi) {
+            while (nb < TL_ATTN_NB && b0 + (nb + 1) * bs - 1 <= full_hi &&
+                   (nb == 0 || (b0 + nb * bs) % TL_ATTN_SEG != 0)) {
                 const int bk = b0 + nb * bs;
                 widen(a, bk, bk, bk + bs - 1, kt + (size_t)nb * SLOTS * hd, vf + (size_t)nb * SLOTS * hd);
                 nb++;
@@ -716,7 +805,8 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
         widen(a, b0, ws, we, kt, vf);
         attn_group g = {0, 0, 0, {0}, {0}, {0}, {0}};
         for (int i = 0; i < T; i++) {
-            const int lo = attn_lo(a, i), pos = a->pos0 + i;
+            int lo, pos;
+            tl_attn_keys(a, i, &lo, &pos);
             const int st = (ws > lo ? ws : lo) - b0, en = (we < pos ? we : pos) - b0;
             if (st > en) continue;
             for (int h = 0; h < G; h++) {
@@ -735,12 +825,7 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
         if (g.R > 0) rows(a, g.R, g.q, g.o, g.m, g.l, g.st, g.en, kt, vf);
         b0 += bs;
     }
-    for (int i = 0; i < T; i++)
-        for (int h = 0; h < G; h++) {
-            float *o = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
-            const float inv = 1.0f / l[i * G + h];
-            for (int d = 0; d < hd; d++) o[d] *= inv;
-        }
+    tl_attn_finish(a, m, folded);
 }
 
 static void rows_block_ref(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,

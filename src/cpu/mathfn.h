@@ -55,7 +55,14 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * tree ((0+4)+(2+6))+((1+5)+(3+7))), o = o*alpha then
  * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
  * its position alone, never on T or its neighbours. hd is a multiple of 8 and
- * bs at most 16; the AVX2 and scalar paths give the same bits. */
+ * bs at most 16; the AVX2 and scalar paths give the same bits.
+ *
+ * The keys go in segments of TL_ATTN_SEG absolute positions: each segment's
+ * blocks start from a fresh state (m = -inf, l = 0, o = 0), and the segments'
+ * states are folded in position order (tl_attn_merge) before the division by
+ * l. A context within one segment never folds. The segments let one token's
+ * keys be split between threads (seg below) with the same bits. */
+#define TL_ATTN_SEG 256
 typedef struct tl_attn_rows {
     int hd, G, bs, T;
     const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */
@@ -71,13 +78,35 @@ typedef struct tl_attn_rows {
     float *out;              /* like q: out + i*out_tok + h*out_stride */
     size_t out_stride, out_tok;
     float *scratch;          /* tl_attn_scratch(hd, G, bs, T) floats */
+    int seg;                 /* 0: every key. s + 1: segment s's keys alone, its state
+                              * left as it is: o (not divided by l) in out, and m, l of
+                              * token i, head h in part[2*(i*G + h)], part[2*(i*G + h) + 1] */
+    float *part;
 } tl_attn_rows;
 /* Whole blocks a level's multi-block function takes at once (tl_attn_drive). */
 #define TL_ATTN_NB 4
 static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
-    return 2 * (size_t)TL_ATTN_NB * bs * hd + (size_t)bs + 2 * (size_t)G * T;
+    (void)bs; /* blocks are widened to 16 slots whatever bs (at most 16) */
+    return 2 * (size_t)TL_ATTN_NB * 16 * hd + 16 + 4 * (size_t)G * T + (size_t)G * T * hd;
 }
 void tl_attn_online(const tl_attn_rows *a, int avx2);
+
+/* Token i's keys: lo..hi (within a->seg's segment when it is set); empty
+ * when lo > hi. */
+void tl_attn_keys(const tl_attn_rows *a, int i, int *lo, int *hi);
+/* Folds one segment's state (m, l, o) into an accumulated one (ma, la, oa):
+ * an empty accumulator (ma = -inf) takes it as it is, else with m' = max,
+ * l = la*exp(ma - m') + l*exp(m - m'), o_d = oa_d*exp(ma - m') + o_d*exp(m - m').
+ * Empty segment states (m = -inf) are the caller's to skip. */
+void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, const float *o);
+/* A level's pass keeps its state in a->scratch: begin clears it and the
+ * outputs and returns m ([T][G]; l follows it); fold, at a segment
+ * boundary, folds every row's state into the accumulated one and starts the
+ * next segment; finish divides by l (or, with a->seg, leaves the state in
+ * out and part). folded: whether fold was called. */
+float *tl_attn_begin(const tl_attn_rows *a);
+void tl_attn_fold(const tl_attn_rows *a, float *m);
+void tl_attn_finish(const tl_attn_rows *a, float *m, int folded);
 
 /* tl_attn_online's loop with a level's parts: widen makes the block at b0
  * (positions ws..we live) into kt (K transposed, kt[d*16 + slot]) and vf (V

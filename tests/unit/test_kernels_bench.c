@@ -723,6 +723,22 @@ static void check_attn(const tl_kernels *k, rng *r) {
                     CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention, K transposed (%s) hd=%d G=%d T=%d "
                           "pos0=%d: not the row layout's bits", k->name, lvl ? "level" : "scalar", hd, G, T, pos0);
                 }
+                /* one segment at a time (a decode step's keys split between
+                 * threads): the state left unnormalised, the reference's bits */
+                float *p1 = malloc((size_t)T * G * 2 * 4), *p2 = malloc((size_t)T * G * 2 * 4);
+                CHECK(p1 && p2, "alloc");
+                for (int sg = 0; p1 && p2 && sg <= (pos0 + T - 1) / TL_ATTN_SEG; sg++) {
+                    a.seg = sg + 1;
+                    a.out = o1, a.part = p1;
+                    tl_attn_online(&a, 0);
+                    a.out = o2, a.part = p2;
+                    k->math.attn_online(&a);
+                    CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0 && memcmp(p1, p2, (size_t)T * G * 2 * 4) == 0,
+                          "%s attention, segment %d alone hd=%d G=%d T=%d pos0=%d swa=%d: not the reference's bits",
+                          k->name, sg, hd, G, T, pos0, swa);
+                }
+                a.seg = 0;
+                free(p1), free(p2);
                 free(ktr);
             }
         }

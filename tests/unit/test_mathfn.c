@@ -98,7 +98,7 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
     a.out = o2;
     tl_attn_online(&a, 1);
     CHECK(same(o1, o2, T * G * hd), "attn hd=%d G=%d T=%d pos0=%d swa=%d: AVX2 equals scalar", hd, G, T, pos0, n_swa);
-    int alone_ok = 1;
+    int alone_ok = 1, split_ok = 1;
     double worst = 0;
     for (int i = 0; i < T; i++) {
         tl_attn_rows b = a;
@@ -106,6 +106,25 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
         tl_attn_online(&b, 1);
         alone_ok &= same(o3, o1 + (size_t)i * G * hd, G * hd);
         const int pos = pos0 + i, lo = n_swa > 0 && pos - n_swa + 1 > 0 ? pos - n_swa + 1 : 0;
+        /* the token's keys segment by segment (as threads split a decode
+         * step), folded in order: the same bits, scalar and AVX2 */
+        for (int avx2 = 0; avx2 < 2; avx2++) {
+            float *so = malloc((size_t)G * hd * 4), *oa = malloc((size_t)G * hd * 4), ma[64], la[64], ml[128];
+            if (!so || !oa || G > 64) return;
+            for (int h = 0; h < G; h++) ma[h] = -INFINITY, la[h] = 0.0f;
+            for (int sg = lo / TL_ATTN_SEG; sg <= pos / TL_ATTN_SEG; sg++) {
+                tl_attn_rows c = b;
+                c.seg = sg + 1, c.out = so, c.part = ml;
+                tl_attn_online(&c, avx2);
+                for (int h = 0; h < G; h++)
+                    if (ml[2 * h] != -INFINITY)
+                        tl_attn_merge(hd, &ma[h], &la[h], oa + (size_t)h * hd, ml[2 * h], ml[2 * h + 1], so + (size_t)h * hd);
+            }
+            for (int h = 0; h < G; h++)
+                for (int d = 0; d < hd; d++) so[h * hd + d] = oa[h * hd + d] * (1.0f / la[h]);
+            split_ok &= same(so, o3, G * hd);
+            free(so), free(oa);
+        }
         for (int h = 0; h < G; h++) {
             const float *qh = q + ((size_t)i * G + h) * hd;
             double mx = -1e300, sum = 0, *w = malloc((size_t)(pos + 1) * sizeof *w);
@@ -130,6 +149,8 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
     }
     CHECK(alone_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: each token alone gives its bits in the run", hd, G, T,
           pos0, n_swa);
+    CHECK(split_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: each token's segments folded give its bits", hd, G, T,
+          pos0, n_swa);
     CHECK(worst < 1e-5, "attn hd=%d G=%d T=%d pos0=%d swa=%d: max error %g vs double", hd, G, T, pos0, n_swa, worst);
     free(kc), free(vc), free(q), free(o1), free(o2), free(o3), free(scr);
 }
@@ -142,6 +163,8 @@ static void check_attn(void) {
     attn_case(256, 4, 9, 600, 512); /* its sliding window */
     attn_case(128, 2, 3, 17, 8);   /* a window shorter than a block */
     attn_case(8, 5, 4, 45, 0);     /* the narrowest head */
+    attn_case(64, 3, 3, 766, 0);   /* a run across a segment boundary (768) */
+    attn_case(64, 2, 1, 1020, 300); /* a window across segments */
 }
 
 /* The bound tables' RMSNorm, RoPE and f16 rows: AVX2 against scalar, and
