@@ -740,8 +740,9 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
-    c->kc = xcalloc(kvn, 1, &fail);
-    c->vc = xcalloc(kvn, 1, &fail);
+    c->kc = tl_big_alloc(kvn);
+    c->vc = tl_big_alloc(kvn);
+    if (!c->kc || !c->vc) fail = 1;
     c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
     c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
     c->q = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
@@ -791,8 +792,8 @@ void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
     xfree(c->wide);
     if (c->own_pool) tl_pool_free(c->pool);
-    xfree(c->kc);
-    xfree(c->vc);
+    tl_big_free(c->kc);
+    tl_big_free(c->vc);
     tl_kv_free(c->kv);
     xfree(c->tpos);
     xfree(c->tseq);

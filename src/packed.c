@@ -37,7 +37,7 @@ tl_w tl_packed_find(const tl_packed *p, tl_w w) {
 static void packed_free(tl_packed *p) {
     if (!p) return;
     free(p->twin);
-    free(p->data);
+    tl_big_free(p->data);
     free(p);
 }
 
@@ -70,7 +70,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     int st = 0;
     if (np) {
         p->twin = calloc((size_t)np, sizeof *p->twin);
-        p->data = malloc(bytes);
+        p->data = tl_big_alloc(bytes);
         st = p->twin && p->data ? 0 : -1;
     }
     size_t off = 0;

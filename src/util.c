@@ -1,8 +1,10 @@
-/* util: error formatting and the clock. */
+/* util: error formatting, the clock and large allocations. */
 #include "util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 int tl_fail(tl_error *err, int status, const char *fmt, ...) {
@@ -20,4 +22,30 @@ double tl_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define BIG_PAGE ((size_t)2 << 20)
+
+/* The mapping's start and length sit in the 64 bytes before the buffer. */
+void *tl_big_alloc(size_t n) {
+    if (n > SIZE_MAX - 2 * BIG_PAGE) return NULL;
+    const size_t len = n + 2 * BIG_PAGE;
+    uint8_t *raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + 64 + BIG_PAGE - 1) & ~(uintptr_t)(BIG_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, (n + BIG_PAGE - 1) & ~(BIG_PAGE - 1), MADV_HUGEPAGE); /* a hint: refused is fine */
+#endif
+    memcpy(p - 64, &raw, sizeof raw);
+    memcpy(p - 64 + sizeof raw, &len, sizeof len);
+    return p;
+}
+
+void tl_big_free(void *p) {
+    if (!p) return;
+    uint8_t *raw;
+    size_t len;
+    memcpy(&raw, (uint8_t *)p - 64, sizeof raw);
+    memcpy(&len, (uint8_t *)p - 64 + sizeof raw, sizeof len);
+    munmap(raw, len);
 }

@@ -97,4 +97,12 @@ static inline uint16_t tl_fp32_to_bf16(float f) {
 /* Monotonic clock in seconds. */
 double tl_now(void);
 
+/* Large zeroed buffers (the KV cache, packed weights) on 2 MiB pages where
+ * the kernel grants them (madvise; THP is often "madvise" only): decode reads
+ * the KV cache's 16-position blocks scattered through the pool and streams
+ * the weights, and with 4 KiB pages every few KiB cost a TLB miss. Pages are
+ * zeroed lazily, when first touched. NULL when out of memory. */
+void *tl_big_alloc(size_t n);
+void tl_big_free(void *p);
+
 #endif
