@@ -368,9 +368,11 @@ int main(void) {
         gen(m, ids, (int)n, &cd, got, &st2, &past);
         CHECK(same(ref, got) && past == past_ref, "temp %.1f, draft model in a small window: output differs",
               temps[ti]);
-        CHECK(st2.n_drafted > 0 && (ti > 0 || st2.n_accepted > 0),
-              "temp %.1f, draft model in a small window: %d drafted, %d kept", temps[ti], st2.n_drafted,
-              st2.n_accepted);
+        /* only that it drafted: from a window of the last 64 tokens the
+         * model is not the target any more, and after a rejected first guess
+         * the measured costs may stop it */
+        CHECK(st2.n_drafted > 0, "temp %.1f, draft model in a small window: %d drafted, %d kept", temps[ti],
+              st2.n_drafted, st2.n_accepted);
         cd.d_ctx = 0;
         cd.spec = TL_SPEC_AUTO;
         cd.spec_max = 0;
