@@ -53,10 +53,10 @@ struct tl_ctx {
     float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
     float *ascr;        /* [n_threads][ascr_n]: the fast attention's scratch */
     int *att_run;       /* [n_batch + 1]: starts of the fast attention's runs */
-    float *apart;       /* [SPLIT_RUNS][n_head_kv][n_seg][G][hd + 2]: segment states
-                         * of a one-token run split between threads (o, then m, l) */
+    float *apart;       /* apart_n floats: the segment states of runs split between
+                         * threads (att_job.base) */
+    size_t apart_n;
     atomic_int *aleft;  /* [SPLIT_RUNS][n_head_kv]: the segments still running */
-    int n_seg;          /* segments of n_ctx positions (TL_ATTN_SEG) */
     int n_att_runs;     /* runs in the current forward call */
     size_t ascr_n;
     int fast_attn;      /* the fast numerics' attention (tl_attn_online) */
@@ -271,11 +271,14 @@ static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_hea
 
 /* ------------------------------------------------------------- attention */
 
-/* One-token runs whose (run, KV head) items are too few to keep the threads
- * busy (one sequence decoding) split each item's keys by segment
- * (TL_ATTN_SEG); the thread that finishes a run and head's last segment
- * folds them in order, so the bits are those of the whole pass. */
+/* Runs of a few tokens (a sequence decoding, or verifying guesses) whose
+ * (run, KV head) items are too few to keep the threads busy split each
+ * item's keys by segment (TL_ATTN_SEG); the thread that finishes a run and
+ * head's last segment folds them in order, so the bits are those of the
+ * whole pass. */
 #define SPLIT_RUNS 4
+#define SPLIT_T 16
+#define SPLIT_MAX_FLOATS ((size_t)8 << 20) /* the segment states' buffer: 32 MiB at most */
 
 typedef struct att_job {
     tl_ctx *c;
@@ -285,6 +288,7 @@ typedef struct att_job {
     int split;       /* items are chunks of chunk (run, KV head, segment)s */
     int chunk;
     int seg0[SPLIT_RUNS], nseg[SPLIT_RUNS], item0[SPLIT_RUNS + 1];
+    size_t base[SPLIT_RUNS]; /* run r's states in c->apart: [KV head][segment][T][G] o, then m, l */
 } att_job;
 
 /* Byte offset of position j's row of a sequence, from a layer's K or V base. */
@@ -377,19 +381,19 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
     int r = 0;
     while (i >= j->item0[r + 1]) r++;
     const int k = (int)(i - j->item0[r]), g = k / j->nseg[r], si = k % j->nseg[r];
-    const size_t slot = (size_t)G * (hd + 2);
-    float *base = c->apart + ((size_t)(r * nkv + g) * c->n_seg) * slot;
+    const int t = c->att_run[r], T = c->att_run[r + 1] - t;
+    const size_t slot = (size_t)T * G * (hd + 2);
+    float *base = c->apart + j->base[r] + (size_t)g * j->nseg[r] * slot;
     float *o = base + (size_t)si * slot;
-    const int t = c->att_run[r];
-    attend_fast(c, j->layer, t, 1, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)G * hd);
+    attend_fast(c, j->layer, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
     if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
-    for (int h = 0; h < G; h++) {
+    for (int row = 0; row < T * G; row++) { /* row = token * G + head */
         float ma = -INFINITY, la = 0.0f, *oa = scr;
         for (int s = 0; s < j->nseg[r]; s++) {
-            const float *os = base + (size_t)s * slot, *ml = os + (size_t)G * hd + 2 * h;
-            if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)h * hd);
+            const float *os = base + (size_t)s * slot, *ml = os + (size_t)T * G * hd + 2 * row;
+            if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)row * hd);
         }
-        float *out = c->att + (size_t)t * c->q_dim + (size_t)(g * G + h) * hd;
+        float *out = c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd;
         const float inv = 1.0f / la;
         for (int d = 0; d < hd; d++) out[d] = oa[d] * inv;
     }
@@ -402,16 +406,19 @@ static void att_plan(tl_ctx *c, att_job *j, int nth) {
     j->split = 0;
     if (!c->apart || nth < 2 || j->n_runs > SPLIT_RUNS || (int64_t)j->n_runs * nkv >= 4 * (int64_t)nth) return;
     j->item0[0] = 0;
+    size_t need = 0;
     for (int r = 0; r < j->n_runs; r++) {
-        const int t = c->att_run[r];
-        if (c->att_run[r + 1] - t != 1 || c->tpos[t] / TL_ATTN_SEG >= c->n_seg) return;
+        const int t = c->att_run[r], T = c->att_run[r + 1] - t;
+        if (T > SPLIT_T) return;
         const int pos = c->tpos[t], w = c->m->layers[j->layer].swa ? pos - hp->n_swa + 1 : 0, lo = w > 0 ? w : 0;
         j->seg0[r] = lo / TL_ATTN_SEG;
-        j->nseg[r] = pos / TL_ATTN_SEG - j->seg0[r] + 1;
+        j->nseg[r] = (pos + T - 1) / TL_ATTN_SEG - j->seg0[r] + 1;
         j->item0[r + 1] = j->item0[r] + nkv * j->nseg[r];
+        j->base[r] = need;
+        need += (size_t)nkv * j->nseg[r] * T * hp->n_head / nkv * (hp->head_dim + 2);
     }
     const int n = j->item0[j->n_runs];
-    if (n < nth) return; /* one segment each: the heads' split below */
+    if (n < nth || need > c->apart_n) return; /* one segment each: the heads' split below */
     j->chunk = (n + 2 * nth - 1) / (2 * nth);
     for (int r = 0; r < j->n_runs; r++)
         for (int g = 0; g < nkv; g++) atomic_store_explicit(&c->aleft[r * nkv + g], j->nseg[r], memory_order_relaxed);
@@ -550,7 +557,7 @@ static void attention_block(tl_ctx *c, int il, int n) {
     add_bias(c->k, L->bk, n, c->kv_dim);
     add_bias(c->v, L->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}};
+    att_job aj = {c, il, n, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
@@ -765,8 +772,12 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
         c->att_run = xcalloc((size_t)nb + 1, sizeof(int), &fail);
         if (nt > 1) {
-            c->n_seg = (c->n_ctx + TL_ATTN_SEG - 1) / TL_ATTN_SEG;
-            c->apart = xcalloc((size_t)SPLIT_RUNS * c->n_seg * hp->n_head * (hp->head_dim + 2), sizeof(float), &fail);
+            /* SPLIT_T rows' worth over a whole context (a sequence's positions
+             * stay below n_ctx; att_plan checks what a call needs) */
+            const size_t n_seg = (size_t)(c->n_ctx + TL_ATTN_SEG - 1) / TL_ATTN_SEG + 1;
+            c->apart_n = n_seg * SPLIT_T * hp->n_head * (hp->head_dim + 2);
+            if (c->apart_n > SPLIT_MAX_FLOATS) c->apart_n = SPLIT_MAX_FLOATS;
+            c->apart = xcalloc(c->apart_n, sizeof(float), &fail);
             c->aleft = xcalloc((size_t)SPLIT_RUNS * hp->n_head_kv, sizeof *c->aleft, &fail);
         }
     }

@@ -149,7 +149,26 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
     }
     CHECK(alone_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: each token alone gives its bits in the run", hd, G, T,
           pos0, n_swa);
-    CHECK(split_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: each token's segments folded give its bits", hd, G, T,
+    {   /* the whole run segment by segment (a verification step split between threads) */
+        float *so = malloc((size_t)T * G * hd * 4), *oa = malloc((size_t)T * G * hd * 4);
+        float *ma = malloc((size_t)T * G * 4), *la = malloc((size_t)T * G * 4), *ml = malloc((size_t)T * G * 8);
+        if (!so || !oa || !ma || !la || !ml) return;
+        for (int k = 0; k < T * G; k++) ma[k] = -INFINITY, la[k] = 0.0f;
+        const int lo0 = n_swa > 0 && pos0 - n_swa + 1 > 0 ? pos0 - n_swa + 1 : 0;
+        for (int sg = lo0 / TL_ATTN_SEG; sg <= (pos0 + T - 1) / TL_ATTN_SEG; sg++) {
+            tl_attn_rows c = a;
+            c.seg = sg + 1, c.out = so, c.part = ml;
+            tl_attn_online(&c, 1);
+            for (int k = 0; k < T * G; k++)
+                if (ml[2 * k] != -INFINITY)
+                    tl_attn_merge(hd, &ma[k], &la[k], oa + (size_t)k * hd, ml[2 * k], ml[2 * k + 1], so + (size_t)k * hd);
+        }
+        for (int k = 0; k < T * G; k++)
+            for (int d = 0; d < hd; d++) so[k * hd + d] = oa[k * hd + d] * (1.0f / la[k]);
+        split_ok &= same(so, o1, T * G * hd);
+        free(so), free(oa), free(ma), free(la), free(ml);
+    }
+    CHECK(split_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: the segments folded give the whole pass's bits", hd, G, T,
           pos0, n_swa);
     CHECK(worst < 1e-5, "attn hd=%d G=%d T=%d pos0=%d swa=%d: max error %g vs double", hd, G, T, pos0, n_swa, worst);
     free(kc), free(vc), free(q), free(o1), free(o2), free(o3), free(scr);
