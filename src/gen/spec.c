@@ -60,6 +60,11 @@ void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft) {
     if (max_draft <= 0 || max_draft > TL_STEP_MAX_FEED - 1) max_draft = TL_STEP_MAX_FEED - 1;
     p->max_draft = max_draft;
     p->acc = ACC_PRIOR;
+    for (int i = 0; i < TL_SPEC_BINS; i++) p->acc_bin[i] = ACC_PRIOR;
+}
+
+static double *acc_of(tl_spec_policy *p) {
+    return p->bin > 0 ? &p->acc_bin[(p->bin > TL_SPEC_BINS ? TL_SPEC_BINS : p->bin) - 1] : &p->acc;
 }
 
 /* Tokens a step with k guesses yields on average: 1 + a + ... + a^k. */
@@ -84,7 +89,7 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     for (int k = 1; k <= n_avail; k++) {
         const double tk = tl_ctx_decode_cost(ctx, b0 + k);
         if (!(tk > 0)) break;
-        const double rate = ((double)n_other + expected_tokens(p->acc, k)) / (tk + k * guess_s);
+        const double rate = ((double)n_other + expected_tokens(*acc_of(p), k)) / (tk + k * guess_s);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
@@ -100,7 +105,12 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     return best;
 }
 
+static void acc_update(double *a, int n_kept, int rejected) {
+    for (int i = 0; i < n_kept; i++) *a += ACC_ALPHA * (1.0 - *a);
+    if (rejected) *a -= ACC_ALPHA * *a;
+}
+
 void tl_spec_update(tl_spec_policy *p, int n_kept, int rejected) {
-    for (int i = 0; i < n_kept; i++) p->acc += ACC_ALPHA * (1.0 - p->acc);
-    if (rejected) p->acc -= ACC_ALPHA * p->acc;
+    acc_update(&p->acc, n_kept, rejected);
+    if (p->bin > 0) acc_update(acc_of(p), n_kept, rejected);
 }

@@ -26,10 +26,17 @@ int tl_spec_ngram(const tl_hist *h, int max, int32_t *out, int *match);
 /* The per-sequence policy: acceptance so far, and the draft length that
  * maximises the tokens per second the whole batch makes, from the context's
  * measured cost of a forward call of n rows. */
+#define TL_SPEC_BINS 4
 typedef struct tl_spec_policy {
     int mode;          /* tl_spec_mode */
     int max_draft;     /* cap (TL_STEP_MAX_FEED - 1 at most) */
     double acc;        /* estimated chance that a guess is kept (EMA over guesses) */
+    /* Prompt lookup's guesses are kept at rates that depend on the matched
+     * n-gram's length (a 4-gram inside copied text, a lone word in free
+     * text), so each length has its own estimate; bin: the length of the
+     * match the next choose and update are about (set by the caller; 0: acc) */
+    double acc_bin[TL_SPEC_BINS];
+    int bin;
     int idle;          /* steps since the last draft while guesses existed */
     int no_probe;      /* never guess against the estimate (a draft model: a probe
                         * would first have to run it over every token since) */

@@ -334,10 +334,12 @@ static int draft(tl_step *st, int n_other, int cap) {
         tl_spec_policy *p = st->dctx ? &st->lookup : &st->spec;
         int match;
         int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
+        p->bin = match;
         int k = tl_spec_choose(p, st->ctx, n, n_other, 0.0);
         if (k > 0 || !st->dctx) return k;
     }
     /* the cost decides the length before the guesses are made */
+    st->spec.bin = 0;
     int k = st->spec.mode == TL_SPEC_AUTO
                 ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
                 : (max < st->spec.max_draft ? max : st->spec.max_draft);
