@@ -18,6 +18,13 @@
 #ifndef R8_DM
 #define R8_DM 1
 #endif
+/* Up to R8_DTN tokens (a decode step's rows: forward.c's decode path takes
+ * 1-3) go one group at a time too: a verification step of 2 rows, which the
+ * 512-bit pair tiles read as four streams, took 1.6x a one-row step on
+ * SmolLM2 Q4_1 (AMD EPYC), 1.35x this way. */
+#ifndef R8_DTN
+#define R8_DTN 3
+#endif
 #ifndef R8_PM
 #define R8_PM 1
 #endif
@@ -359,14 +366,13 @@ AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void 
         /* prompts only: for Q8_0 decode, the pair tile's four streams read
          * DRAM 10-20% slower on the AMD EPYC than the one-group tile's one
          * (it had been +4-7% on a Xeon whose L3 held the file) */
-        if (tn > 1) {
+        if (tn > R8_DTN) {
             for (; g + 2 * R8Z_PM <= ng; g += 2 * R8Z_PM) R8Z_TOKENS(R8Z_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
             for (; g + 2 <= ng; g += 2) R8Z_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         }
 #endif
-        if (tn == 1)
-            for (; g + R8_DM <= ng; g += R8_DM)
-                r8_tile(f, R8_DM, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys);
+        if (tn <= R8_DTN)
+            for (; g + R8_DM <= ng; g += R8_DM) R8_TOKENS(R8_DM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         else
             for (; g + R8_PM <= ng; g += R8_PM) R8_TOKENS(R8_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
         for (; g < ng; g++) R8_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
