@@ -300,6 +300,38 @@ static void check_chi2(tl_model *m, int n_runs) {
     tl_ctx_free(ctx);
 }
 
+/* auto's estimates by matched n-gram length: one-word matches rejected in
+ * free text must not stop guesses on four-word matches (copied text). */
+static void check_policy(tl_model *m) {
+    tl_error err = {0};
+    tl_ctx_params cp = {.n_ctx = 64, .n_threads = 1};
+    tl_ctx *ctx = NULL;
+    if (tl_ctx_new(m, &cp, &ctx, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    int32_t toks[2] = {1, 2}, seqs[2] = {0, 0};
+    uint8_t lg[2] = {1, 1};
+    for (int i = 0; i < 6; i++) /* measured costs of calls of 1 and 2 rows */
+        for (int n = 1; n <= 2; n++) {
+            tl_batch b = {.n = n, .token = toks, .seq = seqs, .logits = lg};
+            CHECK(tl_ctx_decode(ctx, &b, &err) == 0, "%s", err.msg);
+        }
+    tl_spec_policy p;
+    tl_spec_policy_init(&p, TL_SPEC_AUTO, 8);
+    p.bin = 1;
+    for (int i = 0; i < 40; i++) tl_spec_update(&p, 0, 1);
+    p.bin = 4;
+    for (int i = 0; i < 40; i++) tl_spec_update(&p, 3, 0);
+    p.bin = 1;
+    const int k1 = tl_spec_choose(&p, ctx, 8, 0, 0.0);
+    p.bin = 4;
+    const int k4 = tl_spec_choose(&p, ctx, 8, 0, 0.0);
+    CHECK(k1 == 0 && k4 > 0, "policy: %d guesses on a one-word match (always rejected), %d on a four-word one "
+          "(always kept)", k1, k4);
+    tl_ctx_free(ctx);
+}
+
 int main(void) {
     check_ngram();
     tl_model *m = NULL;
@@ -308,6 +340,7 @@ int main(void) {
         CHECK(0, "%s: %s (run make models)", MODEL, err.msg);
         return tl_test_summary();
     }
+    check_policy(m);
     /* a copy-heavy prompt: the answer repeats much of it */
     const char *doc =
         "static int blocks_for(int positions) {\n    return (positions + TL_KV_BLOCK - 1) / TL_KV_BLOCK;\n}\n"
