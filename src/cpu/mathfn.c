@@ -682,7 +682,8 @@ void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, co
         return;
     }
     const float mn = m > *ma ? m : *ma;
-    const float ea = tl_expf_fast(*ma - mn), eb = tl_expf_fast(m - mn);
+    /* the larger side's factor is exp(0), exactly 1 (test_mathfn checks it) */
+    const float ea = *ma == mn ? 1.0f : tl_expf_fast(*ma - mn), eb = m == mn ? 1.0f : tl_expf_fast(m - mn);
     *ma = mn;
     *la = *la * ea + l * eb;
     for (int d = 0; d < hd; d++) oa[d] = oa[d] * ea + o[d] * eb;

@@ -62,7 +62,7 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * states are folded in position order (tl_attn_merge) before the division by
  * l. A context within one segment never folds. The segments let one token's
  * keys be split between threads (seg below) with the same bits. */
-#define TL_ATTN_SEG 256
+#define TL_ATTN_SEG 512
 typedef struct tl_attn_rows {
     int hd, G, bs, T;
     const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */

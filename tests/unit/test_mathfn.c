@@ -182,8 +182,10 @@ static void check_attn(void) {
     attn_case(256, 4, 9, 600, 512); /* its sliding window */
     attn_case(128, 2, 3, 17, 8);   /* a window shorter than a block */
     attn_case(8, 5, 4, 45, 0);     /* the narrowest head */
-    attn_case(64, 3, 3, 766, 0);   /* a run across a segment boundary (768) */
-    attn_case(64, 2, 1, 1020, 300); /* a window across segments */
+    attn_case(64, 3, 3, 510, 0);   /* a run across a segment boundary (512) */
+    attn_case(64, 2, 1, 1020, 600); /* a window across segments */
+    attn_case(64, 3, 40, 980, 0);  /* a run across 512 positions' worth of segments */
+    CHECK(tl_expf_fast(0.0f) == 1.0f, "exp(0) is exactly 1 (tl_attn_merge relies on it)");
 }
 
 /* The bound tables' RMSNorm, RoPE and f16 rows: AVX2 against scalar, and
