@@ -393,9 +393,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
             const float *os = base + (size_t)s * slot, *ml = os + (size_t)T * G * hd + 2 * row;
             if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)row * hd);
         }
-        float *out = c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd;
-        const float inv = 1.0f / la;
-        for (int d = 0; d < hd; d++) out[d] = oa[d] * inv;
+        tl_attn_divide(hd, oa, la, c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd);
     }
 }
 
@@ -415,7 +413,7 @@ static void att_plan(tl_ctx *c, att_job *j, int nth) {
         j->nseg[r] = (pos + T - 1) / TL_ATTN_SEG - j->seg0[r] + 1;
         j->item0[r + 1] = j->item0[r] + nkv * j->nseg[r];
         j->base[r] = need;
-        need += (size_t)nkv * j->nseg[r] * T * hp->n_head / nkv * (hp->head_dim + 2);
+        need += (size_t)j->nseg[r] * T * hp->n_head * (hp->head_dim + 2); /* every KV head's G query heads */
     }
     const int n = j->item0[j->n_runs];
     if (n < nth || need > c->apart_n) return; /* one segment each: the heads' split below */

@@ -689,6 +689,11 @@ void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, co
     for (int d = 0; d < hd; d++) oa[d] = oa[d] * ea + o[d] * eb;
 }
 
+void tl_attn_divide(int hd, const float *o, float l, float *out) {
+    const float inv = 1.0f / l;
+    for (int d = 0; d < hd; d++) out[d] = o[d] * inv;
+}
+
 /* The state after the widened blocks: m, l, then the accumulated ma, la
  * ([T][G] each) and oa ([T][G][hd]). */
 static float *attn_state(const tl_attn_rows *a) { return a->scratch + 2 * (size_t)TL_ATTN_NB * SLOTS * a->hd; }
@@ -740,9 +745,7 @@ void tl_attn_finish(const tl_attn_rows *a, float *m, int folded) {
         for (int h = 0; h < a->G; h++) {
             const int k = i * a->G + h;
             float *o = attn_out(a, i, h);
-            const float *src = folded ? oa + (size_t)k * hd : o;
-            const float inv = 1.0f / (folded ? la[k] : l[k]);
-            for (int d = 0; d < hd; d++) o[d] = src[d] * inv;
+            tl_attn_divide(hd, folded ? oa + (size_t)k * hd : o, folded ? la[k] : l[k], o);
         }
 }
 

@@ -99,6 +99,9 @@ void tl_attn_keys(const tl_attn_rows *a, int i, int *lo, int *hi);
  * l = la*exp(ma - m') + l*exp(m - m'), o_d = oa_d*exp(ma - m') + o_d*exp(m - m').
  * Empty segment states (m = -inf) are the caller's to skip. */
 void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, const float *o);
+/* out = o * (1/l): a row's last step, whether its segments were folded here
+ * or by the thread that finished its last one. */
+void tl_attn_divide(int hd, const float *o, float l, float *out);
 /* A level's pass keeps its state in a->scratch: begin clears it and the
  * outputs and returns m ([T][G]; l follows it); fold, at a segment
  * boundary, folds every row's state into the accumulated one and starts the
