@@ -489,10 +489,11 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
     }
 }
 
-/* One token (decode, and each sequence's row in a batched step): its rows
- * read the cache's f16 blocks as they are, K transposed, rather than widening
- * each block to scratch for the G query rows that share it. The same float
- * operations as tl_attn_drive's (the widening is exact), block by block. */
+/* Decode (one token, and each sequence's rows in a batched or verification
+ * step): the rows read the cache's f16 blocks as they are, K transposed,
+ * rather than widening each block to scratch for the rows that share it. The
+ * same float operations as tl_attn_drive's (the widening is exact), block by
+ * block. */
 #define ATTN512_ROWS16(R)                                                                                      \
     __attribute__((noinline)) static void attn512_rows16_##R(const tl_attn_rows *a, const float *const *q,    \
                                                              float *const *o, float *const *m, float *const *l, \
@@ -510,49 +511,72 @@ ATTN512_ROWS16(7)
 ATTN512_ROWS16(8)
 #undef ATTN512_ROWS16
 
-static void attn512_one_token(const tl_attn_rows *a) {
-    const int G = a->G;
+static void attn512_rows16(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                           float *const *l, int st, int en, const uint16_t *kb, const uint16_t *vb) {
+    switch (R) {
+    case 1: attn512_rows16_1(a, q, o, m, l, st, en, kb, vb); break;
+    case 2: attn512_rows16_2(a, q, o, m, l, st, en, kb, vb); break;
+    case 3: attn512_rows16_3(a, q, o, m, l, st, en, kb, vb); break;
+    case 4: attn512_rows16_4(a, q, o, m, l, st, en, kb, vb); break;
+    case 5: attn512_rows16_5(a, q, o, m, l, st, en, kb, vb); break;
+    case 6: attn512_rows16_6(a, q, o, m, l, st, en, kb, vb); break;
+    case 7: attn512_rows16_7(a, q, o, m, l, st, en, kb, vb); break;
+    default: attn512_rows16_8(a, q, o, m, l, st, en, kb, vb); break;
+    }
+}
+
+/* One token, or a few whose rows fit one call per block (T x G <= 8: a
+ * verification step of 2 tokens for 3 or 4 query heads per KV head). Block
+ * by block as tl_attn_drive, rows with the same live slots together, but
+ * without its widening: a 2-token step at a 4k context paid 1.5x a one-token
+ * step (SmolLM2 Q4_1, AMD EPYC), 1.2x this way. Where a block serves two
+ * calls or more, widening it once (and the multi-block calls) is as fast or
+ * faster (T = 3, 8 and 16 measured). */
+static void attn512_direct(const tl_attn_rows *a) {
+    const int G = a->G, T = a->T;
     int lo, pos;
     tl_attn_keys(a, 0, &lo, &pos);
-    float *m = tl_attn_begin(a), *l = m + G;
+    const int first = lo / 16 * 16;
+    tl_attn_keys(a, T - 1, &lo, &pos);
+    const int last = pos;
+    float *m = tl_attn_begin(a), *l = m + (size_t)G * T; /* [T][G] each */
     int folded = 0;
-    for (int b0 = lo / 16 * 16; b0 <= pos; b0 += 16) {
-        if (b0 % TL_ATTN_SEG == 0 && b0 > lo / 16 * 16) {
+    for (int b0 = first; b0 <= last; b0 += 16) {
+        if (b0 % TL_ATTN_SEG == 0 && b0 > first) {
             tl_attn_fold(a, m);
             folded = 1;
         }
         tl_attn_prefetch(a, b0);
-        const int st = (b0 > lo ? b0 : lo) - b0, en = (b0 + 15 < pos ? b0 + 15 : pos) - b0;
         const uint16_t *kb = a->k + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
         const uint16_t *vb = a->v + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
-        for (int h0 = 0; h0 < G; h0 += 8) {
-            const int R = G - h0 < 8 ? G - h0 : 8;
-            const float *q[8];
-            float *o[8], *mm[8], *ll[8];
-            for (int r = 0; r < R; r++) {
-                q[r] = a->q + (size_t)(h0 + r) * a->q_stride;
-                o[r] = a->out + (size_t)(h0 + r) * a->out_stride;
-                mm[r] = &m[h0 + r];
-                ll[r] = &l[h0 + r];
-            }
-            switch (R) {
-            case 1: attn512_rows16_1(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 2: attn512_rows16_2(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 3: attn512_rows16_3(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 4: attn512_rows16_4(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 5: attn512_rows16_5(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 6: attn512_rows16_6(a, q, o, mm, ll, st, en, kb, vb); break;
-            case 7: attn512_rows16_7(a, q, o, mm, ll, st, en, kb, vb); break;
-            default: attn512_rows16_8(a, q, o, mm, ll, st, en, kb, vb); break;
+        const float *q[8];
+        float *o[8], *mm[8], *ll[8];
+        int R = 0, gst = 0, gen = 0;
+        for (int i = 0; i < T; i++) {
+            tl_attn_keys(a, i, &lo, &pos);
+            const int st = (b0 > lo ? b0 : lo) - b0, en = (b0 + 15 < pos ? b0 + 15 : pos) - b0;
+            if (st > en) continue;
+            for (int h = 0; h < G; h++) {
+                if (R > 0 && (R == 8 || st != gst || en != gen)) {
+                    attn512_rows16(a, R, q, o, mm, ll, gst, gen, kb, vb);
+                    R = 0;
+                }
+                gst = st, gen = en;
+                q[R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                o[R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
+                mm[R] = &m[i * G + h];
+                ll[R] = &l[i * G + h];
+                R++;
             }
         }
+        if (R > 0) attn512_rows16(a, R, q, o, mm, ll, gst, gen, kb, vb);
     }
     tl_attn_finish(a, m, folded);
 }
 
 static void attn512_online(const tl_attn_rows *a) {
-    if (a->T == 1 && a->k_tr && a->bs == 16) {
-        attn512_one_token(a);
+    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16) {
+        attn512_direct(a);
         return;
     }
     tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows, attn512_multi);

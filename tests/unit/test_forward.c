@@ -111,7 +111,14 @@ static void gemma_checks(void) {
         float *base = gemma_run(m, ids, n, 512, 2, n - keep + 1, keep, NULL);
         float *dec = gemma_run(m, ids, n, 512, 2, n - 60, keep, NULL); /* decode across pos 512 */
         float *b8 = gemma_run(m, ids, n, 8, 3, n - 40, keep, &ring); 
+        /* the whole prompt in runs of 2 tokens, whose 2 x 4 query rows per KV
+         * block read the cache directly (AVX-512); 3 threads: not split by
+         * segment, so the run itself folds at position 512. Its last row only. */
+        float *b2 = gemma_run(m, ids, n, 2, 3, n, keep, NULL);
         CHECK(base && dec && !memcmp(base, dec, bytes), "gemma: decoding the tail differs from prefill");
+        CHECK(base && b2 && !memcmp(base + (size_t)(keep - 1) * nv, b2 + (size_t)(keep - 1) * nv, (size_t)nv * sizeof(float)),
+              "gemma: batch 2, 3 threads differs");
+        free(b2);
         CHECK(base && b8 && !memcmp(base, b8, bytes), "gemma: batch 8, 3 threads differs");
         if (ring) {
             /* every layer keeps full-length KV now: rewinding below the
@@ -153,9 +160,12 @@ int main(void) {
     float *b7 = run(m, ids, (int)n, 7, 2, 0);
     float *t3 = run(m, ids, (int)n, 512, 3, 0);
     float *dec = run(m, ids, (int)n, 512, 2, (int)n - 6);
+    float *b2 = run(m, ids, (int)n, 2, 2, 0); /* runs of 2 tokens (a verification step's shape) */
     CHECK(base && b7 && !memcmp(base, b7, bytes), "batch 7 / 2 threads differs from batch 512 / 1 thread");
     CHECK(base && t3 && !memcmp(base, t3, bytes), "3 threads differ from 1 thread");
     CHECK(base && dec && !memcmp(base, dec, bytes), "decoding the last 6 tokens one by one differs from prefill");
+    CHECK(base && b2 && !memcmp(base, b2, bytes), "batch 2 / 2 threads differs from batch 512 / 1 thread");
+    free(b2);
     /* sanity: finite logits, and the model predicts " Everest"-like continuation text sensibly */
     int finite = 1;
     for (size_t i = 0; base && i < n * (size_t)nv; i++) finite &= isfinite(base[i]) != 0;
