@@ -220,8 +220,10 @@ int tl_ctx_decode(tl_ctx *ctx, const tl_batch *batch, tl_error *err);
  * out of range. */
 const float *tl_ctx_batch_logits(const tl_ctx *ctx, int i);
 /* Seconds a tl_ctx_decode of n tokens takes on this context, from the calls
- * measured so far (an average where n was seen, a line through the sizes
- * seen otherwise); 0 before any call. Speculation weighs its drafts by it. */
+ * measured so far: the fastest of the last four calls of n tokens (never
+ * below a smaller size's), a line between the sizes seen around n, or past
+ * the largest; 0 while no call of n tokens or fewer was seen. Speculation
+ * weighs its drafts by it. */
 double tl_ctx_decode_cost(const tl_ctx *ctx, int n);
 
 typedef struct tl_kv_stats {

@@ -19,10 +19,13 @@
 #include "packed.h"
 #include "util.h"
 
-/* Call sizes tl_ctx_decode times (speculation's cost model) and the weight
- * of a new measurement. */
+/* Call sizes tl_ctx_decode times (speculation's cost model), and how many of
+ * each size's latest calls its cost is the lowest of: another process on the
+ * cores only ever adds time, and one call slowed threefold must not keep a
+ * size looking dear (an average took tens of steps to forget it, and the
+ * policy stopped guessing meanwhile); four calls slower for good are. */
 #define COST_N 64
-#define COST_ALPHA 0.2
+#define COST_WIN 4
 
 struct tl_ctx {
     const tl_model *m;
@@ -68,8 +71,10 @@ struct tl_ctx {
     int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
     int blogits_n;      /* rows held by the last tl_ctx_decode */
     int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
-    double cost[COST_N + 1]; /* tl_ctx_decode's seconds per call of n tokens (EMA) */
-    int cost_seen[COST_N + 1];
+    double cost[COST_N + 1]; /* tl_ctx_decode's seconds per call of n tokens (the lowest of cost_win) */
+    double cost_win[COST_N + 1][COST_WIN]; /* the latest calls' seconds */
+    int cost_seen[COST_N + 1];   /* calls in cost_win (up to COST_WIN) */
+    int cost_next[COST_N + 1];   /* the slot the next call takes */
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
 };
@@ -1033,33 +1038,23 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
     if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
     if (b->n <= COST_N) {
         double t = tl_now() - t0;
-        c->cost[b->n] = c->cost_seen[b->n]++ ? c->cost[b->n] + COST_ALPHA * (t - c->cost[b->n]) : t;
+        double *w = c->cost_win[b->n];
+        w[c->cost_next[b->n]] = t;
+        c->cost_next[b->n] = (c->cost_next[b->n] + 1) % COST_WIN;
+        if (c->cost_seen[b->n] < COST_WIN) c->cost_seen[b->n]++;
+        double lo = w[0];
+        for (int i = 1; i < c->cost_seen[b->n]; i++) lo = w[i] < lo ? w[i] : lo;
+        c->cost[b->n] = lo;
     }
     return TL_OK;
 }
 
 double tl_ctx_decode_cost(const tl_ctx *c, int n) {
-    if (n < 1 || n > COST_N) return 0;
-    /* A weighted least-squares line through the sizes seen, not each size's
-     * own average: those are noisy (this machine drifts), and a size that
-     * happened to run in a fast moment must not look cheaper than a smaller
-     * one. With one size seen, a row costs a quarter of that call (a guess on
-     * the dear side). */
-    double sw = 0, sn = 0, st = 0, snn = 0, snt = 0;
-    int k = 0, n1 = 0;
-    for (int i = 1; i <= COST_N; i++)
-        if (c->cost_seen[i]) {
-            const double w = c->cost_seen[i] < 16 ? c->cost_seen[i] : 16;
-            sw += w, sn += w * i, st += w * c->cost[i], snn += w * i * i, snt += w * i * c->cost[i];
-            k++, n1 = i;
-        }
-    if (k == 0) return 0;
-    if (k == 1) return c->cost[n1] * (1.0 + 0.25 * (n - n1));
-    const double den = sw * snn - sn * sn;
-    double slope = den > 0 ? (sw * snt - sn * st) / den : 0;
-    if (slope < 0) slope = 0;
-    const double icpt = (st - slope * sn) / sw, t = icpt + slope * n;
-    return t > 0 ? t : st / sw;
+    /* Each size's own average, not a line through all of them: a draft
+     * model's context sees one-token calls beside its catch-up calls of tens
+     * of tokens, and a line through both put a one-token call at a seventh
+     * of its cost (and below zero before one was seen). */
+    return tl_curve_at(c->cost, c->cost_seen, COST_N, n);
 }
 
 const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {

@@ -24,6 +24,23 @@ double tl_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double tl_curve_at(const double *y, const int *seen, int n_max, int n) {
+    if (n < 1 || n > n_max) return 0;
+    int lo = 0, first = 0;
+    double lo_y = 0, first_y = 0, env = 0;
+    for (int i = 1; i <= n_max; i++) {
+        if (!seen[i]) continue;
+        env = y[i] > env ? y[i] : env;
+        if (i > n) /* the first point past n: the line from lo */
+            return lo ? lo_y + (env - lo_y) * (n - lo) / (i - lo) : 0;
+        if (!first) first = i, first_y = env;
+        lo = i, lo_y = env;
+    }
+    if (!lo) return 0;
+    const double slope = lo > first ? (lo_y - first_y) / (lo - first) : 0.25 * lo_y;
+    return lo_y + slope * (n - lo);
+}
+
 #define BIG_PAGE ((size_t)2 << 20)
 
 /* The mapping's start and length sit in the 64 bytes before the buffer. */

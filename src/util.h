@@ -97,6 +97,17 @@ static inline uint16_t tl_fp32_to_bf16(float f) {
 /* Monotonic clock in seconds. */
 double tl_now(void);
 
+/* A cost curve through measured points: y[i] for the sizes i in [1, n_max]
+ * with seen[i] != 0, read at size n. The points are first made
+ * non-decreasing (a size measured in a fast moment must not look cheaper
+ * than a smaller one); between two points the straight line, beyond the last
+ * the mean slope from the first (with one point, each size past it adds a
+ * quarter of it): the last two alone, say 2 and 3 rows in a noisy moment,
+ * put 16 rows at 1.5x their cost, and long guesses of copied text were
+ * never tried. Below the first point, or with none, 0: unknown (a
+ * prompt's cost says nothing of a one-token call's). */
+double tl_curve_at(const double *y, const int *seen, int n_max, int n);
+
 /* Large zeroed buffers (the KV cache, packed weights) on 2 MiB pages where
  * the kernel grants them (madvise; THP is often "madvise" only): decode reads
  * the KV cache's 16-position blocks scattered through the pool and streams

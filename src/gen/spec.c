@@ -74,7 +74,8 @@ static double expected_tokens(double a, int k) {
     return e;
 }
 
-int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s) {
+int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s, double *rate) {
+    if (rate) *rate = 0;
     if (n_avail > p->max_draft) n_avail = p->max_draft;
     if (p->mode == TL_SPEC_OFF || n_avail <= 0) return 0;
     if (p->mode != TL_SPEC_AUTO) return n_avail;
@@ -86,15 +87,17 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     const double base = (double)b0 / t0;
     int best = 0;
     double best_rate = base * GAIN_MIN;
+    if (rate) *rate = base;
     for (int k = 1; k <= n_avail; k++) {
         const double tk = tl_ctx_decode_cost(ctx, b0 + k);
         if (!(tk > 0)) break;
-        const double rate = ((double)n_other + expected_tokens(*acc_of(p), k)) / (tk + k * guess_s);
-        if (rate > best_rate) {
-            best_rate = rate;
+        const double r = ((double)n_other + expected_tokens(*acc_of(p), k)) / (tk + k * guess_s);
+        if (r > best_rate) {
+            best_rate = r;
             best = k;
         }
     }
+    if (rate && best) *rate = best_rate;
     /* in a call of b0 sequences' rows each probes b0 times more rarely: the
      * probes of all of them together then cost one row every PROBE_EVERY steps */
     if (best == 0 && !p->no_probe && ++p->idle >= PROBE_EVERY * b0) {

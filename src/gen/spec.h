@@ -45,8 +45,10 @@ typedef struct tl_spec_policy {
 void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft);
 /* How many of n_avail guesses to verify in a call where the other sequences
  * feed n_other rows (0 alone); guess_s: seconds each guess costs to make (a
- * draft model's forward call; 0 for prompt lookup). */
-int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s);
+ * draft model's forward call; 0 for prompt lookup). *rate (if not NULL): the
+ * tokens per second the batch is expected to make with that many (0 when
+ * the costs are not measured yet). */
+int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s, double *rate);
 /* After a step whose first n_kept guesses were kept, the next one rejected
  * if `rejected` (else the step ended for another reason). */
 void tl_spec_update(tl_spec_policy *p, int n_kept, int rejected);

@@ -327,27 +327,34 @@ static int draft(tl_step *st, int n_other, int cap) {
     if (TL_STEP_MAX_FEED - 1 < max) max = TL_STEP_MAX_FEED - 1;
     if (!h.tok || max <= 0) return 0;
     st->used_draft = 0;
-    /* prompt lookup first under auto: its guesses cost nothing to make, so
-     * when its policy takes them (the text is being copied) the draft call
-     * is saved; the draft model catches up on its next call */
+    /* Under auto, prompt lookup and the draft model each offer their best
+     * length and its expected speed, and the faster one guesses. Lookup's
+     * guesses cost nothing to make, so when the text is being copied the
+     * draft call is saved (the draft model catches up on its next call); in
+     * free text lookup's short matches are seldom kept where the draft
+     * model's guesses are, and taking lookup whenever its own policy would
+     * left the draft model idle there. */
+    int kl = 0;
+    double rl = 0, rd = 0;
     if (st->spec.mode == TL_SPEC_AUTO || !st->dctx) {
         tl_spec_policy *p = st->dctx ? &st->lookup : &st->spec;
         int match;
         int n = tl_spec_ngram(&h, max, st->feed + 1, &match);
         p->bin = match;
-        int k = tl_spec_choose(p, st->ctx, n, n_other, 0.0);
-        if (k > 0 || !st->dctx) return k;
+        kl = tl_spec_choose(p, st->ctx, n, n_other, 0.0, &rl);
+        if (!st->dctx) return kl;
     }
     /* the cost decides the length before the guesses are made */
     st->spec.bin = 0;
     int k = st->spec.mode == TL_SPEC_AUTO
-                ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1))
+                ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1), &rd)
                 : (max < st->spec.max_draft ? max : st->spec.max_draft);
+    if (kl > 0 && (k <= 0 || rl >= rd)) return kl;
     /* under auto the draft model gets a trial of a few steps before its
      * estimate (from a prior of one guess in two kept) may drop it for good */
     if (k <= 0 && st->dtrial > 0) k = max < DRAFT_TRIAL_K ? max : DRAFT_TRIAL_K;
     if (st->dtrial > 0) st->dtrial--;
-    if (k <= 0) return 0;
+    if (k <= 0) return kl;
     int got = draft_model(st, &h, k, n_other);
     /* a draft call that found nothing worth a row cost as much as a rejected
      * guess and yielded as little: the estimate learns it */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "gen/spec.h"
+#include "util.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 
@@ -300,6 +301,30 @@ static void check_chi2(tl_model *m, int n_runs) {
     tl_ctx_free(ctx);
 }
 
+/* The cost curve speculation reads (tl_ctx_decode_cost): a draft context's
+ * catch-up calls of tens of tokens must not make a one-token call look cheap
+ * (a line through both put it at a seventh of its cost, and below zero while
+ * only the prompt's call was seen); a size measured in a fast moment never
+ * looks cheaper than a smaller one. */
+static void check_curve(void) {
+    double y[65] = {0};
+    int seen[65] = {0};
+    CHECK(tl_curve_at(y, seen, 64, 1) == 0, "no point: unknown");
+    y[46] = 80.0, seen[46] = 1; /* the prompt's call only */
+    CHECK(tl_curve_at(y, seen, 64, 1) == 0 && tl_curve_at(y, seen, 64, 45) == 0,
+          "below the only point: unknown, not %g", tl_curve_at(y, seen, 64, 1));
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 46), 80.0, 0, "at the point");
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 48), 80.0 * 1.5, 1e-12, "one point: a quarter of it per size past it");
+    y[1] = 3.5, seen[1] = 1;
+    y[3] = 3.0, seen[3] = 1; /* a fast moment */
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 1), 3.5, 0, "a one-token call at its own average");
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 2), 3.5, 1e-12, "between 1 and a cheaper 3: not below 1's");
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 3), 3.5, 0, "3 lifted to 1's");
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 24), 3.5 + (80.0 - 3.5) * 21 / 43, 1e-9, "between 3 and 46: the line");
+    CHECK_NEAR(tl_curve_at(y, seen, 64, 50), 80.0 + 4 * (80.0 - 3.5) / 45, 1e-9, "past 46: the mean slope from 1");
+    CHECK(tl_curve_at(y, seen, 64, 65) == 0 && tl_curve_at(y, seen, 64, 0) == 0, "out of range: 0");
+}
+
 /* auto's estimates by matched n-gram length: one-word matches rejected in
  * free text must not stop guesses on four-word matches (copied text). */
 static void check_policy(tl_model *m) {
@@ -324,9 +349,9 @@ static void check_policy(tl_model *m) {
     p.bin = 4;
     for (int i = 0; i < 40; i++) tl_spec_update(&p, 3, 0);
     p.bin = 1;
-    const int k1 = tl_spec_choose(&p, ctx, 8, 0, 0.0);
+    const int k1 = tl_spec_choose(&p, ctx, 8, 0, 0.0, NULL);
     p.bin = 4;
-    const int k4 = tl_spec_choose(&p, ctx, 8, 0, 0.0);
+    const int k4 = tl_spec_choose(&p, ctx, 8, 0, 0.0, NULL);
     CHECK(k1 == 0 && k4 > 0, "policy: %d guesses on a one-word match (always rejected), %d on a four-word one "
           "(always kept)", k1, k4);
     tl_ctx_free(ctx);
@@ -334,6 +359,7 @@ static void check_policy(tl_model *m) {
 
 int main(void) {
     check_ngram();
+    check_curve();
     tl_model *m = NULL;
     tl_error err = {0};
     if (tl_model_load(MODEL, &m, &err)) {
