@@ -108,6 +108,18 @@ int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_othe
     return best;
 }
 
+int tl_spec_could_pay(const tl_ctx *ctx, int n_avail, int n_other, double guess_s) {
+    const int b0 = n_other + 1;
+    const double t0 = tl_ctx_decode_cost(ctx, b0);
+    if (!(t0 > 0) || !(guess_s > 0)) return 1;
+    for (int k = 1; k <= n_avail; k++) {
+        const double tk = tl_ctx_decode_cost(ctx, b0 + k);
+        if (!(tk > 0)) return 1;
+        if ((double)(b0 + k) / (tk + k * guess_s) > (double)b0 / t0 * GAIN_MIN) return 1;
+    }
+    return 0;
+}
+
 static void acc_update(double *a, int n_kept, int rejected) {
     for (int i = 0; i < n_kept; i++) *a += ACC_ALPHA * (1.0 - *a);
     if (rejected) *a -= ACC_ALPHA * *a;

@@ -49,6 +49,10 @@ void tl_spec_policy_init(tl_spec_policy *p, int mode, int max_draft);
  * tokens per second the batch is expected to make with that many (0 when
  * the costs are not measured yet). */
 int tl_spec_choose(tl_spec_policy *p, const tl_ctx *ctx, int n_avail, int n_other, double guess_s, double *rate);
+/* Whether guesses costing guess_s each to make could beat plain decoding by
+ * the policy's margin even if every one were kept (1 while a cost is not
+ * measured yet): a draft model about as dear as the model never can. */
+int tl_spec_could_pay(const tl_ctx *ctx, int n_avail, int n_other, double guess_s);
 /* After a step whose first n_kept guesses were kept, the next one rejected
  * if `rejected` (else the step ended for another reason). */
 void tl_spec_update(tl_spec_policy *p, int n_kept, int rejected);

@@ -312,6 +312,16 @@ static int draft_model(tl_step *st, const tl_hist *h, int k, int n_other) {
     return got;
 }
 
+/* Seconds a one-token draft call takes: measured, or before the draft model
+ * ran, a plain step's time scaled by the bytes each model reads per token
+ * (decode streams the weights). */
+static double draft_call_s(const tl_step *st) {
+    const double d = tl_ctx_decode_cost(st->dctx, 1);
+    if (d > 0) return d;
+    const size_t bm = tl_model_decode_bytes(tl_ctx_model(st->ctx)), bd = tl_model_decode_bytes(tl_ctx_model(st->dctx));
+    return bm ? tl_ctx_decode_cost(st->ctx, 1) * (double)bd / (double)bm : 0;
+}
+
 /* Guesses worth verifying after the last sampled token, into feed[1..]. */
 static int draft(tl_step *st, int n_other, int cap) {
     if (st->spec.mode == TL_SPEC_OFF) return 0;
@@ -344,11 +354,23 @@ static int draft(tl_step *st, int n_other, int cap) {
         kl = tl_spec_choose(p, st->ctx, n, n_other, 0.0, &rl);
         if (!st->dctx) return kl;
     }
+    const double call_s = draft_call_s(st);
+    if (st->spec.mode == TL_SPEC_AUTO) {
+        /* a plain step first: it measures what a draft must beat */
+        if (!(tl_ctx_decode_cost(st->ctx, n_other + 1) > 0)) return kl;
+        /* a draft model that could not pay with every guess kept (one about
+         * as large as the model: a Q4_0 drafting for a Q4_1 of the same
+         * 135M) gets no trial: its first call packs its weights, and that
+         * and the trial cost 15-25% of a 200-token reply */
+        if (!tl_spec_could_pay(st->ctx, max, n_other, call_s)) {
+            st->dtrial = 0;
+            return kl;
+        }
+    }
     /* the cost decides the length before the guesses are made */
     st->spec.bin = 0;
-    int k = st->spec.mode == TL_SPEC_AUTO
-                ? tl_spec_choose(&st->spec, st->ctx, max, n_other, tl_ctx_decode_cost(st->dctx, 1), &rd)
-                : (max < st->spec.max_draft ? max : st->spec.max_draft);
+    int k = st->spec.mode == TL_SPEC_AUTO ? tl_spec_choose(&st->spec, st->ctx, max, n_other, call_s, &rd)
+                                          : (max < st->spec.max_draft ? max : st->spec.max_draft);
     if (kl > 0 && (k <= 0 || rl >= rd)) return kl;
     /* under auto the draft model gets a trial of a few steps before its
      * estimate (from a prior of one guess in two kept) may drop it for good */

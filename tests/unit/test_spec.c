@@ -354,6 +354,11 @@ static void check_policy(tl_model *m) {
     const int k4 = tl_spec_choose(&p, ctx, 8, 0, 0.0, NULL);
     CHECK(k1 == 0 && k4 > 0, "policy: %d guesses on a one-word match (always rejected), %d on a four-word one "
           "(always kept)", k1, k4);
+    /* a drafter whose guess costs as much as a plain step can never pay, even
+     * with every guess kept; an unmeasured cost leaves the question open */
+    const double t1 = tl_ctx_decode_cost(ctx, 1);
+    CHECK(t1 > 0 && !tl_spec_could_pay(ctx, 8, 0, t1), "a guess as dear as a step could pay");
+    CHECK(tl_spec_could_pay(ctx, 8, 0, 0.0), "an unmeasured guess cost ruled out");
     tl_ctx_free(ctx);
 }
 
