@@ -1050,7 +1050,7 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
 }
 
 double tl_ctx_decode_cost(const tl_ctx *c, int n) {
-    /* Each size's own average, not a line through all of them: a draft
+    /* Each size's own figure, not a line through all of them: a draft
      * model's context sees one-token calls beside its catch-up calls of tens
      * of tokens, and a line through both put a one-token call at a seventh
      * of its cost (and below zero before one was seen). */

@@ -272,18 +272,15 @@ ATTN512_ROWS(7)
 ATTN512_ROWS(8)
 #undef ATTN512_ROWS
 
+/* The row-count instances, by R - 1 (more than 8 rows go 8 at a time upstream). */
+typedef void (*attn512_rows_fn)(const tl_attn_rows *, const float *const *, float *const *, float *const *,
+                                float *const *, int, int, const float *, const float *);
+static const attn512_rows_fn attn512_rows_by_r[8] = {attn512_rows_1, attn512_rows_2, attn512_rows_3, attn512_rows_4,
+                                                     attn512_rows_5, attn512_rows_6, attn512_rows_7, attn512_rows_8};
+
 static void attn512_rows(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                          float *const *l, int st, int en, const float *kt, const float *vf) {
-    switch (R) {
-    case 1: attn512_rows_1(a, q, o, m, l, st, en, kt, vf); break;
-    case 2: attn512_rows_2(a, q, o, m, l, st, en, kt, vf); break;
-    case 3: attn512_rows_3(a, q, o, m, l, st, en, kt, vf); break;
-    case 4: attn512_rows_4(a, q, o, m, l, st, en, kt, vf); break;
-    case 5: attn512_rows_5(a, q, o, m, l, st, en, kt, vf); break;
-    case 6: attn512_rows_6(a, q, o, m, l, st, en, kt, vf); break;
-    case 7: attn512_rows_7(a, q, o, m, l, st, en, kt, vf); break;
-    default: attn512_rows_8(a, q, o, m, l, st, en, kt, vf); break;
-    }
+    attn512_rows_by_r[(R >= 1 && R <= 8 ? R : 8) - 1](a, q, o, m, l, st, en, kt, vf);
 }
 
 /* R rows' score chains against two blocks at once (each K vector load and q
@@ -475,18 +472,15 @@ ATTN512_MULTI(7)
 ATTN512_MULTI(8)
 #undef ATTN512_MULTI
 
+typedef void (*attn512_multi_fn)(const tl_attn_rows *, const float *const *, float *const *, float *const *,
+                                 float *const *, int, const float *, const float *);
+static const attn512_multi_fn attn512_multi_by_r[8] = {attn512_multi_1, attn512_multi_2, attn512_multi_3,
+                                                       attn512_multi_4, attn512_multi_5, attn512_multi_6,
+                                                       attn512_multi_7, attn512_multi_8};
+
 static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                           float *const *l, int nb, const float *kt, const float *vf) {
-    switch (R) {
-    case 1: attn512_multi_1(a, q, o, m, l, nb, kt, vf); break;
-    case 2: attn512_multi_2(a, q, o, m, l, nb, kt, vf); break;
-    case 3: attn512_multi_3(a, q, o, m, l, nb, kt, vf); break;
-    case 4: attn512_multi_4(a, q, o, m, l, nb, kt, vf); break;
-    case 5: attn512_multi_5(a, q, o, m, l, nb, kt, vf); break;
-    case 6: attn512_multi_6(a, q, o, m, l, nb, kt, vf); break;
-    case 7: attn512_multi_7(a, q, o, m, l, nb, kt, vf); break;
-    default: attn512_multi_8(a, q, o, m, l, nb, kt, vf); break;
-    }
+    attn512_multi_by_r[(R >= 1 && R <= 8 ? R : 8) - 1](a, q, o, m, l, nb, kt, vf);
 }
 
 /* Decode (one token, and each sequence's rows in a batched or verification
@@ -511,18 +505,15 @@ ATTN512_ROWS16(7)
 ATTN512_ROWS16(8)
 #undef ATTN512_ROWS16
 
+typedef void (*attn512_rows16_fn)(const tl_attn_rows *, const float *const *, float *const *, float *const *,
+                                  float *const *, int, int, const uint16_t *, const uint16_t *);
+static const attn512_rows16_fn attn512_rows16_by_r[8] = {attn512_rows16_1, attn512_rows16_2, attn512_rows16_3,
+                                                         attn512_rows16_4, attn512_rows16_5, attn512_rows16_6,
+                                                         attn512_rows16_7, attn512_rows16_8};
+
 static void attn512_rows16(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                            float *const *l, int st, int en, const uint16_t *kb, const uint16_t *vb) {
-    switch (R) {
-    case 1: attn512_rows16_1(a, q, o, m, l, st, en, kb, vb); break;
-    case 2: attn512_rows16_2(a, q, o, m, l, st, en, kb, vb); break;
-    case 3: attn512_rows16_3(a, q, o, m, l, st, en, kb, vb); break;
-    case 4: attn512_rows16_4(a, q, o, m, l, st, en, kb, vb); break;
-    case 5: attn512_rows16_5(a, q, o, m, l, st, en, kb, vb); break;
-    case 6: attn512_rows16_6(a, q, o, m, l, st, en, kb, vb); break;
-    case 7: attn512_rows16_7(a, q, o, m, l, st, en, kb, vb); break;
-    default: attn512_rows16_8(a, q, o, m, l, st, en, kb, vb); break;
-    }
+    attn512_rows16_by_r[(R >= 1 && R <= 8 ? R : 8) - 1](a, q, o, m, l, st, en, kb, vb);
 }
 
 /* One token, or a few whose rows fit one call per block (T x G <= 8: a

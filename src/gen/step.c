@@ -237,10 +237,20 @@ typedef struct draft_costs {
     double tok, row, call;
 } draft_costs;
 
+/* Seconds a one-token draft call takes: measured, or before the draft model
+ * ran, a plain step's time scaled by the bytes each model reads per token
+ * (decode streams the weights). */
+static double draft_call_s(const tl_step *st) {
+    const double d = tl_ctx_decode_cost(st->dctx, 1);
+    if (d > 0) return d;
+    const size_t bm = tl_model_decode_bytes(tl_ctx_model(st->ctx)), bd = tl_model_decode_bytes(tl_ctx_model(st->dctx));
+    return bm ? tl_ctx_decode_cost(st->ctx, 1) * (double)bd / (double)bm : 0;
+}
+
 static draft_costs costs_of(const tl_step *st, int n_other) {
     const int b0 = n_other + 1;
     const double t0 = tl_ctx_decode_cost(st->ctx, b0), t1 = tl_ctx_decode_cost(st->ctx, b0 + 1);
-    draft_costs c = {t0 / b0, t1 - t0, tl_ctx_decode_cost(st->dctx, 1)};
+    draft_costs c = {t0 / b0, t1 - t0, draft_call_s(st)};
     return c;
 }
 
@@ -253,8 +263,9 @@ static draft_costs costs_of(const tl_step *st, int n_other) {
  * so far. Guess i is worth its verification row while cum * tok > row;
  * another draft call is worth making while the guess it makes is expected to
  * pay for it, cum * acc * tok > call + row (acc: the share of all guesses
- * kept). Before any call was measured, a guess needs p >= 0.5. Any failure
- * only ends the guessing: the draft never stops the generation. */
+ * kept; the call's cost from draft_call_s). Before the model's steps were
+ * measured, a guess needs p >= 0.5. Any failure only ends the guessing: the
+ * draft never stops the generation. */
 static int draft_bin(float p) { return p < 0.2f ? 0 : p < 0.5f ? 1 : p < 0.8f ? 2 : 3; }
 
 static int draft_model(tl_step *st, const tl_hist *h, int k, int n_other) {
@@ -310,16 +321,6 @@ static int draft_model(tl_step *st, const tl_hist *h, int k, int n_other) {
         if (tl_ctx_decode(st->dctx, &b, &err)) break;
     }
     return got;
-}
-
-/* Seconds a one-token draft call takes: measured, or before the draft model
- * ran, a plain step's time scaled by the bytes each model reads per token
- * (decode streams the weights). */
-static double draft_call_s(const tl_step *st) {
-    const double d = tl_ctx_decode_cost(st->dctx, 1);
-    if (d > 0) return d;
-    const size_t bm = tl_model_decode_bytes(tl_ctx_model(st->ctx)), bd = tl_model_decode_bytes(tl_ctx_model(st->dctx));
-    return bm ? tl_ctx_decode_cost(st->ctx, 1) * (double)bd / (double)bm : 0;
 }
 
 /* Guesses worth verifying after the last sampled token, into feed[1..]. */
