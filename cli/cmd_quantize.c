@@ -13,11 +13,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "quant.h"
-#include "threadpool.h"
-#include "util.h"
+#include "load/gguf.h"
+#include "load/gguf_write.h"
+#include "quant/quant.h"
+#include "forward/threadpool.h"
+#include "base/util.h"
 
 #define SLAB_BYTES ((size_t)32 << 20) /* output bytes converted per slab */
 #define MAX_NAME 64

@@ -18,7 +18,7 @@
 #include <microhttpd.h>
 
 #include "dialect.h"
-#include "util.h"
+#include "base/util.h"
 #include "http.h"
 #include "loop.h"
 

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "dialect.h"
-#include "util.h"
+#include "base/util.h"
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 

@@ -19,7 +19,7 @@
 
 #include "api.h"
 #include "tools.h"
-#include "util.h"
+#include "base/util.h"
 
 #define OPEN "<tool_call>"
 #define CLOSE "</tool_call>"

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "chat.h"
-#include "util.h"
+#include "base/util.h"
 
 #define ARENA_LIMIT ((size_t)256 << 20) /* a template cannot eat the machine */
 #define MAX_DEPTH 200                   /* parser and macro recursion */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16"};
 

@@ -3,7 +3,7 @@
  * quantizers to the per-type slots of tl_kernels. */
 #include "cpu/kernels.h"
 
-#include "util.h"
+#include "base/util.h"
 
 /* One named wrapper per type, because the table holds plain function pointers
  * and the reference takes the type as an argument. */

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "cpu/mathfn.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 typedef enum tl_cpu_level {
     TL_CPU_SCALAR = 0,

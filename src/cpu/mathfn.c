@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
-#include "util.h"
+#include "base/util.h"
 
 /* Per block of one row: the fields' bytes in the GGUF layout. */
 typedef struct r8_fields {

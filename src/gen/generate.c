@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
+#include "forward/forward.h"
 #include "tokenloop.h"
-#include "util.h"
+#include "base/util.h"
 
 /* Longest token piece passed on whole; longer ones are truncated (none of the
  * supported vocabularies comes near). +16 leaves room for held UTF-8 bytes. */

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "util.h"
+#include "base/util.h"
 
 struct tl_sampler {
     tl_sampler_params p; /* p.logit_bias points at bias below */

@@ -1,10 +1,10 @@
 /* spec: the prompt-lookup drafter and the policy (see spec.h). */
-#include "spec.h"
+#include "gen/spec.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define NGRAM_MAX 4
 /* Chance a guess is kept, before any was checked. */

@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
-#include "spec.h"
+#include "forward/forward.h"
+#include "gen/spec.h"
 #include "tokenloop.h"
-#include "util.h"
+#include "base/util.h"
 
 #define MAX_TOP 20
 #define TAIL_CAP 1024

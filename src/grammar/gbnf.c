@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-#include "util.h"
+#include "grammar/grammar.h"
+#include "base/util.h"
 
 #define MAX_REPEAT 1000 /* {m,n} bounds beyond this are refused */
 #define MAX_ELEMS (1 << 22)

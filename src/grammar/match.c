@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-#include "util.h"
+#include "grammar/grammar.h"
+#include "base/util.h"
 
 #define MAX_STACK 4096   /* nesting the matcher follows */
 #define CACHE_N 64       /* allowed-token sets kept per matcher */

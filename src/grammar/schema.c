@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grammar.h"
-#include "util.h"
+#include "grammar/grammar.h"
+#include "base/util.h"
 
 typedef struct sb {
     char *s;

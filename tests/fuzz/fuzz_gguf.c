@@ -3,7 +3,7 @@
  *
  *   clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc \
  *     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
- *     tests/fuzz/fuzz_gguf.c src/gguf.c src/quant.c src/util.c -lm -o fuzz_gguf
+ *     tests/fuzz/fuzz_gguf.c src/load/gguf.c src/quant/quant.c src/base/util.c -lm -o fuzz_gguf
  *   mkdir -p corpus && ./fuzz_gguf -max_total_time=120 -max_len=4096 corpus SEED_DIR
  *
  * SEED_DIR: a few small valid GGUF files (e.g. written with gguf-py's GGUFWriter). */
@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "load/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -6,7 +6,7 @@
  * Build and run from the repo root (clang with libFuzzer):
  *   clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc \
  *     -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_tokenizer.c \
- *     src/tokenizer.c src/unicode.c src/detok.c src/gguf.c src/quant.c src/util.c \
+ *     src/tokenize/tokenizer.c src/tokenize/unicode.c src/tokenize/detok.c src/load/gguf.c src/quant/quant.c src/base/util.c \
  *     -lpcre2-8 -lm -o /tmp/fuzz_tokenizer
  *   /tmp/fuzz_tokenizer -max_total_time=60 -max_len=4096
  * TL_FUZZ_VOCAB overrides the vocabulary (default ../shared/vocab/ggml-vocab-gpt-2.gguf). */
@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
+#include "load/gguf.h"
+#include "tokenize/tokenizer.h"
 
 /* tl_detok_push needs a model; the fuzzer drives tl_detok_feed_bytes with the
  * same pieces instead, so it links without model.c. */

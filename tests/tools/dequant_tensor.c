@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "quant.h"
-#include "util.h"
+#include "load/gguf.h"
+#include "quant/quant.h"
+#include "base/util.h"
 
 static int dump_rows(const tl_gguf_tensor *t, int64_t row0, int64_t nrows, FILE *out, tl_error *err) {
     const int64_t ne0 = t->ne[0];

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "load/gguf.h"
+#include "quant/quant.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 

@@ -11,9 +11,9 @@
 
 #include "cpu/kernels.h"
 #include "cpu/mathfn.h"
-#include "quant.h"
+#include "quant/quant.h"
 #include "tl_test.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct rng {
     uint64_t s;

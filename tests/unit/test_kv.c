@@ -1,4 +1,4 @@
-/* The KV bookkeeping (src/kv.c) alone, without a model: reference counts of
+/* The KV bookkeeping (src/forward/kv.c) alone, without a model: reference counts of
  * shared blocks, least-recently-used eviction released tail first, prefixes
  * registered under their parents, two sequences computing the same prefix,
  * the n - 1 cap of a lookup, running out of blocks, the statistics, and the
@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kv.h"
+#include "forward/kv.h"
 #include "tl_test.h"
 
 #define B TL_KV_BLOCK

@@ -10,7 +10,7 @@
 #include "cpu/kernels.h"
 #include "cpu/mathfn.h"
 #include "tl_test.h"
-#include "util.h"
+#include "base/util.h"
 
 static uint64_t rs = 88172645463325252ull;
 static float frand(void) { /* [-1, 1) */

@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
-#include "quant.h"
+#include "quant/quant.h"
 #include "tl_test.h"
-#include "util.h"
+#include "base/util.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 

@@ -9,7 +9,7 @@
 
 #include "tl_test.h"
 #include "tokenloop.h"
-#include "util.h"
+#include "base/util.h"
 
 /* ---- helpers --------------------------------------------------------------------- */
 

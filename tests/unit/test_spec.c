@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "gen/spec.h"
-#include "util.h"
+#include "base/util.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "load/gguf.h"
 #include "tl_test.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "tokenize/tokenizer.h"
+#include "base/util.h"
 
 /* The shared vocabularies: $TL_VOCAB_DIR (tests/run.sh sets it), else ../shared/vocab. */
 static const char *vocab_dir(void) {

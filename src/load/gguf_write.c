@@ -2,15 +2,15 @@
  * value (so a source file may be closed or its keys replaced), the tensor
  * table, and the output FILE. Everything is little-endian on disk; the header
  * is written before any tensor data so the data can be streamed in one pass. */
-#include "gguf_write.h"
+#include "load/gguf_write.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
-#include "util.h"
+#include "quant/quant.h"
+#include "base/util.h"
 
 #define WRITE_BUF (4u << 20)
 #define MAX_VALUE_DEPTH 8

@@ -6,7 +6,7 @@
  * is its parent's serial and its TL_KV_BLOCK tokens, compared in full: a hash
  * collision can cost a miss, never wrong KV. Serials are never reused, so
  * once a parent is evicted its children cannot be reached and age out. */
-#include "kv.h"
+#include "forward/kv.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,15 +1,15 @@
 /* model: loading a GGUF file into a tl_model. The architecture table, reading
  * hyperparameters from metadata, binding and checking every weight tensor, and
  * the public accessors that only need the model (tokens, template). */
-#include "model.h"
+#include "load/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "packed.h"
-#include "util.h"
+#include "load/packed.h"
+#include "base/util.h"
 
 static const tl_arch_info ARCHS[] = {
     /* name     arch           neox scale sandw qknorm act          qpre swa bias fused */

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "load/gguf.h"
 #include "tokenloop.h"
 
 typedef struct tl_tokenizer tl_tokenizer;
@@ -37,7 +37,7 @@ const char *tl_tokenizer_text(const tl_tokenizer *t, int32_t id);
 const char *tl_tokenizer_model_name(const tl_tokenizer *t); /* "gpt2", "llama" */
 const char *tl_tokenizer_pre_name(const tl_tokenizer *t);   /* "smollm", ... */
 
-/* The byte-level core of tl_detok_push (src/detok.c), testable without a
+/* The byte-level core of tl_detok_push (src/tokenize/detok.c), testable without a
  * model: appends piece[0..len) to what d holds, writes the complete UTF-8 to
  * out (NUL-terminated, at most cap-1 bytes) and keeps back an unfinished
  * trailing character. Returns the byte count written. */

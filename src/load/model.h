@@ -7,9 +7,9 @@
 
 #include <pthread.h>
 
-#include "gguf.h"
-#include "quant.h"
-#include "tokenizer.h"
+#include "load/gguf.h"
+#include "quant/quant.h"
+#include "tokenize/tokenizer.h"
 
 typedef enum tl_arch {
     TL_ARCH_NONE = 0, /* vocabulary-only file */

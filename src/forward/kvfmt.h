@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "cpu/mathfn.h"
-#include "quant.h"
+#include "quant/quant.h"
 
 typedef struct tl_kv_format {
     const char *name;

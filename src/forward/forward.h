@@ -7,8 +7,8 @@
 #define TL_FORWARD_H
 
 #include "cpu/kernels.h"
-#include "model.h"
-#include "threadpool.h"
+#include "load/model.h"
+#include "forward/threadpool.h"
 
 /* The model a context runs. */
 const tl_model *tl_ctx_model(const tl_ctx *ctx);

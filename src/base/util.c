@@ -1,5 +1,5 @@
 /* util: error formatting, the clock and large allocations. */
-#include "util.h"
+#include "base/util.h"
 
 #include <stdarg.h>
 #include <stdio.h>

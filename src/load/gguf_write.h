@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "load/gguf.h"
 #include "tokenloop.h"
 
 typedef struct tl_gguf_writer tl_gguf_writer;

@@ -1,11 +1,11 @@
 /* packed: one packed copy of a model's matmul weights per layout, shared by
  * all its contexts (packed.h). */
-#include "packed.h"
+#include "load/packed.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 struct pk_twin {
     const void *src; /* the weight's data in the mapping: the lookup key */

@@ -7,7 +7,7 @@
 #define TL_PACKED_H
 
 #include "cpu/kernels.h"
-#include "model.h"
+#include "load/model.h"
 
 typedef struct tl_packed tl_packed;
 

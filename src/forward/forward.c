@@ -3,7 +3,7 @@
  * agreement: activations quantized per row to the weight's partner format,
  * RMSNorm sums in double, K and V cached as f16, Q rounded to f16 for the
  * scores, softmax weights rounded to f16 before multiplying V. */
-#include "forward.h"
+#include "forward/forward.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "cpu/mathfn.h"
-#include "kv.h"
-#include "kvfmt.h"
-#include "packed.h"
-#include "util.h"
+#include "forward/kv.h"
+#include "forward/kvfmt.h"
+#include "load/packed.h"
+#include "base/util.h"
 
 /* Call sizes tl_ctx_decode times (speculation's cost model), and how many of
  * each size's latest calls its cost is the lowest of: another process on the

@@ -3,13 +3,13 @@
  * x86 CPU backend's activation quantizers) and the scalar reference dots
  * (bit-identical to the float order of llama.cpp's x86 AVX2 matmuls).
  * Pure functions on caller buffers; no allocation, no state. */
-#include "quant.h"
+#include "quant/quant.h"
 
 #include <float.h>
 #include <math.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* Every float expression here must round exactly like ggml's separately
  * rounded multiplies and adds (and numpy's, for the gguf package checks);

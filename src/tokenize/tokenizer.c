@@ -2,14 +2,14 @@
  * turns text into ids the way llama.cpp does: special-token partition, then
  * byte-level BPE ("gpt2", pre-tokenizer regexes by tokenizer.ggml.pre) or
  * SentencePiece-style merging by score ("llama"). Also token -> bytes. */
-#include "tokenizer.h"
+#include "tokenize/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "unicode.h"
-#include "util.h"
+#include "tokenize/unicode.h"
+#include "base/util.h"
 
 /* TOK_NONE: a file without a vocabulary (tokenizer.ggml.model = "none", as
  * random-weight benchmark files are): it runs on token ids only. */

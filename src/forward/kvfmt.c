@@ -1,7 +1,7 @@
 /* kvfmt: the KV cache's element formats (see kvfmt.h). */
-#include "kvfmt.h"
+#include "forward/kvfmt.h"
 
-#include "util.h"
+#include "base/util.h"
 
 static size_t f16_row_bytes(int64_t n) { return (size_t)n * sizeof(uint16_t); }
 

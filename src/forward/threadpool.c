@@ -5,7 +5,7 @@
  * running, so when another process holds a core and a worker is not
  * scheduled, the caller does that worker's share instead of waiting a time
  * slice for it (a decode step has ~150 jobs). */
-#include "threadpool.h"
+#include "forward/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define SPIN_ITERS 20000
 

@@ -3,7 +3,7 @@
  * character that a later token will complete. */
 #include <string.h>
 
-#include "tokenizer.h"
+#include "tokenize/tokenizer.h"
 
 /* How many bytes at the end of s[0..n) are an unfinished but so far valid
  * multi-byte sequence (0..3). Anything else, invalid bytes included, is

@@ -2,13 +2,13 @@
  * PCRE2-based pre-tokenizer split. Owns the compiled patterns of a
  * tl_regex_split; everything else is pure functions. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "unicode.h"
+#include "tokenize/unicode.h"
 
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 size_t tl_utf8_len(unsigned char lead) {
     static const unsigned char len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};

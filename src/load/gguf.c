@@ -3,7 +3,7 @@
  * indexes behind the lookups. Every count read from the file is checked against
  * the bytes left before anything is allocated or looped over, so a hostile
  * header costs at most time and memory linear in the file's size. */
-#include "gguf.h"
+#include "load/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "quant.h"
-#include "util.h"
+#include "quant/quant.h"
+#include "base/util.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DEPTH 8      /* array nesting levels (a top-level array is 1) */

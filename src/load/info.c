@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "load/gguf.h"
+#include "quant/quant.h"
 #include "tokenloop.h"
-#include "util.h"
+#include "base/util.h"
 
 #define SHOW_STR 80   /* bytes of a string value shown */
 #define SHOW_ARR 6    /* elements of an array shown */

@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "forward.h"
+#include "forward/forward.h"
 #include "tokenloop.h"
-#include "util.h"
+#include "base/util.h"
 
 typedef struct tok_rec {
     tl_trace_token t;
