@@ -123,8 +123,8 @@ static int read_str(reader *r, tl_str *s, const char *what) {
     return TL_OK;
 }
 
-/* Bytes per element of a fixed-size type; 0 for string, array and unknown. */
-static uint64_t type_size(uint32_t t) {
+/* The one table of metadata value sizes, shared with the writer. */
+uint64_t tl_gguf_scalar_size(uint32_t t) {
     switch (t) {
     case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
     case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
@@ -194,7 +194,7 @@ static int check_value_type(reader *r, uint32_t t, const char *what) {
  * least one byte (strings 8, nested arrays 12), so the loops below are bounded
  * by the file size after the count check. `depth` is this array's level. */
 static int skip_array_body(reader *r, uint32_t t, uint64_t n, int depth) {
-    uint64_t sz = type_size(t), total;
+    uint64_t sz = tl_gguf_scalar_size(t), total;
     if (sz) {
         if (tl_mul_u64(n, sz, &total) || total > remaining(r))
             return rfail(r, TL_ERR_FORMAT, "array of %llu %s elements runs past the end of the file",
@@ -637,7 +637,7 @@ int tl_gguf_get_str(const tl_gguf *g, const char *key, tl_str *out) {
 
 int64_t tl_gguf_arr_int(const tl_gguf_kv *kv, uint64_t i) {
     if (!kv || kv->type != GGUF_TYPE_ARRAY || i >= kv->arr_n) return 0;
-    uint64_t sz = type_size(kv->arr_type);
+    uint64_t sz = tl_gguf_scalar_size(kv->arr_type);
     if (!sz) return 0;
     if (kv->arr_type == GGUF_TYPE_BOOL) return kv->data[i] != 0;
     int ok;
@@ -653,7 +653,7 @@ int64_t tl_gguf_arr_int(const tl_gguf_kv *kv, uint64_t i) {
 
 double tl_gguf_arr_float(const tl_gguf_kv *kv, uint64_t i) {
     if (!kv || kv->type != GGUF_TYPE_ARRAY || i >= kv->arr_n) return 0;
-    uint64_t sz = type_size(kv->arr_type);
+    uint64_t sz = tl_gguf_scalar_size(kv->arr_type);
     if (!sz) return 0;
     const uint8_t *p = kv->data + i * sz;
     int ok;

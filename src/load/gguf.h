@@ -27,6 +27,9 @@ typedef enum tl_gguf_type {
     GGUF_TYPE_COUNT
 } tl_gguf_type;
 
+/* Bytes per element of a fixed-size metadata type; 0 for string, array and unknown. */
+uint64_t tl_gguf_scalar_size(uint32_t t);
+
 /* A string inside the mapping: not NUL-terminated. */
 typedef struct tl_str {
     const char *ptr;

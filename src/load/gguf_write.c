@@ -75,16 +75,6 @@ void tl_gguf_writer_free(tl_gguf_writer *w) {
 
 /* ---- metadata ------------------------------------------------------------ */
 
-static uint64_t scalar_size(uint32_t t) {
-    switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 /* Byte length of a serialized value of type t at p (before end), or 0 if it
  * does not fit. The source was validated on open; this only re-walks it. */
 static uint64_t value_extent(uint32_t t, const uint8_t *p, const uint8_t *end, int depth) {
@@ -95,14 +85,14 @@ static uint64_t value_extent(uint32_t t, const uint8_t *p, const uint8_t *end, i
         return 8 + tl_le_u64(p);
     }
     if (t != GGUF_TYPE_ARRAY) {
-        sz = scalar_size(t);
+        sz = tl_gguf_scalar_size(t);
         return sz && sz <= avail ? sz : 0;
     }
     if (avail < 12) return 0;
     uint32_t et = tl_le_u32(p);
     n = tl_le_u64(p + 4);
     total = 12;
-    sz = scalar_size(et);
+    sz = tl_gguf_scalar_size(et);
     if (sz) {
         if (tl_mul_u64(n, sz, &sz) || sz > avail - 12) return 0;
         return 12 + sz;
