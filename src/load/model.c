@@ -144,7 +144,9 @@ static int set_swa_layers(tl_model *m, tl_error *err) {
     }
     if ((st = hp_int(m, "attention.sliding_window_pattern", 0, n_pat, &n_pat, err))) return st;
     for (int i = 0; i < m->hp.n_layer; i++)
-        m->layers[i].swa = n_pat == 0 || i % n_pat < n_pat - 1;
+        for (int b = 0; b < m->layers[i].n_block; b++)
+            if (m->layers[i].block[b].kind == TL_BLOCK_ATTN)
+                m->layers[i].block[b].u.attn.swa = n_pat == 0 || i % n_pat < n_pat - 1;
     return TL_OK;
 }
 
@@ -173,10 +175,10 @@ static int bind_fused(tl_model *m, int il, const char *nm, const int64_t *rows, 
 }
 
 /* Optional q, k, v biases (Qwen2): 1-D F32 of the projections' widths. */
-static int bind_qkv_bias(tl_model *m, int il, tl_layer *L, tl_error *err) {
+static int bind_qkv_bias(tl_model *m, int il, tl_attn_block *A, tl_error *err) {
     const char *nm[3] = {"attn_q", "attn_k", "attn_v"};
-    tl_w *dst[3] = {&L->bq, &L->bk, &L->bv};
-    int64_t w[3] = {L->wq->ne[1], L->wk->ne[1], L->wv->ne[1]};
+    tl_w *dst[3] = {&A->bq, &A->bk, &A->bv};
+    int64_t w[3] = {A->wq->ne[1], A->wk->ne[1], A->wv->ne[1]};
     for (int i = 0; i < 3; i++) {
         char name[96];
         snprintf(name, sizeof name, "blk.%d.%s.bias", il, nm[i]);
@@ -227,42 +229,50 @@ static int bind_weights(tl_model *m, tl_error *err) {
     if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < hp->n_layer; i++) {
         tl_layer *L = &m->layers[i];
+        /* every family here: attention, then a dense feed-forward */
+        L->n_block = 2;
+        L->block[0].kind = TL_BLOCK_ATTN;
+        L->block[1].kind = TL_BLOCK_FFN;
+        tl_attn_block *A = &L->block[0].u.attn;
+        tl_ffn_block *F = &L->block[1].u.ffn;
+        A->kv_layer = i;
+        F->act = m->arch->act;
         char n[96];
 #define B(field, nm, a, b, dot)                                                    \
     snprintf(n, sizeof n, "blk.%d." nm ".weight", i);                              \
-    if ((st = bind(m, n, a, b, 1, dot, &L->field, err))) return st;
-        B(attn_norm, "attn_norm", d, 0, 0)
+    if ((st = bind(m, n, a, b, 1, dot, &field, err))) return st;
+        B(A->norm, "attn_norm", d, 0, 0)
         if (m->arch->fused) {
             int64_t qkv[3] = {hp->n_head * hd, hp->n_head_kv * hd, hp->n_head_kv * hd};
             if ((st = bind_fused(m, i, "attn_qkv", qkv, 3, L->views, err))) return st;
-            L->wq = &L->views[0];
-            L->wk = &L->views[1];
-            L->wv = &L->views[2];
+            A->wq = &L->views[0];
+            A->wk = &L->views[1];
+            A->wv = &L->views[2];
         } else {
-            B(wq, "attn_q", d, hp->n_head * hd, 1)
-            B(wk, "attn_k", d, hp->n_head_kv * hd, 1)
-            B(wv, "attn_v", d, hp->n_head_kv * hd, 1)
+            B(A->wq, "attn_q", d, hp->n_head * hd, 1)
+            B(A->wk, "attn_k", d, hp->n_head_kv * hd, 1)
+            B(A->wv, "attn_v", d, hp->n_head_kv * hd, 1)
         }
-        if (m->arch->qkv_bias && (st = bind_qkv_bias(m, i, L, err))) return st;
-        B(wo, "attn_output", hp->n_head * hd, d, 1)
-        B(ffn_norm, "ffn_norm", d, 0, 0)
+        if (m->arch->qkv_bias && (st = bind_qkv_bias(m, i, A, err))) return st;
+        B(A->wo, "attn_output", hp->n_head * hd, d, 1)
+        B(F->norm, "ffn_norm", d, 0, 0)
         if (m->arch->fused) {
             int64_t gu[2] = {hp->n_ff, hp->n_ff};
             if ((st = bind_fused(m, i, "ffn_up", gu, 2, L->views + 3, err))) return st;
-            L->w_gate = &L->views[3];
-            L->w_up = &L->views[4];
+            F->gate = &L->views[3];
+            F->up = &L->views[4];
         } else {
-            B(w_gate, "ffn_gate", d, hp->n_ff, 1)
-            B(w_up, "ffn_up", d, hp->n_ff, 1)
+            B(F->gate, "ffn_gate", d, hp->n_ff, 1)
+            B(F->up, "ffn_up", d, hp->n_ff, 1)
         }
-        B(w_down, "ffn_down", hp->n_ff, d, 1)
+        B(F->down, "ffn_down", hp->n_ff, d, 1)
         if (m->arch->qk_norm) {
-            B(attn_q_norm, "attn_q_norm", hd, 0, 0)
-            B(attn_k_norm, "attn_k_norm", hd, 0, 0)
+            B(A->q_norm, "attn_q_norm", hd, 0, 0)
+            B(A->k_norm, "attn_k_norm", hd, 0, 0)
         }
         if (m->arch->sandwich) {
-            B(attn_post_norm, "post_attention_norm", d, 0, 0)
-            B(ffn_post_norm, "post_ffw_norm", d, 0, 0)
+            B(A->post_norm, "post_attention_norm", d, 0, 0)
+            B(F->post_norm, "post_ffw_norm", d, 0, 0)
         }
 #undef B
     }
@@ -367,12 +377,36 @@ size_t tl_model_decode_bytes(const tl_model *m) {
     size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs);
     if (m->output != m->tok_embd)
         n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
-    for (int i = 0; i < m->hp.n_layer; i++) {
-        const tl_layer *L = &m->layers[i];
-        tl_w ws[] = {L->attn_norm, L->wq,       L->wk,        L->wv,          L->wo,
-                     L->ffn_norm,  L->w_gate,   L->w_up,      L->w_down,      L->attn_q_norm,
-                     L->attn_k_norm, L->attn_post_norm, L->ffn_post_norm, L->bq, L->bk, L->bv};
-        for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) n += w_bytes(ws[k]);
-    }
+    for (int i = 0; i < m->hp.n_layer; i++)
+        for (int b = 0; b < m->layers[i].n_block; b++) {
+            tl_w ws[TL_BLOCK_MAX_W];
+            const int nw = tl_block_weights(&m->layers[i].block[b], 0, ws);
+            for (int k = 0; k < nw; k++) n += w_bytes(ws[k]);
+        }
     return n;
+}
+
+int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
+    tl_w all[TL_BLOCK_MAX_W];
+    int n = 0, nmat = 0;
+    switch (b->kind) {
+    case TL_BLOCK_ATTN: {
+        const tl_attn_block *a = &b->u.attn;
+        const tl_w w[] = {a->wq, a->wk, a->wv, a->wo, a->norm, a->q_norm, a->k_norm, a->post_norm, a->bq, a->bk, a->bv};
+        nmat = 4;
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
+        break;
+    }
+    case TL_BLOCK_FFN: {
+        const tl_ffn_block *f = &b->u.ffn;
+        const tl_w w[] = {f->gate, f->up, f->down, f->norm, f->post_norm};
+        nmat = 3;
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
+        break;
+    }
+    }
+    int k = 0;
+    for (int i = 0; i < (matmul_only ? nmat : n); i++)
+        if (all[i]) out[k++] = all[i];
+    return k;
 }

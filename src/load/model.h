@@ -65,18 +65,52 @@ typedef struct tl_hparams {
  * [cols = ne[0]] with each row stored contiguously in its type. */
 typedef const tl_gguf_tensor *tl_w;
 
-typedef struct tl_layer {
-    tl_w attn_norm;              /* [d] f32 */
+/* A layer is a list of typed blocks, each reading the residual stream and
+ * adding its output back, run in order. New families add kinds of blocks
+ * (experts, recurrent state) rather than fields every layer carries. */
+typedef enum tl_block_kind {
+    TL_BLOCK_ATTN = 1, /* self-attention over the sequence's cached keys and values */
+    TL_BLOCK_FFN,      /* dense gated feed-forward */
+} tl_block_kind;
+
+typedef struct tl_attn_block {
+    tl_w norm;                   /* [d] f32, before the block */
     tl_w wq, wk, wv;             /* [n_head*hd, d], [n_head_kv*hd, d] x2 */
     tl_w wo;                     /* [d, n_head*hd] */
-    tl_w ffn_norm;               /* [d] f32 */
-    tl_w w_gate, w_up, w_down;   /* [ff, d] x2, [d, ff] */
-    tl_w attn_q_norm, attn_k_norm; /* [hd] f32 (qk_norm) */
-    tl_w attn_post_norm, ffn_post_norm; /* [d] f32 (sandwich) */
-    tl_w bq, bk, bv;             /* [q_dim], [kv_dim] x2 f32 (qkv_bias), or NULL */
+    tl_w q_norm, k_norm;         /* [hd] f32: per-head RMSNorm of q and k before RoPE, or NULL */
+    tl_w post_norm;              /* [d] f32: RMSNorm of the output before the residual add, or NULL */
+    tl_w bq, bk, bv;             /* [q_dim], [kv_dim] x2 f32, or NULL */
+    int kv_layer;                /* which of the KV cache's layers holds its keys and values */
+    int swa;                     /* 1: attends to a sliding window of hparams.n_swa positions */
+} tl_attn_block;
+
+typedef struct tl_ffn_block {
+    tl_w norm;                   /* [d] f32, before the block */
+    tl_w gate, up, down;         /* [ff, d] x2, [d, ff] */
+    tl_w post_norm;              /* [d] f32, or NULL */
+    tl_ffn_act act;              /* act(gate) * up */
+} tl_ffn_block;
+
+typedef struct tl_block {
+    tl_block_kind kind;
+    union {
+        tl_attn_block attn;
+        tl_ffn_block ffn;
+    } u;
+} tl_block;
+
+#define TL_LAYER_MAX_BLOCKS 4
+#define TL_BLOCK_MAX_W 12
+
+typedef struct tl_layer {
+    int n_block;
+    tl_block block[TL_LAYER_MAX_BLOCKS];
     tl_gguf_tensor views[5];     /* fused: q, k, v of attn_qkv; gate, up of ffn_up */
-    int swa;                     /* 1: this layer attends to a sliding window */
 } tl_layer;
+
+/* A block's tensors (NULLs left out) into out[TL_BLOCK_MAX_W]; with
+ * matmul_only, only the matrices multiplied by activations. Returns how many. */
+int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out);
 
 struct tl_model {
     tl_gguf *gguf;

@@ -43,21 +43,16 @@ static void packed_free(tl_packed *p) {
 
 /* Every matmul weight whose type k's gemm reads packed, in one allocation. */
 static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
-    enum { PER = 7 };
     tl_packed *p = calloc(1, sizeof *p);
-    tl_w *all = malloc(((size_t)m->hp.n_layer * PER + 1) * sizeof *all);
+    tl_w *all = malloc(((size_t)m->hp.n_layer * TL_LAYER_MAX_BLOCKS * TL_BLOCK_MAX_W + 1) * sizeof *all);
     if (!p || !all) {
         free(p);
         free(all);
         return -1;
     }
     int n = 0;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const tl_layer *L = &m->layers[il];
-        const tl_w ws[PER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-        for (int i = 0; i < PER; i++)
-            if (ws[i]) all[n++] = ws[i];
-    }
+    for (int il = 0; il < m->hp.n_layer; il++)
+        for (int b = 0; b < m->layers[il].n_block; b++) n += tl_block_weights(&m->layers[il].block[b], 1, all + n);
     all[n++] = m->output;
     size_t bytes = 0;
     int np = 0;

@@ -1,48 +1,42 @@
-/* forward: the transformer forward pass on the CPU and the context that owns
- * its state. Numerics follow llama.cpp's CPU backend where it matters for
- * agreement: activations quantized per row to the weight's partner format,
- * RMSNorm sums in double, K and V cached as f16, Q rounded to f16 for the
- * scores, softmax weights rounded to f16 before multiplying V. */
-#include "forward/forward.h"
-
+/* cpu: the CPU backend (backend.h): the transformer forward pass over a
+ * batch of tokens of any sequences, the layer loop over its typed blocks, and
+ * the buffers, kernel table, thread pool and KV cache bytes it runs on.
+ * Numerics follow llama.cpp's CPU backend where it matters for agreement:
+ * activations quantized per row to the weight's partner format, RMSNorm sums
+ * in double, K and V cached as f16, Q rounded to f16 for the scores, softmax
+ * weights rounded to f16 before multiplying V. The per-row arithmetic never
+ * depends on the batch size or the thread count (rows are split across
+ * threads, never a row's reduction), so a prompt gives the same logits
+ * however it is chunked or threaded. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "base/util.h"
+#include "cpu/kernels.h"
 #include "cpu/mathfn.h"
+#include "forward/backend.h"
 #include "forward/kv.h"
 #include "forward/kvfmt.h"
 #include "load/packed.h"
-#include "base/util.h"
 
-/* Call sizes tl_ctx_decode times (speculation's cost model), and how many of
- * each size's latest calls its cost is the lowest of: another process on the
- * cores only ever adds time, and one call slowed threefold must not keep a
- * size looking dear (an average took tens of steps to forget it, and the
- * policy stopped guessing meanwhile); four calls slower for good are. */
-#define COST_N 64
-#define COST_WIN 4
-
-struct tl_ctx {
+typedef struct tl_cpu {
     const tl_model *m;
     tl_kernels kern;
     tl_pool *pool;
     int own_pool;       /* 0: borrowed from another context (tl_ctx_params.share_threads) */
-    int n_ctx, n_batch, n_seq, n_logits_max;
+    int n_ctx, n_batch;
     int q_dim, kv_dim;
-    tl_kv *kv;          /* blocks, block tables, prefix cache */
     uint8_t *kc, *vc;   /* per layer [n_blocks][TL_KV_BLOCK] rows of kv_rb bytes (kvf); with
                          * fast_attn a K block is kept transposed: element i of slot s at i*16+s */
     const tl_kv_format *kvf; /* what a cache element is */
     size_t kv_rb, kv_hb; /* bytes of a K/V row (kv_dim elements) and of one head's part */
     size_t layer_stride;/* cache bytes per layer */
-    int *tpos, *tseq;   /* [n_batch] position and sequence of each batch token */
-    int *seq_cnt;       /* [n_seq] scratch: tokens per sequence in a batch */
-    int *lrow;          /* [n_batch] tokens whose logits a call keeps */
+    const int *tpos, *tseq;      /* the call's (tl_fwd_batch) position and sequence of each token */
+    const int32_t *const *tblk;  /* and its sequence's block table */
     float *x, *xb;      /* [n_batch][d] residual, normed */
     float *q, *k, *v;   /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
     uint16_t *q16;      /* [n_batch][q_dim] q rounded to f16 */
@@ -66,18 +60,8 @@ struct tl_ctx {
     float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
     float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
     uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
-    float *logits;      /* eval and decode output */
-    size_t logits_cap;  /* floats */
-    int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
-    int blogits_n;      /* rows held by the last tl_ctx_decode */
-    int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
-    double cost[COST_N + 1]; /* tl_ctx_decode's seconds per call of n tokens (the lowest of cost_win) */
-    double cost_win[COST_N + 1][COST_WIN]; /* the latest calls' seconds */
-    int cost_seen[COST_N + 1];   /* calls in cost_win (up to COST_WIN) */
-    int cost_next[COST_N + 1];   /* the slot the next call takes */
-    uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
-};
+} tl_cpu;
 
 /* ---------------------------------------------------------------- matmul */
 
@@ -158,10 +142,10 @@ static void mm_worker(void *arg, int ith, int nth) {
 /* Element-wise work on tokens [t0, t1) (norms, RoPE, activations, quantizing
  * a matmul's input): each token's arithmetic is the same however the tokens
  * are split, so prompts spread it over the pool; a decode step does it inline. */
-typedef void (*tok_fn)(tl_ctx *c, int t0, int t1, void *arg);
+typedef void (*tok_fn)(tl_cpu *c, int t0, int t1, void *arg);
 
 typedef struct tok_job {
-    tl_ctx *c;
+    tl_cpu *c;
     tok_fn fn;
     void *arg;
     int n;
@@ -174,7 +158,7 @@ static void tok_worker(void *arg, int ith, int nth) {
     if (lo < hi) j->fn(j->c, (int)lo, (int)hi, j->arg);
 }
 
-static void par_tokens(tl_ctx *c, int n, tok_fn fn, void *arg) {
+static void par_tokens(tl_cpu *c, int n, tok_fn fn, void *arg) {
     if (n < 4 || tl_pool_size(c->pool) == 1) {
         fn(c, 0, n, arg);
         return;
@@ -184,7 +168,7 @@ static void par_tokens(tl_ctx *c, int n, tok_fn fn, void *arg) {
 }
 
 /* The packed twin of w, or NULL (then the matmul takes the plain dot path). */
-static tl_w packed(const tl_ctx *c, tl_w w) { return tl_packed_find(c->pk, w); }
+static tl_w packed(const tl_cpu *c, tl_w w) { return tl_packed_find(c->pk, w); }
 
 typedef struct quant_job {
     tl_type wt, vt;
@@ -194,7 +178,7 @@ typedef struct quant_job {
     int gemm; /* rows as the gemm kernels of wt take them, else plain vt rows */
 } quant_job;
 
-static void quant_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+static void quant_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const quant_job *q = arg;
     for (int t = t0; t < t1; t++) {
         const float *x = q->x + (size_t)t * q->cols;
@@ -206,7 +190,7 @@ static void quant_tokens(tl_ctx *c, int t0, int t1, void *arg) {
 
 /* The activation rows w's matmul takes: its gemm's (packed or as stored) or
  * vec_dot's. Matrices that share one input must agree on it. */
-static size_t act_row(const tl_ctx *c, tl_w w, int *gemm) {
+static size_t act_row(const tl_cpu *c, tl_w w, int *gemm) {
     *gemm = c->kern.gemm[w->type] != NULL;
     return *gemm ? tl_kern_act_row_size(&c->kern, (tl_type)w->type, w->ne[0])
                  : tl_row_size(tl_type_info(w->type)->vec_dot_type, w->ne[0]);
@@ -214,7 +198,7 @@ static size_t act_row(const tl_ctx *c, tl_w w, int *gemm) {
 
 /* Quantizes n_tok rows of x (width cols, stride cols) into the activation
  * format of w's type, then y_i = W_i x for each matrix. */
-static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
+static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
     int64_t cols = w[0]->ne[0];
     tl_type vt = tl_type_info(w[0]->type)->vec_dot_type;
     int gemm, g;
@@ -247,7 +231,7 @@ static void matmul(tl_ctx *c, int n_mat, tl_w *w, float **y, const float *x, int
 
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
  * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
-static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
+static void rope_cache_base(tl_cpu *c, float *out, float base, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
@@ -264,12 +248,12 @@ static void rope_cache_base(tl_ctx *c, float *out, float base, int n_tok) {
     }
 }
 
-static void rope_cache(tl_ctx *c, int n_tok) {
+static void rope_cache(tl_cpu *c, int n_tok) {
     rope_cache_base(c, c->rope_cs, c->m->hp.rope_base, n_tok);
     if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, c->m->hp.rope_base_swa, n_tok);
 }
 
-static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_heads, int t) {
+static void rope_apply(const tl_cpu *c, const float *cs_all, float *v, int n_heads, int t) {
     const tl_hparams *hp = &c->m->hp;
     c->kern.math.rope(v, n_heads, hp->head_dim, hp->n_rot, cs_all + (size_t)t * hp->n_rot, c->m->arch->rope_neox);
 }
@@ -286,8 +270,9 @@ static void rope_apply(const tl_ctx *c, const float *cs_all, float *v, int n_hea
 #define SPLIT_MAX_FLOATS ((size_t)8 << 20) /* the segment states' buffer: 32 MiB at most */
 
 typedef struct att_job {
-    tl_ctx *c;
-    int layer, n_tok;
+    tl_cpu *c;
+    int layer, n_tok; /* layer: the KV cache's layer the block reads */
+    int swa;         /* the block attends to a sliding window */
     int n_runs;      /* fast attention: runs in c->att_run */
     atomic_int next; /* fast attention: the next item to claim */
     int split;       /* items are chunks of chunk (run, KV head, segment)s */
@@ -297,19 +282,19 @@ typedef struct att_job {
 } att_job;
 
 /* Byte offset of position j's row of a sequence, from a layer's K or V base. */
-static inline size_t kv_row(const tl_ctx *c, const int32_t *blk, int j) {
+static inline size_t kv_row(const tl_cpu *c, const int32_t *blk, int j) {
     return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * c->kv_rb;
 }
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
  * weighted sum of V. Keys are visited in position order whatever the batch,
  * the sequence's other tokens or where its blocks lie. */
-static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
+static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float *acc) {
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, pos = c->tpos[t];
     int kvh = h / (hp->n_head / hp->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
-    const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
+    const int32_t *blk = c->tblk[t];
     /* llama.cpp's f16 dots: the cache is F16 here (kvf->exact_attn) */
     const uint8_t *kb = c->kc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb;
     const uint16_t *vb = (const uint16_t *)(const void *)(c->vc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb);
@@ -320,7 +305,7 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
      * before it are masked (weight exactly 0); starting at a multiple of 8
      * keeps each visible key in the lane ggml's sums put it in. */
     int lo = 0, j0 = 0;
-    if (c->m->layers[layer].swa && pos - hp->n_swa + 1 > 0) {
+    if (swa && pos - hp->n_swa + 1 > 0) {
         lo = pos - hp->n_swa + 1;
         j0 = lo & ~7;
     }
@@ -356,7 +341,7 @@ static void attend(tl_ctx *c, int layer, int t, int h, float *s, float *acc) {
 
 /* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens;
  * seg > 0: segment seg - 1's keys alone, the state into out and part. */
-static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, float *scratch, int seg, float *out,
+static void attend_fast(tl_cpu *c, int layer, int swa, int t, int nt, int h0, int nh, float *scratch, int seg, float *out,
                         float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
@@ -369,8 +354,8 @@ static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, flo
         /* f16 (kvf->fast_attn): V rows, K transposed per block */
         .k = (const uint16_t *)(const void *)(c->kc + kbase), .v = (const uint16_t *)(const void *)(c->vc + base),
         .kv_stride = c->kv_rb / sizeof(uint16_t), .k_tr = 1,
-        .blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk, .pos0 = c->tpos[t],
-        .n_swa = c->m->layers[layer].swa ? hp->n_swa : 0,
+        .blk = c->tblk[t], .pos0 = c->tpos[t],
+        .n_swa = swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
         .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part};
     if (seg > 0) a.out = out, a.out_tok = (size_t)nh * hd;
@@ -380,7 +365,7 @@ static void attend_fast(tl_ctx *c, int layer, int t, int nt, int h0, int nh, flo
 /* Segment i of a split job: run r's KV head g, one segment; the last of the
  * run and head's segments to finish folds them into c->att. */
 static void attend_split(att_job *j, int64_t i, float *scr) {
-    tl_ctx *c = j->c;
+    tl_cpu *c = j->c;
     const tl_hparams *hp = &c->m->hp;
     const int nkv = hp->n_head_kv, G = hp->n_head / nkv, hd = hp->head_dim;
     int r = 0;
@@ -390,7 +375,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
     const size_t slot = (size_t)T * G * (hd + 2);
     float *base = c->apart + j->base[r] + (size_t)g * j->nseg[r] * slot;
     float *o = base + (size_t)si * slot;
-    attend_fast(c, j->layer, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
+    attend_fast(c, j->layer, j->swa, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
     if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
     for (int row = 0; row < T * G; row++) { /* row = token * G + head */
         float ma = -INFINITY, la = 0.0f, *oa = scr;
@@ -403,7 +388,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
 }
 
 /* Whether the runs are split by segment (att_job.split), and the items. */
-static void att_plan(tl_ctx *c, att_job *j, int nth) {
+static void att_plan(tl_cpu *c, att_job *j, int nth) {
     const tl_hparams *hp = &c->m->hp;
     const int nkv = hp->n_head_kv;
     j->split = 0;
@@ -413,7 +398,7 @@ static void att_plan(tl_ctx *c, att_job *j, int nth) {
     for (int r = 0; r < j->n_runs; r++) {
         const int t = c->att_run[r], T = c->att_run[r + 1] - t;
         if (T > SPLIT_T) return;
-        const int pos = c->tpos[t], w = c->m->layers[j->layer].swa ? pos - hp->n_swa + 1 : 0, lo = w > 0 ? w : 0;
+        const int pos = c->tpos[t], w = j->swa ? pos - hp->n_swa + 1 : 0, lo = w > 0 ? w : 0;
         j->seg0[r] = lo / TL_ATTN_SEG;
         j->nseg[r] = (pos + T - 1) / TL_ATTN_SEG - j->seg0[r] + 1;
         j->item0[r + 1] = j->item0[r] + nkv * j->nseg[r];
@@ -430,7 +415,7 @@ static void att_plan(tl_ctx *c, att_job *j, int nth) {
 
 /* Splits the batch into runs for attend_fast: consecutive tokens of one
  * sequence at consecutive positions, at most ATT_TILE long. */
-static int att_runs(tl_ctx *c, int n) {
+static int att_runs(tl_cpu *c, int n) {
     int nr = 0;
     for (int t = 0; t < n;) {
         int e = t + 1;
@@ -444,7 +429,7 @@ static int att_runs(tl_ctx *c, int n) {
 
 static void att_worker(void *arg, int ith, int nth) {
     att_job *j = arg;
-    tl_ctx *c = j->c;
+    tl_cpu *c = j->c;
     if (c->fast_attn) {
         /* Items of (run, KV head) with all its query heads, which widen each
          * K/V block once; with too few of those to keep every thread busy
@@ -467,7 +452,7 @@ static void att_worker(void *arg, int ith, int nth) {
             const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
             if (i >= (int64_t)j->n_runs * nper) return;
             const int r = j->n_runs - 1 - (int)(i / nper);
-            attend_fast(c, j->layer, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
+            attend_fast(c, j->layer, j->swa, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
                         scr, 0, NULL, NULL);
         }
     }
@@ -477,7 +462,7 @@ static void att_worker(void *arg, int ith, int nth) {
     /* Later tokens see more keys: deal (token, head) pairs out round-robin so
      * the threads get equal work. */
     for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth)
-        attend(c, j->layer, (int)(i / nh), (int)(i % nh), s, acc);
+        attend(c, j->layer, j->swa, (int)(i / nh), (int)(i % nh), s, acc);
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -497,39 +482,39 @@ typedef struct norm_job {
     int d;
 } norm_job;
 
-static void norm_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+static void norm_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const norm_job *j = arg;
     for (int t = t0; t < t1; t++)
         c->kern.math.rmsnorm(j->out + (size_t)t * j->d, j->in + (size_t)t * j->d, j->w, j->d, c->m->hp.norm_eps);
 }
 
-static void norm_all(tl_ctx *c, int n, float *out, const float *in, tl_w w) {
+static void norm_all(tl_cpu *c, int n, float *out, const float *in, tl_w w) {
     norm_job j = {out, in, w->data, c->m->hp.n_embd};
     par_tokens(c, n, norm_tokens, &j);
 }
 
 /* x += xb, the residual connection */
-static void add_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+static void add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const size_t d = (size_t)c->m->hp.n_embd;
     for (size_t i = (size_t)t0 * d; i < (size_t)t1 * d; i++) c->x[i] += c->xb[i];
 }
 
 /* After the q/k/v projections: QK-norm, RoPE, q to f16, k and v into the cache. */
-static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
-    const int il = *(const int *)arg;
+static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_attn_block *A = arg;
+    const int il = A->kv_layer;
     const tl_hparams *hp = &c->m->hp;
-    const tl_layer *L = &c->m->layers[il];
     const tl_arch_info *a = c->m->arch;
-    const float *cs = L->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
+    const float *cs = A->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
     int hd = hp->head_dim;
     for (int t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
         float *v = c->v + (size_t)t * c->kv_dim;
-        if (a->qk_norm) {
+        if (A->q_norm) {
             for (int h = 0; h < hp->n_head; h++)
-                c->kern.math.rmsnorm(q + h * hd, q + h * hd, L->attn_q_norm->data, hd, hp->norm_eps);
+                c->kern.math.rmsnorm(q + h * hd, q + h * hd, A->q_norm->data, hd, hp->norm_eps);
             for (int h = 0; h < hp->n_head_kv; h++)
-                c->kern.math.rmsnorm(k + h * hd, k + h * hd, L->attn_k_norm->data, hd, hp->norm_eps);
+                c->kern.math.rmsnorm(k + h * hd, k + h * hd, A->k_norm->data, hd, hp->norm_eps);
         }
         rope_apply(c, cs, q, hp->n_head, t);
         rope_apply(c, cs, k, hp->n_head_kv, t);
@@ -538,7 +523,7 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
         if (!c->fast_attn) { /* the exact attention reads q rounded to f16 */
             c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
         }
-        const int32_t *blk = tl_kv_seq_peek(c->kv, c->tseq[t])->blk;
+        const int32_t *blk = c->tblk[t];
         const size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
         if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
             c->kvf->store_tr(&c->kern.math, k,
@@ -550,57 +535,61 @@ static void attn_prep_tokens(tl_ctx *c, int t0, int t1, void *arg) {
     }
 }
 
-static void attention_block(tl_ctx *c, int il, int n) {
-    const tl_layer *L = &c->m->layers[il];
-    norm_all(c, n, c->xb, c->x, L->attn_norm);
-    tl_w w[3] = {L->wq, L->wk, L->wv};
+static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
+    norm_all(c, n, c->xb, c->x, A->norm);
+    tl_w w[3] = {A->wq, A->wk, A->wv};
     float *y[3] = {c->q, c->k, c->v};
     matmul(c, 3, w, y, c->xb, n);
-    add_bias(c->q, L->bq, n, c->q_dim);
-    add_bias(c->k, L->bk, n, c->kv_dim);
-    add_bias(c->v, L->bv, n, c->kv_dim);
-    par_tokens(c, n, attn_prep_tokens, &il);
-    att_job aj = {c, il, n, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
+    add_bias(c->q, A->bq, n, c->q_dim);
+    add_bias(c->k, A->bk, n, c->kv_dim);
+    add_bias(c->v, A->bv, n, c->kv_dim);
+    par_tokens(c, n, attn_prep_tokens, (void *)A);
+    att_job aj = {c, A->kv_layer, n, A->swa, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
-    tl_w wo = L->wo;
+    tl_w wo = A->wo;
     float *o = c->xb; /* reuse: [n][d] */
     matmul(c, 1, &wo, &o, c->att, n);
-    if (c->m->arch->sandwich) norm_all(c, n, o, o, L->attn_post_norm);
+    if (A->post_norm) norm_all(c, n, o, o, A->post_norm);
     par_tokens(c, n, add_tokens, NULL);
 }
 
 /* The gated activation of the feed-forward: hb = act(hb) * hb2. */
-static void ffn_act_tokens(tl_ctx *c, int t0, int t1, void *arg) {
+static void ffn_act_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_ffn_block *F = arg;
     const int n_ff = c->m->hp.n_ff;
     for (int t = t0; t < t1; t++) {
         size_t o = (size_t)t * n_ff;
-        if (c->m->arch->act == TL_ACT_GELU)
+        if (F->act == TL_ACT_GELU)
             c->kern.math.geglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o, c->gelu);
         else
             c->kern.math.swiglu(n_ff, c->hb + o, c->hb + o, c->hb2 + o);
     }
 }
 
-static void ffn_block(tl_ctx *c, int il, int n) {
-    const tl_layer *L = &c->m->layers[il];
-    norm_all(c, n, c->xb, c->x, L->ffn_norm);
-    tl_w w[2] = {L->w_gate, L->w_up};
+static void ffn_block(tl_cpu *c, const tl_ffn_block *F, int n) {
+    norm_all(c, n, c->xb, c->x, F->norm);
+    tl_w w[2] = {F->gate, F->up};
     float *y[2] = {c->hb, c->hb2};
     matmul(c, 2, w, y, c->xb, n);
-    par_tokens(c, n, ffn_act_tokens, NULL);
-    tl_w wd = L->w_down;
+    par_tokens(c, n, ffn_act_tokens, (void *)F);
+    tl_w wd = F->down;
     float *o = c->xb;
     matmul(c, 1, &wd, &o, c->hb, n);
-    if (c->m->arch->sandwich) norm_all(c, n, o, o, L->ffn_post_norm);
+    if (F->post_norm) norm_all(c, n, o, o, F->post_norm);
     par_tokens(c, n, add_tokens, NULL);
 }
 
-/* Runs n tokens whose positions and sequences are in c->tpos/c->tseq (the
- * blocks under them already allocated); the logits of tokens lrow[0..nl)
- * land in out, nl rows of n_vocab floats. */
-static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, int nl, float *out) {
+/* The backend's forward (backend.h): the logits of tokens b->lrow land in
+ * out, b->nl rows of n_vocab floats. */
+static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
+    tl_cpu *c = be;
+    const int32_t *tokens = b->tokens;
+    const int n = b->n, nl = b->nl, *lrow = b->lrow;
+    c->tpos = b->pos;
+    c->tseq = b->seq;
+    c->tblk = b->blk;
     const tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd;
@@ -615,8 +604,14 @@ static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, in
     rope_cache(c, n);
     c->n_att_runs = c->fast_attn ? att_runs(c, n) : 0; /* the same for every layer */
     for (int il = 0; il < hp->n_layer; il++) {
-        attention_block(c, il, n);
-        ffn_block(c, il, n);
+        const tl_layer *L = &m->layers[il];
+        for (int k = 0; k < L->n_block; k++) {
+            const tl_block *B = &L->block[k];
+            switch (B->kind) {
+            case TL_BLOCK_ATTN: attention_block(c, &B->u.attn, n); break;
+            case TL_BLOCK_FFN: ffn_block(c, &B->u.ffn, n); break;
+            }
+        }
     }
     if (nl > 0) {
         for (int i = 0; i < nl; i++)
@@ -631,15 +626,7 @@ static void forward(tl_ctx *c, const int32_t *tokens, int n, const int *lrow, in
     }
 }
 
-static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error *err) {
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->m->hp.n_vocab)
-            return tl_fail(err, TL_ERR_ARG, "token id %d out of range 0..%d", tokens[t],
-                           c->m->hp.n_vocab - 1);
-    return TL_OK;
-}
-
-/* --------------------------------------------------------------- context */
+/* ------------------------------------------------------------ lifecycle */
 
 /* Zeroed buffers starting on a cache line: calloc's large blocks start 16
  * bytes past a page, so every 512-bit access to activations, attention
@@ -668,85 +655,89 @@ static void xfree(void *p) {
     free(raw);
 }
 
-int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
-    *out = NULL;
-    if (!m || !m->arch)
-        return tl_fail(err, TL_ERR_ARG, "the model has no weights to run (vocabulary only)");
-    tl_ctx_params p = params ? *params : (tl_ctx_params){0};
+static void cpu_free(void *be) {
+    tl_cpu *c = be;
+    if (!c) return;
+    xfree(c->wide);
+    if (c->own_pool) tl_pool_free(c->pool);
+    tl_big_free(c->kc);
+    tl_big_free(c->vc);
+    xfree(c->x);
+    xfree(c->xb);
+    xfree(c->q);
+    xfree(c->q16);
+    xfree(c->att);
+    xfree(c->k);
+    xfree(c->v);
+    xfree(c->hb);
+    xfree(c->hb2);
+    xfree(c->xa);
+    xfree(c->scores);
+    xfree(c->vacc);
+    xfree(c->ascr);
+    xfree(c->apart);
+    xfree(c->aleft);
+    xfree(c->att_run);
+    xfree(c->rope_cs);
+    xfree(c->rope_cs_swa);
+    xfree(c->gelu);
+    free(c);
+}
+
+static void cpu_copy_block(void *be, int32_t from, int32_t to) {
+    tl_cpu *c = be;
+    const size_t bb = (size_t)TL_KV_BLOCK * c->kv_rb;
+    for (int il = 0; il < c->m->hp.n_layer; il++) {
+        uint8_t *k = c->kc + (size_t)il * c->layer_stride, *v = c->vc + (size_t)il * c->layer_stride;
+        memcpy(k + (size_t)to * bb, k + (size_t)from * bb, bb);
+        memcpy(v + (size_t)to * bb, v + (size_t)from * bb, bb);
+    }
+}
+
+static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_free};
+
+int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
+    memset(out, 0, sizeof *out);
     const tl_hparams *hp = &m->hp;
-    if (p.n_ctx < 0 || p.n_threads < 0 || p.n_batch < 0)
-        return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
-    if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
-    if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
-    if (p.share_threads) p.n_threads = tl_pool_size(p.share_threads->pool);
-    if (p.n_threads == 0) {
-        long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        p.n_threads = nc > 0 ? (int)nc : 1;
-    }
-    if (p.n_batch == 0) p.n_batch = 512;
-    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.n_seq_max < 0 || p.n_seq_max > 4096 || p.n_logits_max < 0)
-        return tl_fail(err, TL_ERR_ARG, "bad sequence count %d or logits rows %d", p.n_seq_max,
-                       p.n_logits_max);
-    if (p.n_logits_max == 0) p.n_logits_max = 64;
-    if (p.numerics == TL_NUMERICS_AUTO) {
-        const char *env = getenv("TL_NUMERICS");
-        p.numerics = env ? tl_numerics_parse(env) : TL_NUMERICS_FAST;
-        if (p.numerics < 0)
-            return tl_fail(err, TL_ERR_ARG, "TL_NUMERICS=%s: expected fast or exact", env);
-        if (p.numerics == TL_NUMERICS_AUTO) p.numerics = TL_NUMERICS_FAST;
-    }
-    if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
-        return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
-    if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
-    const int want_fast_attn = p.numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
+    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
     if (!want_fast_attn && !kvf->exact_attn)
         return tl_fail(err, TL_ERR_ARG, "a KV cache of %s needs the fast attention (fast numerics, head_dim %% 8 == 0)",
                        kvf->name);
     const size_t kv_rb = kvf->row_bytes((int64_t)kv_dim);
     const size_t blk_bytes = 2 * (size_t)hp->n_layer * TL_KV_BLOCK * kv_rb;
-    const size_t per_seq = (size_t)(p.n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
-    size_t n_blocks = p.kv_bytes ? p.kv_bytes / blk_bytes
-                                 : per_seq * (size_t)(p.n_seq_max > 0 ? p.n_seq_max : 1);
+    const size_t per_seq = (size_t)(p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+    size_t n_blocks = p->kv_bytes ? p->kv_bytes / blk_bytes
+                                  : per_seq * (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1);
     if (n_blocks == 0)
         return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes holds no block (one takes %zu)",
-                       p.kv_bytes, blk_bytes);
+                       p->kv_bytes, blk_bytes);
     if (n_blocks > (1u << 30) / TL_KV_BLOCK)
-        return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes is too large", p.kv_bytes);
-    tl_ctx *c = calloc(1, sizeof *c);
+        return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes is too large", p->kv_bytes);
+    tl_cpu *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     c->m = m;
-    c->n_ctx = p.n_ctx;
-    c->n_batch = p.n_batch;
-    c->n_seq = p.n_seq_max + 1;
-    c->n_logits_max = p.n_logits_max;
+    c->n_ctx = p->n_ctx;
+    c->n_batch = p->n_batch;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
     c->kvf = kvf;
     c->kv_rb = kv_rb;
     c->kv_hb = kvf->row_bytes(hp->head_dim);
-    tl_kernels_init(&c->kern, tl_cpu_choose(), p.numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
+    tl_kernels_init(&c->kern, tl_cpu_choose(), p->numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
     int st = TL_OK;
-    if (p.share_threads) {
-        c->pool = p.share_threads->pool;
-    } else if ((st = tl_pool_new(p.n_threads, &c->pool, err))) {
+    if (p->share_pool) {
+        c->pool = p->share_pool;
+    } else if ((st = tl_pool_new(p->n_threads, &c->pool, err))) {
         free(c);
         return st;
     } else {
         c->own_pool = 1;
     }
-    int fail = 0, nb = p.n_batch, nt = p.n_threads;
-    if (tl_kv_new((int)n_blocks, c->n_seq, c->n_ctx, &c->kv)) fail = 1;
+    int fail = 0, nb = p->n_batch, nt = tl_pool_size(c->pool);
     c->layer_stride = n_blocks * TL_KV_BLOCK * kv_rb;
     size_t kvn = (size_t)hp->n_layer * c->layer_stride;
-    c->tpos = xcalloc((size_t)nb, sizeof(int), &fail);
-    c->tseq = xcalloc((size_t)nb, sizeof(int), &fail);
-    c->lrow = xcalloc((size_t)nb, sizeof(int), &fail);
-    c->seq_cnt = xcalloc((size_t)c->n_seq, sizeof(int), &fail);
-    c->bseq0 = xcalloc((size_t)nb, sizeof(int32_t), &fail);
-    c->blg = xcalloc((size_t)nb, 1, &fail);
     int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
@@ -791,273 +782,19 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         if (c->gelu) tl_gelu_table(c->gelu);
     }
     if (fail) {
-        tl_ctx_free(c);
-        return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
+        cpu_free(c);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p->n_ctx);
     }
     if ((st = tl_model_packed(m, &c->kern, &c->pk, err))) {
-        tl_ctx_free(c);
+        cpu_free(c);
         return st;
     }
-    *out = c;
+    out->ops = &cpu_ops;
+    out->state = c;
+    out->name = c->kern.name;
+    out->numerics = c->kern.mode == TL_NUM_EXACT ? "exact" : "fast";
+    out->n_blocks = (int)n_blocks;
+    out->block_bytes = blk_bytes;
+    out->pool = c->pool;
     return TL_OK;
-}
-
-void tl_ctx_free(tl_ctx *c) {
-    if (!c) return;
-    xfree(c->wide);
-    if (c->own_pool) tl_pool_free(c->pool);
-    tl_big_free(c->kc);
-    tl_big_free(c->vc);
-    tl_kv_free(c->kv);
-    xfree(c->tpos);
-    xfree(c->tseq);
-    xfree(c->lrow);
-    xfree(c->seq_cnt);
-    xfree(c->bseq0);
-    xfree(c->blg);
-    xfree(c->x);
-    xfree(c->xb);
-    xfree(c->q);
-    xfree(c->q16);
-    xfree(c->att);
-    xfree(c->k);
-    xfree(c->v);
-    xfree(c->hb);
-    xfree(c->hb2);
-    xfree(c->xa);
-    xfree(c->scores);
-    xfree(c->vacc);
-    xfree(c->ascr);
-    xfree(c->apart);
-    xfree(c->aleft);
-    xfree(c->att_run);
-    xfree(c->rope_cs);
-    xfree(c->rope_cs_swa);
-    xfree(c->gelu);
-    free(c->logits);
-    free(c);
-}
-
-int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
-int tl_ctx_n_batch(const tl_ctx *c) { return c->n_batch; }
-int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
-const char *tl_ctx_backend(const tl_ctx *c) { return c->kern.name; }
-const char *tl_ctx_numerics(const tl_ctx *c) { return c->kern.mode == TL_NUM_EXACT ? "exact" : "fast"; }
-
-void tl_ctx_thread_stats(const tl_ctx *c, tl_thread_stats *out) {
-    out->n_threads = tl_pool_size(c->pool);
-    tl_pool_stats(c->pool, &out->jobs, &out->wall_s, &out->busy_s);
-}
-
-int tl_numerics_parse(const char *name) {
-    if (!name) return -1;
-    if (!strcmp(name, "fast")) return TL_NUMERICS_FAST;
-    if (!strcmp(name, "exact")) return TL_NUMERICS_EXACT;
-    if (!strcmp(name, "auto")) return TL_NUMERICS_AUTO;
-    return -1;
-}
-const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
-
-int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) { return tl_seq_truncate(c, 0, n_past, err); }
-
-int tl_seq_truncate(tl_ctx *c, int seq, int len, tl_error *err) {
-    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
-    if (!sq) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
-    if (len < 0 || len > sq->len)
-        return tl_fail(err, TL_ERR_ARG, "cannot truncate sequence %d to %d (it holds %d)", seq, len, sq->len);
-    int32_t from, to;
-    if (tl_kv_seq_truncate(c->kv, seq, len, &from, &to))
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block to copy a shared one into");
-    if (from >= 0) { /* the kept part of a shared block: every layer's K and V */
-        const size_t bb = (size_t)TL_KV_BLOCK * c->kv_rb;
-        for (int il = 0; il < c->m->hp.n_layer; il++) {
-            uint8_t *k = c->kc + (size_t)il * c->layer_stride, *v = c->vc + (size_t)il * c->layer_stride;
-            memcpy(k + (size_t)to * bb, k + (size_t)from * bb, bb);
-            memcpy(v + (size_t)to * bb, v + (size_t)from * bb, bb);
-        }
-    }
-    c->logits_n = c->blogits_n = 0;
-    return TL_OK;
-}
-
-int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
-    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
-    if (!sq) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
-    if (n < 0 || n > sq->pend)
-        return tl_fail(err, TL_ERR_ARG, "cannot commit %d positions of sequence %d (%d pending)", n, seq,
-                       sq->pend);
-    tl_kv_seq_commit(c->kv, seq, sq->len + n);
-    return TL_OK;
-}
-
-const int32_t *tl_seq_tokens(const tl_ctx *c, int seq, int *n) {
-    const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, seq);
-    *n = sq ? sq->len : 0;
-    return sq ? sq->tok : NULL;
-}
-
-static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
-    size_t need = rows * (size_t)c->m->hp.n_vocab;
-    if (need <= c->logits_cap) return TL_OK;
-    float *nl = realloc(c->logits, need * sizeof(float));
-    if (!nl) return tl_fail(err, TL_ERR_NOMEM, "out of memory for logits");
-    c->logits = nl;
-    c->logits_cap = need;
-    return TL_OK;
-}
-
-/* Runs a batch whose rows go to out (at most max_rows), then commits each
- * sequence's new positions or leaves them pending. */
-static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);
-
-int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
-    int nv = c->m->hp.n_vocab, past = tl_ctx_n_past(c);
-    c->logits_n = c->blogits_n = 0;
-    if (n == 0) return TL_OK;
-    if (n > (size_t)(c->n_ctx - past))
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %zu tokens exceed %d", past,
-                       n, c->n_ctx);
-    int st = check_tokens(c, tokens, (int)n, err);
-    if (st || (st = logits_room(c, all_logits ? n : 1, err))) return st;
-    /* every block up front: a full pool fails before anything is written */
-    if (tl_kv_seq_grow(c->kv, 0, past + (int)n))
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
-    for (size_t done = 0; done < n;) {
-        int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
-        int last = done + (size_t)nb == n;
-        for (int t = 0; t < nb; t++) c->blg[t] = (uint8_t)(all_logits || (last && t == nb - 1));
-        tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
-        float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
-        if ((st = decode_into(c, &b, nb, out, err))) return st;
-        done += (size_t)nb;
-    }
-    c->blogits_n = 0; /* the rows are tl_ctx_logits', not tl_ctx_batch_logits' */
-    c->logits_first = all_logits ? 0 : (int)n - 1;
-    c->logits_n = all_logits ? (int)n : 1;
-    return TL_OK;
-}
-
-const float *tl_ctx_logits(const tl_ctx *c, int i) {
-    if (c->logits_n == 0) return NULL;
-    int total = c->logits_first + c->logits_n;
-    if (i < 0) i = total - 1;
-    if (i < c->logits_first || i >= total) return NULL;
-    return c->logits + (size_t)(i - c->logits_first) * c->m->hp.n_vocab;
-}
-
-/* ---------------------------------------------------------- sequences */
-
-int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
-    int id = tl_kv_seq_open(c->kv, 1);
-    if (id < 0)
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "all %d sequences are open", c->n_seq - 1);
-    *seq = id;
-    return TL_OK;
-}
-
-int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
-    return seq > 0 ? tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse) : 0;
-}
-
-int tl_seq_len(const tl_ctx *c, int seq) {
-    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
-    return s ? s->len : -1;
-}
-
-void tl_seq_close(tl_ctx *c, int seq) {
-    if (seq > 0) tl_kv_seq_close(c->kv, seq);
-}
-
-void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
-    tl_kv_get_stats(c->kv, out);
-    out->block_bytes = 2 * (size_t)c->m->hp.n_layer * TL_KV_BLOCK * c->kv_rb;
-}
-
-/* Checks a batch and gives each token its position (from its sequence's
- * committed length: what was pending is written over); blocks are allocated. */
-static int batch_prepare(tl_ctx *c, const tl_batch *b, int max_rows, tl_error *err) {
-    if (!b || b->n <= 0 || b->n > c->n_batch || !b->token || !b->seq)
-        return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (1..%d)", b ? b->n : 0, c->n_batch);
-    int st = check_tokens(c, b->token, b->n, err);
-    if (st) return st;
-    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
-    int nl = 0;
-    for (int t = 0; t < b->n; t++) {
-        int id = b->seq[t];
-        if (!tl_kv_seq_peek(c->kv, id))
-            return tl_fail(err, TL_ERR_ARG, "token %d: sequence %d is not open", t, id);
-        c->seq_cnt[id]++;
-        nl += b->logits && b->logits[t];
-    }
-    if (nl > max_rows)
-        return tl_fail(err, TL_ERR_ARG, "batch keeps %d logits rows (max %d)", nl, max_rows);
-    nl = 0;
-    for (int t = 0; t < b->n; t++)
-        if (b->logits && b->logits[t]) c->lrow[nl++] = t;
-    for (int id = 0; id < c->n_seq; id++) {
-        if (!c->seq_cnt[id]) continue;
-        int len = tl_kv_seq_peek(c->kv, id)->len;
-        if (len + c->seq_cnt[id] > c->n_ctx)
-            return tl_fail(err, TL_ERR_CONTEXT_FULL, "sequence %d: %d + %d tokens exceed %d", id,
-                           len, c->seq_cnt[id], c->n_ctx);
-        if (tl_kv_seq_grow(c->kv, id, len + c->seq_cnt[id]))
-            return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
-    }
-    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
-    for (int t = 0; t < b->n; t++) {
-        tl_kv_seq *sq = tl_kv_seq_get(c->kv, b->seq[t]);
-        c->tseq[t] = b->seq[t];
-        c->tpos[t] = sq->len + c->seq_cnt[b->seq[t]]++;
-        sq->tok[c->tpos[t]] = b->token[t];
-    }
-    c->blogits_n = nl;
-    return TL_OK;
-}
-
-static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
-    int st = batch_prepare(c, b, max_rows, err);
-    if (st) {
-        c->blogits_n = 0;
-        return st;
-    }
-    forward(c, b->token, b->n, c->lrow, c->blogits_n, out);
-    for (int id = 0; id < c->n_seq; id++) {
-        if (!c->seq_cnt[id]) continue;
-        tl_kv_seq *sq = tl_kv_seq_get(c->kv, id);
-        if (b->pending) sq->pend = c->seq_cnt[id];
-        else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
-    }
-    return TL_OK;
-}
-
-int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
-    c->logits_n = c->blogits_n = 0;
-    int st = logits_room(c, (size_t)c->n_logits_max, err);
-    if (st) return st;
-    double t0 = tl_now();
-    if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
-    if (b->n <= COST_N) {
-        double t = tl_now() - t0;
-        double *w = c->cost_win[b->n];
-        w[c->cost_next[b->n]] = t;
-        c->cost_next[b->n] = (c->cost_next[b->n] + 1) % COST_WIN;
-        if (c->cost_seen[b->n] < COST_WIN) c->cost_seen[b->n]++;
-        double lo = w[0];
-        for (int i = 1; i < c->cost_seen[b->n]; i++) lo = w[i] < lo ? w[i] : lo;
-        c->cost[b->n] = lo;
-    }
-    return TL_OK;
-}
-
-double tl_ctx_decode_cost(const tl_ctx *c, int n) {
-    /* Each size's own figure, not a line through all of them: a draft
-     * model's context sees one-token calls beside its catch-up calls of tens
-     * of tokens, and a line through both put a one-token call at a seventh
-     * of its cost (and below zero before one was seen). */
-    return tl_curve_at(c->cost, c->cost_seen, COST_N, n);
-}
-
-const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {
-    if (i < 0 || i >= c->blogits_n) return NULL;
-    return c->logits + (size_t)i * c->m->hp.n_vocab;
 }

@@ -1,0 +1,63 @@
+/* backend: the seam between the sequences and the arithmetic. A backend owns
+ * what one context computes with (kernels, threads, activation buffers, the
+ * bytes of the KV cache) and runs forward(batch, positions, block tables) ->
+ * logits; which tokens run and where their keys and values live is the
+ * context's (ctx.h, kv.h). The CPU is one implementation (cpu.c); another
+ * device implements the same table and the rest of the engine does not change. */
+#ifndef TL_BACKEND_H
+#define TL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "load/model.h"
+#include "forward/threadpool.h"
+
+/* One forward call: n tokens of any sequences, each at its position, with
+ * the blocks its sequence's keys and values live in already allocated. A
+ * row's result depends on its token, position and cached keys only, never
+ * on the rest of the batch. */
+typedef struct tl_fwd_batch {
+    int n;                        /* tokens in the call */
+    const int32_t *tokens;        /* [n] token ids */
+    const int *pos;               /* [n] each token's position in its sequence */
+    const int *seq;               /* [n] each token's sequence; a run of one sequence at consecutive positions
+                                   * may share work, as long as each row's bits stay its own */
+    const int32_t *const *blk;    /* [n] the block table of each token's sequence: position p's keys and
+                                   * values are slot p % TL_KV_BLOCK of block blk[t][p / TL_KV_BLOCK] */
+    const int *lrow;              /* [nl] the tokens whose logits are wanted, ascending */
+    int nl;
+} tl_fwd_batch;
+
+typedef struct tl_backend_params {
+    int n_ctx;          /* positions per sequence */
+    int n_batch;        /* tokens per call at most */
+    int n_threads;
+    int numerics;       /* TL_NUMERICS_FAST or TL_NUMERICS_EXACT */
+    int n_seq_max;      /* sequences the cache is sized for when kv_bytes is 0 */
+    size_t kv_bytes;    /* the KV cache's size (0: n_ctx positions for each of n_seq_max) */
+    tl_pool *share_pool;/* run on another context's threads (NULL: its own) */
+} tl_backend_params;
+
+typedef struct tl_backend_ops {
+    /* logits: nl rows of n_vocab floats */
+    void (*forward)(void *be, const tl_fwd_batch *b, float *logits);
+    /* every layer's keys and values of block from into block to */
+    void (*copy_block)(void *be, int32_t from, int32_t to);
+    void (*free)(void *be);
+} tl_backend_ops;
+
+typedef struct tl_backend {
+    const tl_backend_ops *ops;
+    void *state;
+    const char *name;      /* the kernel level it runs ("avx512-vnni", ...) */
+    const char *numerics;  /* "fast" or "exact" */
+    int n_blocks;          /* KV blocks of TL_KV_BLOCK positions it holds */
+    size_t block_bytes;    /* bytes of one block, every layer's keys and values */
+    tl_pool *pool;         /* its threads (the fork-join figures; shared by a draft's context) */
+} tl_backend;
+
+/* The CPU backend for m (kernels chosen for this CPU and p->numerics). */
+int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err);
+
+#endif

@@ -1,0 +1,244 @@
+/* ctx: a context's lifecycle and its forward calls: the parameters checked,
+ * a backend (backend.h) beside the KV cache's bookkeeping (kv.h), batches
+ * checked and placed (each token's position and block table), the logits
+ * kept, and each call's cost measured for speculation (cost.h). The sequence
+ * API is seq.c's. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "forward/ctx.h"
+
+static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error *err) {
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->m->hp.n_vocab)
+            return tl_fail(err, TL_ERR_ARG, "token id %d out of range 0..%d", tokens[t],
+                           c->m->hp.n_vocab - 1);
+    return TL_OK;
+}
+
+int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
+    *out = NULL;
+    if (!m || !m->arch)
+        return tl_fail(err, TL_ERR_ARG, "the model has no weights to run (vocabulary only)");
+    tl_ctx_params p = params ? *params : (tl_ctx_params){0};
+    const tl_hparams *hp = &m->hp;
+    if (p.n_ctx < 0 || p.n_threads < 0 || p.n_batch < 0)
+        return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
+    if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
+    if (p.share_threads) p.n_threads = tl_pool_size(p.share_threads->be.pool);
+    if (p.n_threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = nc > 0 ? (int)nc : 1;
+    }
+    if (p.n_batch == 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.n_seq_max < 0 || p.n_seq_max > 4096 || p.n_logits_max < 0)
+        return tl_fail(err, TL_ERR_ARG, "bad sequence count %d or logits rows %d", p.n_seq_max,
+                       p.n_logits_max);
+    if (p.n_logits_max == 0) p.n_logits_max = 64;
+    if (p.numerics == TL_NUMERICS_AUTO) {
+        const char *env = getenv("TL_NUMERICS");
+        p.numerics = env ? tl_numerics_parse(env) : TL_NUMERICS_FAST;
+        if (p.numerics < 0)
+            return tl_fail(err, TL_ERR_ARG, "TL_NUMERICS=%s: expected fast or exact", env);
+        if (p.numerics == TL_NUMERICS_AUTO) p.numerics = TL_NUMERICS_FAST;
+    }
+    if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
+        return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
+    if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
+    tl_ctx *c = calloc(1, sizeof *c);
+    if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    tl_backend_params bp = {.n_ctx = p.n_ctx, .n_batch = p.n_batch, .n_threads = p.n_threads,
+                            .numerics = p.numerics, .n_seq_max = p.n_seq_max, .kv_bytes = p.kv_bytes,
+                            .share_pool = p.share_threads ? p.share_threads->be.pool : NULL};
+    int st = tl_cpu_backend_new(m, &bp, &c->be, err);
+    if (st) {
+        free(c);
+        return st;
+    }
+    c->m = m;
+    c->n_ctx = p.n_ctx;
+    c->n_batch = p.n_batch;
+    c->n_seq = p.n_seq_max + 1;
+    c->n_logits_max = p.n_logits_max;
+    const size_t nb = (size_t)p.n_batch;
+    c->tpos = calloc(nb, sizeof *c->tpos);
+    c->tseq = calloc(nb, sizeof *c->tseq);
+    c->tblk = calloc(nb, sizeof *c->tblk);
+    c->lrow = calloc(nb, sizeof *c->lrow);
+    c->seq_cnt = calloc((size_t)c->n_seq, sizeof *c->seq_cnt);
+    c->bseq0 = calloc(nb, sizeof *c->bseq0);
+    c->blg = calloc(nb, 1);
+    if (tl_kv_new(c->be.n_blocks, c->n_seq, c->n_ctx, &c->kv) || !c->tpos || !c->tseq || !c->tblk || !c->lrow ||
+        !c->seq_cnt || !c->bseq0 || !c->blg) {
+        tl_ctx_free(c);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
+    }
+    *out = c;
+    return TL_OK;
+}
+
+void tl_ctx_free(tl_ctx *c) {
+    if (!c) return;
+    if (c->be.ops) c->be.ops->free(c->be.state);
+    tl_kv_free(c->kv);
+    free(c->tpos);
+    free(c->tseq);
+    free(c->tblk);
+    free(c->lrow);
+    free(c->seq_cnt);
+    free(c->bseq0);
+    free(c->blg);
+    free(c->logits);
+    free(c);
+}
+
+int tl_ctx_n_ctx(const tl_ctx *c) { return c->n_ctx; }
+int tl_ctx_n_batch(const tl_ctx *c) { return c->n_batch; }
+int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
+const char *tl_ctx_backend(const tl_ctx *c) { return c->be.name; }
+const char *tl_ctx_numerics(const tl_ctx *c) { return c->be.numerics; }
+
+void tl_ctx_thread_stats(const tl_ctx *c, tl_thread_stats *out) {
+    out->n_threads = tl_pool_size(c->be.pool);
+    tl_pool_stats(c->be.pool, &out->jobs, &out->wall_s, &out->busy_s);
+}
+
+int tl_numerics_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "fast")) return TL_NUMERICS_FAST;
+    if (!strcmp(name, "exact")) return TL_NUMERICS_EXACT;
+    if (!strcmp(name, "auto")) return TL_NUMERICS_AUTO;
+    return -1;
+}
+const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
+
+static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
+    size_t need = rows * (size_t)c->m->hp.n_vocab;
+    if (need <= c->logits_cap) return TL_OK;
+    float *nl = realloc(c->logits, need * sizeof(float));
+    if (!nl) return tl_fail(err, TL_ERR_NOMEM, "out of memory for logits");
+    c->logits = nl;
+    c->logits_cap = need;
+    return TL_OK;
+}
+
+/* Runs a batch whose rows go to out (at most max_rows), then commits each
+ * sequence's new positions or leaves them pending. */
+static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);
+
+int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
+    int nv = c->m->hp.n_vocab, past = tl_ctx_n_past(c);
+    c->logits_n = c->blogits_n = 0;
+    if (n == 0) return TL_OK;
+    if (n > (size_t)(c->n_ctx - past))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "context full: %d + %zu tokens exceed %d", past,
+                       n, c->n_ctx);
+    int st = check_tokens(c, tokens, (int)n, err);
+    if (st || (st = logits_room(c, all_logits ? n : 1, err))) return st;
+    /* every block up front: a full pool fails before anything is written */
+    if (tl_kv_seq_grow(c->kv, 0, past + (int)n))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    for (size_t done = 0; done < n;) {
+        int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
+        int last = done + (size_t)nb == n;
+        for (int t = 0; t < nb; t++) c->blg[t] = (uint8_t)(all_logits || (last && t == nb - 1));
+        tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
+        float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
+        if ((st = decode_into(c, &b, nb, out, err))) return st;
+        done += (size_t)nb;
+    }
+    c->blogits_n = 0; /* the rows are tl_ctx_logits', not tl_ctx_batch_logits' */
+    c->logits_first = all_logits ? 0 : (int)n - 1;
+    c->logits_n = all_logits ? (int)n : 1;
+    return TL_OK;
+}
+
+const float *tl_ctx_logits(const tl_ctx *c, int i) {
+    if (c->logits_n == 0) return NULL;
+    int total = c->logits_first + c->logits_n;
+    if (i < 0) i = total - 1;
+    if (i < c->logits_first || i >= total) return NULL;
+    return c->logits + (size_t)(i - c->logits_first) * c->m->hp.n_vocab;
+}
+
+/* Checks a batch and gives each token its position (from its sequence's
+ * committed length: what was pending is written over); blocks are allocated. */
+static int batch_prepare(tl_ctx *c, const tl_batch *b, int max_rows, tl_error *err) {
+    if (!b || b->n <= 0 || b->n > c->n_batch || !b->token || !b->seq)
+        return tl_fail(err, TL_ERR_ARG, "bad batch: %d tokens (1..%d)", b ? b->n : 0, c->n_batch);
+    int st = check_tokens(c, b->token, b->n, err);
+    if (st) return st;
+    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
+    int nl = 0;
+    for (int t = 0; t < b->n; t++) {
+        int id = b->seq[t];
+        if (!tl_kv_seq_peek(c->kv, id))
+            return tl_fail(err, TL_ERR_ARG, "token %d: sequence %d is not open", t, id);
+        c->seq_cnt[id]++;
+        nl += b->logits && b->logits[t];
+    }
+    if (nl > max_rows)
+        return tl_fail(err, TL_ERR_ARG, "batch keeps %d logits rows (max %d)", nl, max_rows);
+    nl = 0;
+    for (int t = 0; t < b->n; t++)
+        if (b->logits && b->logits[t]) c->lrow[nl++] = t;
+    for (int id = 0; id < c->n_seq; id++) {
+        if (!c->seq_cnt[id]) continue;
+        int len = tl_kv_seq_peek(c->kv, id)->len;
+        if (len + c->seq_cnt[id] > c->n_ctx)
+            return tl_fail(err, TL_ERR_CONTEXT_FULL, "sequence %d: %d + %d tokens exceed %d", id,
+                           len, c->seq_cnt[id], c->n_ctx);
+        if (tl_kv_seq_grow(c->kv, id, len + c->seq_cnt[id]))
+            return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    }
+    memset(c->seq_cnt, 0, (size_t)c->n_seq * sizeof *c->seq_cnt);
+    for (int t = 0; t < b->n; t++) {
+        tl_kv_seq *sq = tl_kv_seq_get(c->kv, b->seq[t]);
+        c->tseq[t] = b->seq[t];
+        c->tpos[t] = sq->len + c->seq_cnt[b->seq[t]]++;
+        sq->tok[c->tpos[t]] = b->token[t];
+    }
+    /* after every sequence has grown: a block table may move as it grows */
+    for (int t = 0; t < b->n; t++) c->tblk[t] = tl_kv_seq_peek(c->kv, b->seq[t])->blk;
+    c->blogits_n = nl;
+    return TL_OK;
+}
+
+static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
+    int st = batch_prepare(c, b, max_rows, err);
+    if (st) {
+        c->blogits_n = 0;
+        return st;
+    }
+    const tl_fwd_batch fb = {.n = b->n, .tokens = b->token, .pos = c->tpos, .seq = c->tseq,
+                             .blk = c->tblk, .lrow = c->lrow, .nl = c->blogits_n};
+    c->be.ops->forward(c->be.state, &fb, out);
+    for (int id = 0; id < c->n_seq; id++) {
+        if (!c->seq_cnt[id]) continue;
+        tl_kv_seq *sq = tl_kv_seq_get(c->kv, id);
+        if (b->pending) sq->pend = c->seq_cnt[id];
+        else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
+    }
+    return TL_OK;
+}
+
+int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
+    c->logits_n = c->blogits_n = 0;
+    int st = logits_room(c, (size_t)c->n_logits_max, err);
+    if (st) return st;
+    double t0 = tl_now();
+    if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
+    tl_cost_record(&c->cost, b->n, tl_now() - t0);
+    return TL_OK;
+}
+
+double tl_ctx_decode_cost(const tl_ctx *c, int n) { return tl_cost_at(&c->cost, n); }
+
+const float *tl_ctx_batch_logits(const tl_ctx *c, int i) {
+    if (i < 0 || i >= c->blogits_n) return NULL;
+    return c->logits + (size_t)i * c->m->hp.n_vocab;
+}

@@ -1,0 +1,32 @@
+/* ctx: the context's own state, shared by its files (ctx.c: lifecycle,
+ * batches and logits; seq.c: the sequence API). A context is a backend
+ * (backend.h: what computes) beside the sequences' state (the KV cache's
+ * bookkeeping, each batch token's position and block table, the logits
+ * kept, the measured call costs). */
+#ifndef TL_CTX_H
+#define TL_CTX_H
+
+#include "forward/backend.h"
+#include "forward/cost.h"
+#include "forward/forward.h"
+#include "forward/kv.h"
+
+struct tl_ctx {
+    const tl_model *m;
+    tl_backend be;
+    int n_ctx, n_batch, n_seq, n_logits_max;
+    tl_kv *kv;          /* blocks, block tables, prefix cache */
+    int *tpos, *tseq;   /* [n_batch] position and sequence of each batch token */
+    const int32_t **tblk; /* [n_batch] block table of each batch token's sequence */
+    int *seq_cnt;       /* [n_seq] scratch: tokens per sequence in a batch */
+    int *lrow;          /* [n_batch] tokens whose logits a call keeps */
+    float *logits;      /* eval and decode output */
+    size_t logits_cap;  /* floats */
+    int logits_first, logits_n; /* rows held: tokens [first, first+n) of the last eval */
+    int blogits_n;      /* rows held by the last tl_ctx_decode */
+    int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
+    uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
+    tl_cost cost;       /* tl_ctx_decode's seconds per call size */
+};
+
+#endif
