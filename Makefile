@@ -15,7 +15,7 @@ LDLIBS  = -lpcre2-8 -ljansson -lm -lpthread
 # The server (server/*.c) adds its HTTP library.
 SERVER_LIBS = -lmicrohttpd
 
-LIB_SRC  = $(wildcard src/*.c) $(wildcard src/gen/*.c) $(wildcard src/grammar/*.c) $(wildcard src/exec/*.c) $(wildcard src/cpu/*.c)
+LIB_SRC  = $(wildcard src/*.c) $(wildcard src/chat/*.c) $(wildcard src/gen/*.c) $(wildcard src/grammar/*.c) $(wildcard src/exec/*.c) $(wildcard src/cpu/*.c)
 SERVER_SRC = $(wildcard server/*.c)
 CLI_SRC  = $(wildcard cli/*.c)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
@@ -130,7 +130,7 @@ fixtures:
 	@tests/oracle/make_fixtures.sh
 
 format:
-	clang-format -i include/*.h src/*.[ch] src/cpu/*.[ch] server/*.[ch] cli/*.[ch] tests/unit/*.[ch]
+	clang-format -i include/*.h src/*.[ch] src/chat/*.[ch] src/cpu/*.[ch] server/*.[ch] cli/*.[ch] tests/unit/*.[ch]
 
 clean:
 	rm -rf $(BUILD) build-asan tokenloop

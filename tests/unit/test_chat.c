@@ -1,9 +1,9 @@
-/* Unit tests of the chat-template renderer (src/chat.c): expressions, filters,
+/* Unit tests of the chat-template renderer (src/chat/): expressions, filters,
  * whitespace control, loops, scoping and errors, on small templates whose
  * output follows by hand from jinja2's rules (trim_blocks, lstrip_blocks). */
 #include <string.h>
 
-#include "chat.h"
+#include "chat/chat.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 

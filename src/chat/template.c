@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "chat.h"
+#include "chat/chat.h"
 #include "util.h"
 
 #define ARENA_LIMIT ((size_t)256 << 20) /* a template cannot eat the machine */
