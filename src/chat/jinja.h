@@ -17,7 +17,7 @@
 
 #include "tokenloop.h"
 
-#define MAX_DEPTH 200 /* parser, JSON and macro recursion */
+#define MAX_DEPTH 200 /* parser, messages and macro recursion */
 
 /* ---- render state: the arena and the way out --------------------------------- */
 
@@ -161,12 +161,6 @@ typedef struct tok {
 
 /* The tokens of a normalized template source, ending with K_EOF. */
 tok *jj_lex(R *r, const char *src, size_t len);
-/* \u escapes: shared by string literals and the JSON reader. */
-void jj_put_utf8(R *r, sb *b, unsigned cp);
-int jj_hex4(const char *s, const char *e, unsigned *out);
-
-/* The messages/variables JSON text as a value (json.c). */
-val jj_read_json(R *r, const char *s, size_t n);
 
 /* ---- the tree (parser.c) ------------------------------------------------------------ */
 

@@ -10,7 +10,7 @@
 
 #include "chat/jinja.h"
 
-void jj_put_utf8(R *r, sb *b, unsigned cp) {
+static void put_utf8(R *r, sb *b, unsigned cp) {
     char u[4];
     size_t n;
     if (cp < 0x80) { u[0] = (char)cp; n = 1; }
@@ -25,7 +25,7 @@ void jj_put_utf8(R *r, sb *b, unsigned cp) {
     jj_sb_add(r, b, u, n);
 }
 
-int jj_hex4(const char *s, const char *e, unsigned *out) {
+static int hex4(const char *s, const char *e, unsigned *out) {
     if (e - s < 4) return -1;
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
@@ -106,10 +106,10 @@ static void lex_string(lexer *L, tok *t) {
         case '\n': break;
         case 'u': {
             unsigned cp;
-            if (jj_hex4(L->src + p, L->src + L->len, &cp))
+            if (hex4(L->src + p, L->src + L->len, &cp))
                 jj_die(L->r, TL_ERR_FORMAT, t->pos, "bad \\u escape in string literal");
             p += 4;
-            jj_put_utf8(L->r, &b, cp);
+            put_utf8(L->r, &b, cp);
             break;
         }
         default: /* Python keeps unknown escapes as written */

@@ -10,7 +10,9 @@
  * text to a tree, once per model), eval.c (the tree against scopes),
  * filters.c (methods, builtins, tests and filters), and this file, the
  * public entry points: compile a template, render it with messages given as
- * JSON text, jansson values or plain structs. bos.c holds the BOS policy;
+ * JSON text, jansson values or plain structs (JSON text is parsed by jansson,
+ * as the server's requests are, so both read JSON alike and the interpreter
+ * keeps no parser of its own). bos.c holds the BOS policy;
  * jinja.h is the internal header they share. A compiled template is read-only
  * while rendering, so one serves every request and thread; every render gets
  * its own arena and unwinds to here on any error, so nothing leaks. */
@@ -113,11 +115,16 @@ int tl_chat_template_new(const tl_model *model, const char *tmpl, tl_chat_templa
     return TL_OK;
 }
 
-/* Where a render's variables come from: JSON text, jansson values, or plain
- * messages. */
+/* from_jansson hands the template each object's keys in the order the JSON
+ * gave them, as Python's json.loads does; jansson keeps insertion order only
+ * from 2.8 on. */
+#if JANSSON_VERSION_HEX < 0x020800
+#error "chat templates need jansson 2.8 or later (objects in insertion order)"
+#endif
+
+/* Where a render's variables come from: jansson values (JSON text is parsed
+ * into them first), or plain messages. */
 typedef struct vars_src {
-    const char *json;
-    size_t json_len;
     const json_t *jv;
     const tl_chat_msg *msgs;
     size_t n_msgs;
@@ -157,9 +164,7 @@ static void render(R *r, const tl_chat_template *t, const vars_src *vs, int add_
     if (t->eos) jj_scope_set(r, g, "eos_token", v_cstr(t->eos));
     jj_scope_set(r, g, "add_generation_prompt", v_bool(add_gen));
     val v = {.t = T_UNDEF};
-    if (vs->json) {
-        v = jj_read_json(r, vs->json, vs->json_len);
-    } else if (vs->jv) {
+    if (vs->jv) {
         v = from_jansson(r, vs->jv, 0);
     } else if (vs->plain) {
         vlist *l = jj_list_new(r);
@@ -209,10 +214,33 @@ static int render_entry(const tl_chat_template *t, const vars_src *vs, int add_g
     return TL_OK;
 }
 
+/* The messages or variables JSON text as jansson values. JSON_DECODE_ANY: a
+ * top-level scalar parses, then fails as from any other source ("must be a
+ * list or an object"); JSON_ALLOW_NUL: "\u0000" in a string stays, as
+ * Python's json.loads keeps it (values carry their length). */
+static int read_json(const char *text, size_t len, json_t **doc, tl_error *err) {
+    json_error_t je;
+    *doc = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (*doc) return TL_OK;
+    if (json_error_code(&je) == json_error_out_of_memory) return tl_fail(err, TL_ERR_NOMEM, "chat template: out of memory");
+    return tl_fail(err, TL_ERR_FORMAT, "chat template: messages JSON, byte %d: %s", je.position, je.text);
+}
+
 int tl_chat_template_render(const tl_chat_template *t, const char *vars_json, size_t len, int add_generation_prompt,
                             char **out, size_t *out_len, tl_error *err) {
-    vars_src vs = {.json = vars_json, .json_len = len};
-    return render_entry(t, &vs, add_generation_prompt, out, out_len, err);
+    json_t *doc = NULL;
+    if (t && out && vars_json) { /* else render_entry reports the bad call, or renders without variables */
+        int st = read_json(vars_json, len, &doc, err);
+        if (st) {
+            *out = NULL;
+            if (out_len) *out_len = 0;
+            return st;
+        }
+    }
+    vars_src vs = {.jv = doc};
+    int st = render_entry(t, &vs, add_generation_prompt, out, out_len, err);
+    json_decref(doc);
+    return st;
 }
 
 int tl_chat_template_render_msgs(const tl_chat_template *t, const tl_chat_msg *msgs, size_t n_msgs,
