@@ -211,7 +211,7 @@ static val arith(R *r, int pos, int op, val a, val b) {
         return bs.s ? sb_val(&bs) : v_str("", 0);
     }
     if (!is_num(a) || !is_num(b)) {
-        static const char *ops[] = {"+", "-", "*", "/", "//", "%", "**"};
+        static const char *const ops[] = {"+", "-", "*", "/", "//", "%", "**"};
         jj_die(r, TL_ERR_ARG, pos, "unsupported operand type(s) for %s: '%s' and '%s'", ops[op],
             jj_type_name(a), jj_type_name(b));
     }

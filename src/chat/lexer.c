@@ -185,7 +185,7 @@ static void lex_tag(lexer *L, int is_var) {
         } else if (*p == '\'' || *p == '"') {
             lex_string(L, &t);
         } else {
-            static const char *ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/",
+            static const char *const ops[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/",
                                         "%", "~", "(", ")", "[", "]", "{", "}", ",", ".",
                                         ":", "|", "=", "<", ">"};
             size_t i;

@@ -1,9 +1,10 @@
 /* parser.c: tokens to a tree, by recursive descent with jinja2's operator
- * precedence (or < and < not < comparisons < + - < ~ < * / // % < ** < unary
- * < postfix and filters). Everything not in the subset chat templates use
- * fails here with "unsupported construct" and its line, so a template either
- * compiles into something the evaluator fully understands or not at all.
- * Nesting is capped (MAX_DEPTH) because the parser recurses on the C stack. */
+ * precedence, loosest first: x if c else y, or, and, not, comparisons, + -,
+ * ~, * / // %, **, unary, then postfix and filters. Everything outside the
+ * subset chat templates use fails here with "unsupported construct" and its
+ * line, so a template either compiles into something the evaluator fully
+ * understands or not at all. Nesting is capped (MAX_DEPTH) because the
+ * parser recurses on the C stack. */
 #include <stdio.h>
 #include <string.h>
 

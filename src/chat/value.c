@@ -263,7 +263,7 @@ _Noreturn void jj_undef_err(R *r, int pos, val v) {
 }
 
 const char *jj_type_name(val v) {
-    static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list",
+    static const char *const names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list",
                                   "dict", "Namespace", "function", "method", "macro"};
     if (v.t == T_LIST && v.u.l->tuple) return "tuple";
     return names[v.t];
