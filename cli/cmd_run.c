@@ -163,7 +163,7 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     return 0;
 }
 
-/* ---- chat formatting: the model's own template (src/chat.c renders it). */
+/* ---- chat formatting: the model's own template (src/chat/ renders it). */
 
 typedef struct text {
     char *s;

@@ -15,7 +15,7 @@
 
 #include "api.h"
 #include "dialect.h"
-#include "chat.h"
+#include "chat/chat.h"
 #include "tools.h"
 
 #define MAX_DEPTH 32

@@ -1,9 +1,9 @@
-/* Unit tests of the chat-template renderer (src/chat.c): expressions, filters,
+/* Unit tests of the chat-template renderer (src/chat/): expressions, filters,
  * whitespace control, loops, scoping and errors, on small templates whose
  * output follows by hand from jinja2's rules (trim_blocks, lstrip_blocks). */
 #include <string.h>
 
-#include "chat.h"
+#include "chat/chat.h"
 #include "tl_test.h"
 #include "tokenloop.h"
 
@@ -76,6 +76,25 @@ static void test_compiled(void) {
 #define R(t, j, w) CHECK(renders(t, j, w), "render")
 #define F(t, j, w) CHECK(fails(t, j, w), "failure")
 
+/* The messages JSON text reads as Python's json.loads reads it: keys in the
+ * order given, the last of duplicate keys winning in the first one's place,
+ * integers apart from floats, \u0000 kept inside a string; a top-level
+ * scalar, bad JSON and absurd nesting fail with a message. */
+static void test_json_input(void) {
+    R("{{ x }}|{{ x | tojson }}", "{\"x\": {\"b\": 1, \"a\": 2, \"b\": 3}}", "{'b': 3, 'a': 2}|{\"b\": 3, \"a\": 2}");
+    R("{{ x }}", "{\"x\": [1, 1.0, -0, 1e2, 2.5e-1, 9223372036854775807]}", "[1, 1.0, 0, 100.0, 0.25, 9223372036854775807]");
+    R("{{ x | length }}{{ x | tojson }}", "{\"x\": \"a\\u0000b\"}", "3\"a\\u0000b\"");
+    F("{{ x }}", "5", "must be a list or an object");
+    F("{{ x }}", "[] x", "messages JSON, byte");
+    char deep[1200];
+    size_t n = (size_t)snprintf(deep, sizeof deep, "{\"x\": ");
+    for (int i = 0; i < 500; i++) deep[n++] = '[';
+    for (int i = 0; i < 500; i++) deep[n++] = ']';
+    deep[n++] = '}';
+    deep[n] = 0;
+    F("{{ x }}", deep, "nested too deeply");
+}
+
 int main(void) {
     const char *msgs = "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"},"
                        "{\"role\": \"user\", \"content\": \" hi \"},"
@@ -145,6 +164,7 @@ int main(void) {
     F("{{ 'a' + 1 }}", NULL, "unsupported operand");
     F("{{ [1].append(2) }}", NULL, "unsafe");
     F("{{ x }}", "[{\"role\": }]", "JSON");
+    test_json_input();
     test_compiled();
     return tl_test_summary();
 }
