@@ -124,12 +124,13 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
         int32_t *ids = NULL;
         size_t n = 0;
         snprintf(text, sizeof text, "%s\n\n", st->think_close);
-        if (strlen(st->think_close) > 64 ||
-            tl_tokenize(tl_ctx_model(ctx), text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, err) || n > MAX_FORCE) {
+        rc = strlen(st->think_close) > 64 ? TL_ERR_ARG
+                                          : tl_tokenize(tl_ctx_model(ctx), text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, err);
+        if (rc || n > MAX_FORCE) {
             tl_free(ids);
             tl_gen_free(st->gen);
             free(st);
-            return err->status ? err->status : tl_fail(err, TL_ERR_ARG, "tl_step_new: the reasoning close marker is too long");
+            return rc && rc != TL_ERR_ARG ? rc : tl_fail(err, TL_ERR_ARG, "tl_step_new: the reasoning close marker is too long");
         }
         memcpy(st->close_ids, ids, n * sizeof *ids);
         st->n_close = (int)n;
@@ -539,7 +540,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
                 const double t0 = tl_now();
                 const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
                 mask_record(st, tl_now() - t0);
-                if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
+                if (!bits) return TL_ERR_NOMEM; /* its only failure (err, if given, says which) */
                 only = single_bit(bits, st->n_vocab);
                 tl_sampler_set_allowed(st->smp, bits);
             }
