@@ -406,6 +406,8 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     return st->n_feed;
 }
 
+int tl_step_fed_forced(const tl_step *st) { return st->fed_forced && st->n_feed > 1 ? st->n_feed - 1 : 0; }
+
 /* The output's last bytes: the token joins the tail. */
 static void tail_add(tl_step *st, int32_t tok) {
     char piece[512];
