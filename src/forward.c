@@ -1036,17 +1036,19 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
     if (st) return st;
     double t0 = tl_now();
     if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
-    if (b->n <= COST_N) {
-        double t = tl_now() - t0;
-        double *w = c->cost_win[b->n];
-        w[c->cost_next[b->n]] = t;
-        c->cost_next[b->n] = (c->cost_next[b->n] + 1) % COST_WIN;
-        if (c->cost_seen[b->n] < COST_WIN) c->cost_seen[b->n]++;
-        double lo = w[0];
-        for (int i = 1; i < c->cost_seen[b->n]; i++) lo = w[i] < lo ? w[i] : lo;
-        c->cost[b->n] = lo;
-    }
+    tl_ctx_cost_record(c, b->n, tl_now() - t0);
     return TL_OK;
+}
+
+void tl_ctx_cost_record(tl_ctx *c, int n, double s) {
+    if (n < 1 || n > COST_N) return;
+    double *w = c->cost_win[n];
+    w[c->cost_next[n]] = s;
+    c->cost_next[n] = (c->cost_next[n] + 1) % COST_WIN;
+    if (c->cost_seen[n] < COST_WIN) c->cost_seen[n]++;
+    double lo = w[0];
+    for (int i = 1; i < c->cost_seen[n]; i++) lo = w[i] < lo ? w[i] : lo;
+    c->cost[n] = lo;
 }
 
 double tl_ctx_decode_cost(const tl_ctx *c, int n) {
