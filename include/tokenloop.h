@@ -608,6 +608,20 @@ int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_
  * write it (one rule for the CLI and the server). */
 int tl_chat_add_bos(const tl_model *model, const char *rendered);
 
+/* Reasoning ("thinking"): the markers a reply writes around its reasoning,
+ * stated once for the CLI, the server and the loop (tl_gen_params.think_open
+ * and think_close). Sets *open and *close (static strings); returns whether
+ * tmpl (NULL: none) speaks of them, i.e. its model reasons. */
+int tl_chat_think_markers(const char *tmpl, const char **open, const char **close);
+/* Whether a rendered prompt ends (trailing blanks aside) with the open
+ * marker: its generation prompt opened the reasoning (tl_gen_params.think_started). */
+int tl_chat_think_started(const char *rendered, size_t len);
+/* A tool call that must open the reply (Llama 3's: the whole reply is the
+ * call) may come after Llama 3's <|python_tag|> and blanks. Returns how many
+ * bytes at text's start are such a lead; *partial (may be NULL): text is a
+ * proper prefix of the tag, which more text may complete. */
+size_t tl_chat_call_lead(const char *text, size_t n, int *partial);
+
 typedef struct tl_chat_msg {
     const char *role, *content;
 } tl_chat_msg;

@@ -192,6 +192,7 @@ static int slot_token(const tl_gen_event *ge, void *user) {
     if (s->tracing) tl_tracer_token(s->tracer, sl->seq, ge);
     ev.text = dup_text(ge->text ? ge->text : "", ge->text ? ge->text_len : 0);
     ev.text_len = ev.text && ge->text ? ge->text_len : 0;
+    ev.reasoning = ge->reasoning;
     push_event(sl->r, &ev);
     return 0;
 }
@@ -212,8 +213,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.spec = s->spec;
     gp.special_text = r->tool_mode && tools_special_text(r->tool_fmt);
     if (r->think) {
-        gp.think_open = "<think>";
-        gp.think_close = "</think>";
+        tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
         gp.think_started = r->think_started;
         gp.think_budget = r->think_budget;
     }

@@ -2665,6 +2665,31 @@ int tl_chat_apply_msgs(const tl_model *model, const char *tmpl, const tl_chat_ms
     return st;
 }
 
+/* The markers DeepSeek-R1, Qwen 3 and SmolLM3 templates write; the one
+ * place they are spelled. */
+static const char THINK_OPEN[] = "<think>", THINK_CLOSE[] = "</think>";
+static const char PYTHON_TAG[] = "<|python_tag|>";
+
+int tl_chat_think_markers(const char *tmpl, const char **open, const char **close) {
+    *open = THINK_OPEN;
+    *close = THINK_CLOSE;
+    return tmpl && strstr(tmpl, THINK_OPEN) != NULL;
+}
+
+int tl_chat_think_started(const char *rendered, size_t len) {
+    const size_t ol = sizeof THINK_OPEN - 1;
+    while (len && (rendered[len - 1] == '\n' || rendered[len - 1] == ' ')) len--;
+    return len >= ol && !memcmp(rendered + len - ol, THINK_OPEN, ol);
+}
+
+size_t tl_chat_call_lead(const char *text, size_t n, int *partial) {
+    const size_t tl = sizeof PYTHON_TAG - 1;
+    size_t k = n >= tl && !memcmp(text, PYTHON_TAG, tl) ? tl : 0;
+    if (partial) *partial = n < tl && !memcmp(text, PYTHON_TAG, n);
+    while (k < n && (text[k] == ' ' || text[k] == '\n' || text[k] == '\t' || text[k] == '\r')) k++;
+    return k;
+}
+
 int tl_chat_add_bos(const tl_model *m, const char *rendered) {
     if (!tl_model_add_bos(m) || tl_token_bos(m) < 0) return 0;
     char bos[256];

@@ -461,16 +461,11 @@ static int watch_think(tl_step *st, int forced) {
     return 1;
 }
 
-/* Whether the output before tail byte i is blanks only (the tail still
- * holds the whole output then). */
+/* Whether the output before tail byte i may lead a call that must open the
+ * reply (blanks, after Llama 3's tag; the tail still holds the whole output
+ * then). */
 static int only_blanks_before(const tl_step *st, int i) {
-    if (st->tail_dropped) return 0;
-    static const char TAG[] = "<|python_tag|>"; /* Llama 3 may open a call with it */
-    int k = 0;
-    if (i >= (int)sizeof TAG - 1 && !memcmp(st->tail, TAG, sizeof TAG - 1)) k = (int)sizeof TAG - 1;
-    for (; k < i; k++)
-        if (st->tail[k] != ' ' && st->tail[k] != '\n' && st->tail[k] != '\t' && st->tail[k] != '\r') return 0;
-    return 1;
+    return !st->tail_dropped && tl_chat_call_lead(st->tail, (size_t)i, NULL) == (size_t)i;
 }
 
 /* A lazy grammar's watch: once the tail holds the trigger, the grammar starts
