@@ -211,9 +211,9 @@ typedef struct out_state {
 static void think_setup(out_state *os, const char *prompt, size_t len) {
     const char *tmpl = tl_model_chat_template(os->m);
     os->tty = isatty(1);
-    os->think = tmpl && strstr(tmpl, "<think>") != NULL;
-    while (len && (prompt[len - 1] == '\n' || prompt[len - 1] == ' ')) len--;
-    os->think_started = os->think && len >= 7 && !memcmp(prompt + len - 7, "<think>", 7);
+    const char *open, *close;
+    os->think = tl_chat_think_markers(tmpl, &open, &close);
+    os->think_started = os->think && tl_chat_think_started(prompt, len);
 }
 
 static void show_probs(const out_state *os, const tl_gen_event *ev) {
@@ -406,8 +406,7 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
                         .grammar = s->matcher, .think_budget = o->think_budget,
                         .tracer = s->tracer, .trace_cached = cached};
     if (os->think) {
-        gp.think_open = "<think>";
-        gp.think_close = "</think>";
+        tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
         gp.think_started = os->think_started;
     }
     int rc = s->matcher ? tl_matcher_reset(s->matcher, &err) : 0; /* each reply starts the grammar over */

@@ -255,8 +255,10 @@ static int serve(srv_opts *o, sigs *sg) {
          * its error) per chat request, and completions still work */
         if (tmpl && tl_chat_template_new(m, NULL, &ctmpl, &err))
             fprintf(stderr, "tokenloop serve: warning: %s; chat requests will fail\n", err.msg);
+        const char *think_open, *think_close;
+        const int thinks = tl_chat_think_markers(tmpl, &think_open, &think_close);
         app.api = (api_ctx){m, o->model_id, srv_sched_n_ctx(app.sched), 1024,
-                            o->reasoning == 2 ? 2 : o->reasoning == 1 && tmpl && strstr(tmpl, "<think>") ? 1 : 0,
+                            o->reasoning == 2 ? 2 : o->reasoning == 1 && thinks ? 1 : 0,
                             ctmpl, store, o->model_path, o->n_parallel};
         atomic_store(&app.phase, SRV_PHASE_READY);
         fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",

@@ -384,7 +384,7 @@ typedef int (*tl_gen_callback)(const tl_gen_event *ev, void *user);
 
 typedef enum tl_trace_phase {
     TL_PHASE_PREFILL = 1, /* a chunk of prompt */
-    TL_PHASE_DECODE = 2,  /* the last token, for the next one */
+    TL_PHASE_DECODE = 2,  /* the last token, for the next one (and any forced tokens after it) */
     TL_PHASE_VERIFY = 3   /* the last token and guesses, verified together */
 } tl_trace_phase;
 
@@ -407,6 +407,9 @@ typedef struct tl_trace_seq {
     int n_cached;        /* prompt tokens it skipped, already in the cache (first prefill only) */
     int n_drafted;       /* VERIFY: guesses fed */
     int n_accepted;      /* VERIFY: of those, kept */
+    int n_forced;        /* DECODE, VERIFY: tokens fed after the last one that the loop wrote
+                          * itself (the reasoning budget's close): n_fed - 1 - n_drafted; not
+                          * guesses */
     int pos;             /* positions it holds after the call */
     const tl_trace_token *tokens; /* emitted after this call */
     int n_tokens;
@@ -446,6 +449,8 @@ typedef struct tl_tracer tl_tracer;
 int tl_tracer_new(const tl_ctx *ctx, tl_trace_fn fn, void *user, tl_tracer **out, tl_error *err);
 void tl_tracer_free(tl_tracer *t);
 void tl_tracer_call(tl_tracer *t);
+/* n_drafted: the guesses among the n_fed tokens (a decode step's tokens after
+ * the first that are not guesses are the loop's forced ones, tl_step_fed_forced). */
 int tl_tracer_seq(tl_tracer *t, int seq, int id, int phase, int n_fed, int n_cached, int n_drafted);
 void tl_tracer_called(tl_tracer *t, int n_rows);
 /* A token sequence seq emitted (after tl_tracer_called); unknown sequences are ignored. */
@@ -560,6 +565,10 @@ void tl_step_free(tl_step *st);
  * speculation weighs. 0 before the first tl_step_take or once stopped.
  * cap >= 1. */
 int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap);
+/* Of the tokens the last tl_step_feed handed out, how many after the first
+ * are the reasoning budget's close: written by the loop and certain to stay,
+ * not guesses (a trace records them as forced, not as drafted). */
+int tl_step_fed_forced(const tl_step *st);
 /* Takes the logits rows of the tokens fed (or, the first time, the one row of
  * the prompt's last token). Samples, emits, commits what stays; returns why
  * generation stopped (TL_STOP_NONE: go on), or a negative status. */
@@ -598,6 +607,20 @@ int tl_chat_apply(const tl_model *model, const char *tmpl, const char *messages_
  * when tokenized: the model asks for BOS and the template did not already
  * write it (one rule for the CLI and the server). */
 int tl_chat_add_bos(const tl_model *model, const char *rendered);
+
+/* Reasoning ("thinking"): the markers a reply writes around its reasoning,
+ * stated once for the CLI, the server and the loop (tl_gen_params.think_open
+ * and think_close). Sets *open and *close (static strings); returns whether
+ * tmpl (NULL: none) speaks of them, i.e. its model reasons. */
+int tl_chat_think_markers(const char *tmpl, const char **open, const char **close);
+/* Whether a rendered prompt ends (trailing blanks aside) with the open
+ * marker: its generation prompt opened the reasoning (tl_gen_params.think_started). */
+int tl_chat_think_started(const char *rendered, size_t len);
+/* A tool call that must open the reply (Llama 3's: the whole reply is the
+ * call) may come after Llama 3's <|python_tag|> and blanks. Returns how many
+ * bytes at text's start are such a lead; *partial (may be NULL): text is a
+ * proper prefix of the tag, which more text may complete. */
+size_t tl_chat_call_lead(const char *text, size_t n, int *partial);
 
 typedef struct tl_chat_msg {
     const char *role, *content;

@@ -718,19 +718,21 @@ static int chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_
     }
     if (think_started && a->reasoning) {
         /* the reasoning starts in the prompt when the generation prompt ends
-         * with <think>; with --reasoning on the server writes it there */
-        size_t k = ol;
-        while (k && (out[k - 1] == '\n' || out[k - 1] == ' ')) k--;
-        *think_started = k >= 7 && !memcmp(out + k - 7, "<think>", 7);
+         * with the open marker; with --reasoning on the server writes it there */
+        *think_started = tl_chat_think_started(out, ol);
         if (!*think_started && a->reasoning == 2 && add_gen) {
-            char *o2 = realloc(out, ol + 9);
+            const char *open, *close;
+            tl_chat_think_markers(NULL, &open, &close);
+            const size_t k = strlen(open);
+            char *o2 = realloc(out, ol + k + 2);
             if (!o2) {
                 tl_free(out);
                 return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
             }
             out = o2;
-            memcpy(out + ol, "<think>\n", 9);
-            ol += 8;
+            memcpy(out + ol, open, k);
+            memcpy(out + ol + k, "\n", 2);
+            ol += k + 1;
             *think_started = 1;
         }
     }
@@ -1147,7 +1149,11 @@ static int skip_lp(const api_ctx *a, const srv_event *ev) {
 
 /* Collects text, finish reason and logprobs over all events. */
 static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
-    api_buf text = {0};
+    api_buf text = {0}, think = {0};
+    int in_think = 0, saw_think = 0; /* the last token was reasoning; any was */
+    const char *open, *close;
+    tl_chat_think_markers(NULL, &open, &close);
+    const size_t ol = strlen(open), cl = strlen(close);
     json_t *chat_lp = r->kind == SRV_CHAT && r->logprobs ? json_array() : NULL;
     legacy_lp l = {0};
     int legacy = r->kind == SRV_COMPLETION && r->logprobs, bad = 0;
@@ -1157,8 +1163,22 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     if (r->kind == SRV_CHAT && r->logprobs && !chat_lp) bad = 1;
     for (int i = 0; !bad && i < r->n_ev; i++) {
         const srv_event *ev = &r->ev[i];
+        /* the loop says which tokens are reasoning; the text held back at
+         * the end belongs with the last token */
+        if (ev->kind == SRV_EV_TOKEN) in_think = r->kind == SRV_CHAT && r->think && ev->reasoning;
+        if (in_think && !saw_think) {
+            /* the loop knows it reasons once the open marker is whole: text
+             * before, blanks and the marker's first pieces, goes with it */
+            saw_think = 1;
+            size_t k = 0;
+            while (k < text.n && (text.p[k] == ' ' || text.p[k] == '\n')) k++;
+            if (text.n - k <= ol && !memcmp(text.p ? text.p + k : "", open, text.n - k)) {
+                bad = text.n && api_buf_add(&think, text.p, text.n);
+                text.n = 0;
+            }
+        }
         if (ev->kind == SRV_EV_TOKEN || ev->kind == SRV_EV_DONE)
-            bad = ev->text_len && api_buf_add(&text, ev->text, ev->text_len);
+            bad = ev->text_len && api_buf_add(in_think ? &think : &text, ev->text, ev->text_len);
         if (ev->kind == SRV_EV_DONE && ev->finish_reason) finish = ev->finish_reason;
         if (bad || skip_lp(a, ev) || (ev->kind != SRV_EV_TOKEN && ev->kind != SRV_EV_PROMPT)) continue;
         if (chat_lp && ev->kind == SRV_EV_TOKEN) bad = api_jpush(chat_lp, chat_lp_entry(a, r, ev));
@@ -1175,24 +1195,26 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     }
     json_decref(chat_lp);
     if (legacy) legacy_drop(&l);
-    /* reasoning: what comes before </think> (after <think> if the reply opened it) */
+    /* reasoning: the reasoning tokens' text without its markers (the open
+     * one only if the reply wrote it); the content, without leading blanks */
     const char *body = text.p ? text.p : "";
     size_t blen = text.n;
     json_t *reasoning = NULL;
-    if (!bad && r->kind == SRV_CHAT && r->think) {
-        size_t lead = 0;
-        while (lead < blen && (body[lead] == ' ' || body[lead] == '\n')) lead++;
-        int open = !r->think_started && blen - lead >= 7 && !memcmp(body + lead, "<think>", 7);
-        if (r->think_started || open) {
-            const char *rs = open ? body + lead + 7 : body;
-            const char *close = memmem(rs, (size_t)(body + blen - rs), "</think>", 8);
-            const char *re = close ? close : body + blen;
-            reasoning = jstr_bytes(rs, (size_t)(re - rs));
-            const char *cs = close ? close + 8 : body + blen;
-            while (cs < body + blen && (*cs == '\n' || *cs == ' ')) cs++;
-            blen = (size_t)(body + blen - cs);
-            body = cs;
+    api_buf joined = {0};
+    if (!bad && r->kind == SRV_CHAT && r->think && (saw_think || r->think_started)) {
+        const char *rs = think.p ? think.p : "";
+        size_t rn = think.n, k = 0;
+        while (k < rn && (rs[k] == ' ' || rs[k] == '\n')) k++;
+        if (!r->think_started && rn - k >= ol && !memcmp(rs + k, open, ol)) rs += k + ol, rn -= k + ol;
+        const char *end = rn ? memmem(rs, rn, close, cl) : NULL;
+        reasoning = jstr_bytes(rs, end ? (size_t)(end - rs) : rn);
+        const size_t after = end ? (size_t)(rs + rn - end) - cl : 0; /* the close token's own text after it */
+        if (after) {
+            bad |= api_buf_add(&joined, end + cl, after) || (blen && api_buf_add(&joined, body, blen));
+            body = joined.p ? joined.p : "";
+            blen = joined.n;
         }
+        while (blen && (*body == '\n' || *body == ' ')) body++, blen--;
     }
     /* tool calls: the content before them, the calls parsed out */
     json_t *calls = NULL;
@@ -1201,6 +1223,8 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     if (calls) finish = "tool_calls";
     json_t *txt = bad ? NULL : calls && !clen ? json_null() : jstr_bytes(body, clen);
     api_buf_free(&text);
+    api_buf_free(&think);
+    api_buf_free(&joined);
     if (r->kind == SRV_CHAT) {
         json_t *m = json_object();
         if (!m || api_jset(m, "role", json_string("assistant")) || json_object_set_new(m, "content", txt) ||
@@ -1411,62 +1435,77 @@ static int stream_content(const api_ctx *a, const srv_req *r, api_stream *st, co
     return chunk(a, r, st, out, NULL, t, n, lp, NULL);
 }
 
-/* A reasoning reply: reasoning_content deltas up to </think> (held back while
- * the text may be its start), then content without its leading blank lines. */
+/* A reply that may reason: the loop marks each token as reasoning or not
+ * (ev->reasoning); reasoning goes out as reasoning_content deltas without
+ * its markers (the close held back while the text may be its start), then
+ * content without its leading blank lines. Blanks before the reasoning are
+ * held until it is clear whether any comes. */
 static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
-                        int last, api_buf *out) {
+                        int reasoning, int last, api_buf *out) {
     if (lp && chunk(a, r, st, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
-    if (st->think == 0 && r->think_started) st->think = 1;
+    const char *open, *close;
+    tl_chat_think_markers(NULL, &open, &close);
+    const size_t ol = strlen(open), cl = strlen(close);
+    if (reasoning && st->think == 0) { /* it starts: what is held is its open marker's start */
+        st->think = 1;
+        st->think_opening = !r->think_started; /* the reply writes its open marker */
+    }
+    if (!reasoning && st->think == 1) { /* it ended without a close marker seen (held text) */
+        if (st->think_hold.n &&
+            chunk_delta(a, r, st, out, "reasoning_content", jstr_bytes(st->think_hold.p, st->think_hold.n)))
+            return -1;
+        st->think_hold.n = 0;
+        st->think = 2;
+    }
     if (n && api_buf_add(&st->think_hold, t, n)) return -1;
-    for (;;) {
-        char *h = st->think_hold.p;
-        size_t hn = st->think_hold.n;
-        if (st->think == 0) { /* does the reply open its reasoning? */
+    char *h = st->think_hold.p;
+    size_t hn = st->think_hold.n;
+    if (st->think == 0) { /* no reasoning yet: what may still open it waits, anything else is content */
+        size_t k = 0;
+        while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
+        if (!last && (!hn || (hn - k < ol && !memcmp(h + k, open, hn - k)))) return 0;
+        st->think = 2;
+        st->content_on = 1;
+    }
+    if (st->think == 1) {
+        if (st->think_opening) {
             size_t k = 0;
             while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
-            size_t m = hn - k < 7 ? hn - k : 7;
-            if (!last && m < 7 && !memcmp(h + k, "<think>", m)) return 0; /* too early to say */
-            if (hn - k >= 7 && !memcmp(h + k, "<think>", 7)) {
-                memmove(h, h + k + 7, hn - k - 7);
-                st->think_hold.n = hn - k - 7;
-                st->think = 1;
-                continue;
+            if (!last && (!hn || (hn - k < ol && !memcmp(h + k, open, hn - k)))) return 0; /* too early to say */
+            st->think_opening = 0;
+            if (hn - k >= ol && !memcmp(h + k, open, ol)) {
+                memmove(h, h + k + ol, hn - k - ol);
+                hn = st->think_hold.n = hn - k - ol;
             }
-            st->think = 2;
-            st->content_on = 1;
-            continue;
         }
-        if (st->think == 1) {
-            const char *close = hn ? memmem(h, hn, "</think>", 8) : NULL;
-            /* without the marker: all but a tail that may be its start
-             * (whole characters either way: the marker is ASCII) */
-            size_t emit = close ? (size_t)(close - h) : hn;
-            if (!close && !last)
-                for (size_t k = 7; k > 0; k--)
-                    if (hn >= k && !memcmp(h + hn - k, "</think>", k)) {
-                        emit = hn - k;
-                        break;
-                    }
-            if (emit && chunk_delta(a, r, st, out, "reasoning_content", jstr_bytes(h, emit))) return -1;
-            if (!close) {
-                memmove(h, h + emit, hn - emit);
-                st->think_hold.n = hn - emit;
-                return 0;
-            }
-            memmove(h, close + 8, hn - emit - 8);
-            st->think_hold.n = hn - emit - 8;
-            st->think = 2;
-            continue;
+        const char *end = hn ? memmem(h, hn, close, cl) : NULL;
+        /* without the marker: all but a tail that may be its start (whole
+         * characters either way: the marker is ASCII) */
+        size_t emit = end ? (size_t)(end - h) : hn;
+        if (!end && !last)
+            for (size_t k = cl - 1; k > 0; k--)
+                if (hn >= k && !memcmp(h + hn - k, close, k)) {
+                    emit = hn - k;
+                    break;
+                }
+        if (emit && chunk_delta(a, r, st, out, "reasoning_content", jstr_bytes(h, emit))) return -1;
+        if (!end) {
+            memmove(h, h + emit, hn - emit);
+            st->think_hold.n = hn - emit;
+            return 0;
         }
-        size_t k = 0;
-        if (!st->content_on) {
-            while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
-            if (k < hn) st->content_on = 1;
-        }
-        int rc = stream_content(a, r, st, h + k, hn - k, NULL, last, out);
-        st->think_hold.n = 0;
-        return rc;
+        memmove(h, end + cl, hn - emit - cl);
+        hn = st->think_hold.n = hn - emit - cl;
+        st->think = 2;
     }
+    size_t k = 0;
+    if (!st->content_on) {
+        while (k < hn && (h[k] == ' ' || h[k] == '\n')) k++;
+        if (k < hn) st->content_on = 1;
+    }
+    int rc = stream_content(a, r, st, h + k, hn - k, NULL, last, out);
+    st->think_hold.n = 0;
+    return rc;
 }
 
 int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const srv_event *ev,
@@ -1484,13 +1523,15 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
         const char *t = ev->kind == SRV_EV_TOKEN ? ev->text : "";
         size_t n = ev->kind == SRV_EV_TOKEN ? ev->text_len : 0;
         if (!n && !lp) return 0;
-        if (r->kind == SRV_CHAT && r->think) return stream_think(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
+        if (r->kind == SRV_CHAT && r->think)
+            return stream_think(a, r, st, t ? t : "", t ? n : 0, lp, ev->kind == SRV_EV_TOKEN && ev->reasoning, 0, out);
         if (tools) return stream_tools(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         return chunk(a, r, st, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
     }
     case SRV_EV_DONE:
         if (r->kind == SRV_CHAT && r->think) {
-            if (stream_think(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
+            /* the text held back to the end belongs with the last token */
+            if (stream_think(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, st->think == 1, 1, out)) return -1;
         } else if (tools) {
             if (stream_tools(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
         } else if (ev->text_len && chunk(a, r, st, out, NULL, ev->text, ev->text_len, NULL, NULL)) {

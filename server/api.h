@@ -106,7 +106,8 @@ typedef struct api_stream {
     tools_stream_st tools;
     int think;        /* 0: before any reasoning, 1: inside, 2: after */
     int content_on;   /* after reasoning: the content's leading blank lines are dropped until text comes */
-    api_buf think_hold; /* reasoning text that may be the start of the close marker */
+    int think_opening; /* the reasoning's start: its open marker (the reply's own) is still to drop */
+    api_buf think_hold; /* reasoning text that may be the start of the close marker; before any, what may open it */
     void *ds;           /* the dialect's stream state (server/dialect.h), or NULL */
 } api_stream;
 void api_stream_free(api_stream *st);

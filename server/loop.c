@@ -1,6 +1,8 @@
 /* server/loop: the live loop's hub (see loop.h). A ring of the newest
  * records under one mutex; the scheduler's publish copies a line into a slot
- * whose buffer is reused, and signals the readers. */
+ * whose buffer is reused, and signals the readers. A record that could not
+ * be kept still takes its slot, marked lost, so that every reader counts it
+ * in a gap where it would have been. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,6 +16,7 @@
 typedef struct line {
     char *s;
     size_t n, cap;
+    int lost; /* the record was dropped (no memory for it) */
 } line;
 
 struct srv_loop {
@@ -54,18 +57,21 @@ int srv_loop_watched(srv_loop *l) { return l && atomic_load(&l->readers) > 0; }
 void srv_loop_publish(srv_loop *l, const char *s, size_t n) {
     pthread_mutex_lock(&l->mu);
     line *ln = &l->ring[l->head % (uint64_t)l->cap];
-    if (n + 1 > ln->cap) {
+    ln->lost = !s;
+    if (s && n + 1 > ln->cap) {
         char *p = realloc(ln->s, n + 1);
-        if (!p) { /* dropped: readers see a gap */
-            pthread_mutex_unlock(&l->mu);
-            return;
+        if (p) {
+            ln->s = p;
+            ln->cap = n + 1;
+        } else {
+            ln->lost = 1;
         }
-        ln->s = p;
-        ln->cap = n + 1;
     }
-    memcpy(ln->s, s, n);
-    ln->s[n] = 0;
-    ln->n = n;
+    if (!ln->lost) {
+        memcpy(ln->s, s, n);
+        ln->s[n] = 0;
+        ln->n = n;
+    }
     l->head++;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -81,6 +87,12 @@ uint64_t srv_loop_join(srv_loop *l) {
 
 void srv_loop_leave(srv_loop *l) { atomic_fetch_sub(&l->readers, 1); }
 
+static int gap(api_buf *out, uint64_t missed) {
+    char g[64];
+    int k = snprintf(g, sizeof g, "event: gap\ndata: %llu\n\n", (unsigned long long)missed);
+    return api_buf_add(out, g, (size_t)k);
+}
+
 int srv_loop_read(srv_loop *l, uint64_t *next, api_buf *out, int timeout_ms) {
     pthread_mutex_lock(&l->mu);
     if (*next >= l->head && !atomic_load(&l->closed)) {
@@ -95,16 +107,28 @@ int srv_loop_read(srv_loop *l, uint64_t *next, api_buf *out, int timeout_ms) {
         pthread_cond_timedwait(&l->cv, &l->mu, &ts);
     }
     int n = 0, rc = 0;
+    uint64_t missed = 0; /* records this reader will never get, since the last one it got */
     if (l->head - *next > (uint64_t)l->cap) { /* overwritten before this reader got them */
-        char g[64];
-        int k = snprintf(g, sizeof g, "event: gap\ndata: %llu\n\n", (unsigned long long)(l->head - *next - (uint64_t)l->cap));
-        rc |= api_buf_add(out, g, (size_t)k);
+        missed = l->head - *next - (uint64_t)l->cap;
         *next = l->head - (uint64_t)l->cap;
+    }
+    for (; !rc && *next < l->head && n < 64; (*next)++) {
+        const line *ln = &l->ring[*next % (uint64_t)l->cap];
+        if (ln->lost) {
+            missed++;
+            continue;
+        }
+        if (missed) {
+            rc = gap(out, missed);
+            missed = 0;
+            n++;
+        }
+        rc = rc || api_buf_add(out, "data: ", 6) || api_buf_add(out, ln->s, ln->n) || api_buf_add(out, "\n\n", 2);
         n++;
     }
-    for (; !rc && *next < l->head && n < 64; (*next)++, n++) {
-        const line *ln = &l->ring[*next % (uint64_t)l->cap];
-        rc = api_buf_add(out, "data: ", 6) || api_buf_add(out, ln->s, ln->n) || api_buf_add(out, "\n\n", 2);
+    if (!rc && missed) {
+        rc = gap(out, missed);
+        n++;
     }
     pthread_mutex_unlock(&l->mu);
     return rc ? -1 : n;

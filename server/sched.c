@@ -192,6 +192,7 @@ static int slot_token(const tl_gen_event *ge, void *user) {
     if (s->tracing) tl_tracer_token(s->tracer, sl->seq, ge);
     ev.text = dup_text(ge->text ? ge->text : "", ge->text ? ge->text_len : 0);
     ev.text_len = ev.text && ge->text ? ge->text_len : 0;
+    ev.reasoning = ge->reasoning;
     push_event(sl->r, &ev);
     return 0;
 }
@@ -212,8 +213,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.spec = s->spec;
     gp.special_text = r->tool_mode && tools_special_text(r->tool_fmt);
     if (r->think) {
-        gp.think_open = "<think>";
-        gp.think_close = "</think>";
+        tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
         gp.think_started = r->think_started;
         gp.think_budget = r->think_budget;
     }
@@ -483,8 +483,9 @@ static void trace_call(srv_sched *s) {
             tl_tracer_seq(s->tracer, sl->seq, id, TL_PHASE_PREFILL, sl->n_take, sl->n_fed == sl->reused ? sl->reused : 0,
                           0);
         } else if (sl->n_step > 0) {
-            tl_tracer_seq(s->tracer, sl->seq, id, sl->n_step > 1 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, sl->n_step, 0,
-                          sl->n_step - 1);
+            const int guesses = sl->n_step - 1 - tl_step_fed_forced(sl->step);
+            tl_tracer_seq(s->tracer, sl->seq, id, guesses > 0 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, sl->n_step, 0,
+                          guesses);
         }
     }
 }
@@ -539,7 +540,10 @@ static void sched_trace(const tl_trace_step *st, void *user) {
     size_t n = tl_trace_json(st, s->m, s->tjson, s->tjson_cap);
     if (n >= s->tjson_cap) {
         char *p = realloc(s->tjson, n + 1);
-        if (!p) return;
+        if (!p) {
+            srv_loop_publish(s->loop, NULL, 0); /* its readers learn of the record they lost */
+            return;
+        }
         s->tjson = p;
         s->tjson_cap = n + 1;
         tl_trace_json(st, s->m, s->tjson, s->tjson_cap);

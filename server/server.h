@@ -66,6 +66,8 @@ typedef struct srv_event {
     tl_token_prob top[SRV_MAX_TOP];
     int n_top;
     const char *finish_reason;       /* DONE: "stop" or "length" (static string) */
+    int reasoning;                   /* TOKEN: the loop counts it as reasoning (tl_gen_event.reasoning,
+                                      * markers included); the reply splits on it, never on the text */
 } srv_event;
 
 enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
@@ -91,7 +93,7 @@ typedef struct srv_req {
     int grammar_lazy;                /* the grammar starts at the tool-call tag (tool_choice auto) */
     int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
     int tool_fmt;                    /* TOOLS_HERMES/LLAMA3/MISTRAL: their format */
-    int think;                       /* the reply may reason between <think> and </think> */
+    int think;                       /* the reply may reason (tl_chat_think_markers) */
     int think_started;               /* the prompt opened the reasoning */
     int think_budget;                /* reasoning tokens before the close is forced; -1: none */
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */

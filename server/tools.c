@@ -53,13 +53,7 @@ int tools_special_text(int fmt) { return FMT[fmt].special; }
 int tools_at_start(int fmt) { return FMT[fmt].at_start; }
 
 /* Whether text[0..n) is blanks, after Llama 3's <|python_tag|> if there. */
-static int blank_lead(const char *text, size_t n) {
-    static const char TAG[] = "<|python_tag|>";
-    size_t k = n >= sizeof TAG - 1 && !memcmp(text, TAG, sizeof TAG - 1) ? sizeof TAG - 1 : 0;
-    for (; k < n; k++)
-        if (text[k] != ' ' && text[k] != '\n' && text[k] != '\t' && text[k] != '\r') return 0;
-    return 1;
-}
+static int blank_lead(const char *text, size_t n) { return tl_chat_call_lead(text, n, NULL) == n; }
 
 static int bad(api_err *e, const char *param, const char *msg) {
     return api_fail(e, 400, "invalid_request_error", param, NULL, "%s", msg);
@@ -318,12 +312,9 @@ int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const 
             if (f->at_start && !s->seen_call) {
                 /* held while it may still be blanks (after a <|python_tag|>)
                  * and the open text; anything else: no call comes */
-                static const char TAG[] = "<|python_tag|>";
-                const size_t tl = sizeof TAG - 1;
-                size_t lead = 0;
-                if (hn >= tl && !memcmp(h, TAG, tl)) lead = tl;
-                else if (hn < tl && !memcmp(h, TAG, hn)) return 0;
-                while (lead < hn && (h[lead] == ' ' || h[lead] == '\n' || h[lead] == '\t' || h[lead] == '\r')) lead++;
+                int partial = 0;
+                const size_t lead = tl_chat_call_lead(h, hn, &partial);
+                if (partial) return 0;
                 const size_t rest = hn - lead;
                 if (memcmp(h + lead, f->open, rest < ol ? rest : ol)) {
                     s->plain = 1;

@@ -232,9 +232,11 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
     if (st) return st;
     double t0 = tl_now();
     if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
-    tl_cost_record(&c->cost, b->n, tl_now() - t0);
+    tl_ctx_cost_record(c, b->n, tl_now() - t0);
     return TL_OK;
 }
+
+void tl_ctx_cost_record(tl_ctx *c, int n, double s) { tl_cost_record(&c->cost, n, s); }
 
 double tl_ctx_decode_cost(const tl_ctx *c, int n) { return tl_cost_at(&c->cost, n); }
 

@@ -13,4 +13,10 @@
 /* The model a context runs. */
 const tl_model *tl_ctx_model(const tl_ctx *ctx);
 
+/* Adds one call of n tokens that took s seconds to the cost model that
+ * tl_ctx_decode_cost reads. tl_ctx_decode records each of its calls here;
+ * tests record fixed costs instead, so that speculation's policy is checked
+ * on known figures whatever else the machine is running. */
+void tl_ctx_cost_record(tl_ctx *ctx, int n, double s);
+
 #endif

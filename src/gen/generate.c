@@ -243,7 +243,8 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
         tl_batch b = {.n = n, .token = tok, .seq = seq, .logits = keep, .pending = 1};
         if (tr) {
             tl_tracer_call(tr);
-            tl_tracer_seq(tr, 0, 0, n > 1 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, n, 0, n - 1);
+            const int guesses = n - 1 - tl_step_fed_forced(sp);
+            tl_tracer_seq(tr, 0, 0, guesses > 0 ? TL_PHASE_VERIFY : TL_PHASE_DECODE, n, 0, guesses);
         }
         if ((rc = tl_ctx_decode(ctx, &b, err))) break;
         if (tr) tl_tracer_called(tr, n);

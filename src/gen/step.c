@@ -124,12 +124,13 @@ int tl_step_new(tl_ctx *ctx, int seq, tl_sampler *smp, const tl_gen_params *gp, 
         int32_t *ids = NULL;
         size_t n = 0;
         snprintf(text, sizeof text, "%s\n\n", st->think_close);
-        if (strlen(st->think_close) > 64 ||
-            tl_tokenize(tl_ctx_model(ctx), text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, err) || n > MAX_FORCE) {
+        rc = strlen(st->think_close) > 64 ? TL_ERR_ARG
+                                          : tl_tokenize(tl_ctx_model(ctx), text, strlen(text), TL_TOK_PARSE_SPECIAL, &ids, &n, err);
+        if (rc || n > MAX_FORCE) {
             tl_free(ids);
             tl_gen_free(st->gen);
             free(st);
-            return err->status ? err->status : tl_fail(err, TL_ERR_ARG, "tl_step_new: the reasoning close marker is too long");
+            return rc && rc != TL_ERR_ARG ? rc : tl_fail(err, TL_ERR_ARG, "tl_step_new: the reasoning close marker is too long");
         }
         memcpy(st->close_ids, ids, n * sizeof *ids);
         st->n_close = (int)n;
@@ -405,6 +406,8 @@ int tl_step_feed(tl_step *st, int n_other, int32_t *tok, int cap) {
     return st->n_feed;
 }
 
+int tl_step_fed_forced(const tl_step *st) { return st->fed_forced && st->n_feed > 1 ? st->n_feed - 1 : 0; }
+
 /* The output's last bytes: the token joins the tail. */
 static void tail_add(tl_step *st, int32_t tok) {
     char piece[512];
@@ -458,16 +461,11 @@ static int watch_think(tl_step *st, int forced) {
     return 1;
 }
 
-/* Whether the output before tail byte i is blanks only (the tail still
- * holds the whole output then). */
+/* Whether the output before tail byte i may lead a call that must open the
+ * reply (blanks, after Llama 3's tag; the tail still holds the whole output
+ * then). */
 static int only_blanks_before(const tl_step *st, int i) {
-    if (st->tail_dropped) return 0;
-    static const char TAG[] = "<|python_tag|>"; /* Llama 3 may open a call with it */
-    int k = 0;
-    if (i >= (int)sizeof TAG - 1 && !memcmp(st->tail, TAG, sizeof TAG - 1)) k = (int)sizeof TAG - 1;
-    for (; k < i; k++)
-        if (st->tail[k] != ' ' && st->tail[k] != '\n' && st->tail[k] != '\t' && st->tail[k] != '\r') return 0;
-    return 1;
+    return !st->tail_dropped && tl_chat_call_lead(st->tail, (size_t)i, NULL) == (size_t)i;
 }
 
 /* A lazy grammar's watch: once the tail holds the trigger, the grammar starts
@@ -539,7 +537,7 @@ int tl_step_take(tl_step *st, const float *const *rows, int n_rows, tl_error *er
                 const double t0 = tl_now();
                 const uint32_t *bits = tl_matcher_allowed(st->grammar, err);
                 mask_record(st, tl_now() - t0);
-                if (!bits) return err->status ? err->status : TL_ERR_NOMEM;
+                if (!bits) return TL_ERR_NOMEM; /* its only failure (err, if given, says which) */
                 only = single_bit(bits, st->n_vocab);
                 tl_sampler_set_allowed(st->smp, bits);
             }

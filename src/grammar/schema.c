@@ -97,8 +97,8 @@ typedef struct conv {
     int n_refs;
     int depth;
     int multi; /* inside a list of types */
-    tl_error *err;
-    int failed;
+    tl_error *err; /* may be NULL: the status is kept here too */
+    int failed, status;
 } conv;
 
 static int refuse(conv *c, const char *path, const char *fmt, ...) {
@@ -108,7 +108,7 @@ static int refuse(conv *c, const char *path, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        tl_fail(c->err, TL_ERR_ARG, "json_schema%s%s: %s", *path ? " at " : "", path, msg);
+        c->status = tl_fail(c->err, TL_ERR_ARG, "json_schema%s%s: %s", *path ? " at " : "", path, msg);
     }
     c->failed = 1;
     return -1;
@@ -948,7 +948,7 @@ int tl_json_schema_to_gbnf(const char *schema, size_t len, char **gbnf, tl_error
     json_decref(root);
     if (r < 0) {
         free(c.out.s);
-        return err->status ? err->status : TL_ERR_ARG;
+        return c.status ? c.status : TL_ERR_ARG;
     }
     *gbnf = c.out.s;
     return TL_OK;

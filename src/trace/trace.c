@@ -109,6 +109,7 @@ int tl_tracer_seq(tl_tracer *t, int seq, int id, int phase, int n_fed, int n_cac
     s->n_fed = n_fed;
     s->n_cached = n_cached;
     s->n_drafted = n_drafted;
+    if (phase != TL_PHASE_PREFILL && n_fed - 1 - n_drafted > 0) s->n_forced = n_fed - 1 - n_drafted;
     const int len = tl_seq_len(t->ctx, seq);
     t->pos0[t->n_seqs++] = len > 0 ? len : 0;
     if (phase == TL_PHASE_PREFILL) t->tokens_in += (uint64_t)n_fed;

@@ -86,9 +86,9 @@ size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, 
     for (int i = 0; i < st->n_seqs; i++) {
         const tl_trace_seq *s = &st->seqs[i];
         pf(&w, "%s{\"seq\":%d,\"id\":%d,\"phase\":\"%s\",\"fed\":%d,\"cached\":%d,\"drafted\":%d,\"accepted\":%d,"
-               "\"pos\":%d,\"tokens\":[",
+               "\"forced\":%d,\"pos\":%d,\"tokens\":[",
            i ? "," : "", s->seq, s->id, PHASE[s->phase >= 1 && s->phase <= 3 ? s->phase : 0], s->n_fed, s->n_cached,
-           s->n_drafted, s->n_accepted, s->pos);
+           s->n_drafted, s->n_accepted, s->n_forced, s->pos);
         for (int j = 0; j < s->n_tokens; j++) {
             const tl_trace_token *t = &s->tokens[j];
             pf(&w, "%s{\"id\":%d,\"text\":", j ? "," : "", t->token);

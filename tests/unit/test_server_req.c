@@ -368,6 +368,86 @@ static void test_replies(void) {
     srv_req_release(r);
 }
 
+/* Reasoning is what the loop says it is (srv_event.reasoning, from
+ * tl_gen_event.reasoning), not what the text looks like: a reply and a
+ * stream built from the same events split them the same way. */
+typedef struct split {
+    char reasoning[256], content[256];
+    int has_reasoning;
+} split;
+
+static void cat(char *dst, size_t cap, const char *s) {
+    if (s && strlen(dst) + strlen(s) < cap) strcat(dst, s);
+}
+
+static void reasoning_case(const char *what, const char *const *texts, const int *flags, int n, const char *want_r,
+                           const char *want_c) {
+    srv_req *r = NULL;
+    const char *chat = "{" CHAT_MSG "}";
+    CHECK(parse(SRV_CHAT, chat, strlen(chat), NULL, &r) == 0, "chat");
+    if (!r) return;
+    r->think = 1;
+    r->think_started = 0;
+    for (int i = 0; i < n; i++) {
+        srv_event ev = {.kind = SRV_EV_TOKEN, .token = 1, .text = strdup(texts[i]), .text_len = strlen(texts[i]),
+                        .reasoning = flags[i]};
+        srv_req_push(r, &ev);
+    }
+    srv_event done = {.kind = SRV_EV_DONE, .text = strdup(""), .finish_reason = "stop"};
+    srv_req_push(r, &done);
+    split whole = {{0}, {0}, 0}, streamed = {{0}, {0}, 0};
+    size_t len;
+    char *s = api_reply_json(&A, r, &len);
+    json_t *j = loads(s);
+    json_t *m = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    json_t *rc = json_object_get(m, "reasoning_content");
+    whole.has_reasoning = rc != NULL;
+    cat(whole.reasoning, sizeof whole.reasoning, json_string_value(rc));
+    cat(whole.content, sizeof whole.content, json_string_value(json_object_get(m, "content")));
+    json_decref(j);
+    free(s);
+    api_stream st = {0};
+    api_buf out = {0};
+    for (int i = 0; i < r->n_ev; i++) CHECK(api_stream_event(&A, r, &st, &r->ev[i], &out) == 0, "frame");
+    for (char *q = out.p; q && (q = strstr(q, "data: {")); q += 6) {
+        json_error_t je;
+        json_t *f = json_loadb(q + 6, strcspn(q + 6, "\n"), 0, &je);
+        json_t *d = json_object_get(json_array_get(json_object_get(f, "choices"), 0), "delta");
+        json_t *dr = json_object_get(d, "reasoning_content");
+        if (dr) streamed.has_reasoning = 1;
+        cat(streamed.reasoning, sizeof streamed.reasoning, json_string_value(dr));
+        cat(streamed.content, sizeof streamed.content, json_string_value(json_object_get(d, "content")));
+        json_decref(f);
+    }
+    api_buf_free(&out);
+    api_stream_free(&st);
+    srv_req_release(r);
+    const split *sp[2] = {&whole, &streamed};
+    for (int k = 0; k < 2; k++) {
+        CHECK(sp[k]->has_reasoning == (want_r != NULL) && !strcmp(sp[k]->reasoning, want_r ? want_r : ""),
+              "%s (%s): reasoning '%s', want '%s'", what, k ? "stream" : "reply", sp[k]->reasoning, want_r ? want_r : "(none)");
+        CHECK(!strcmp(sp[k]->content, want_c), "%s (%s): content '%s', want '%s'", what, k ? "stream" : "reply",
+              sp[k]->content, want_c);
+    }
+}
+
+static void test_reasoning(void) {
+    /* the open marker in pieces: the loop counts it from the piece that
+     * completes it */
+    const char *t1[] = {"\n", "<th", "ink>", "Let me", " se", "e.</", "think>", "\n\n", "Four", "."};
+    const int f1[] = {0, 0, 1, 1, 1, 1, 1, 0, 0, 0};
+    reasoning_case("the loop's reasoning", t1, f1, 10, "Let me see.", "Four.");
+    /* the loop did not count the markers as reasoning (a grammar held the
+     * reply, or they came too late): they are the reply's text */
+    const char *t2[] = {"<think>", "x</think>", " y"};
+    const int f2[] = {0, 0, 0};
+    reasoning_case("markers the loop did not count", t2, f2, 3, NULL, "<think>x</think> y");
+    /* a reply still reasoning when it stopped */
+    const char *t3[] = {"<think>", "Hmm", " wait</"};
+    const int f3[] = {1, 1, 1};
+    reasoning_case("reasoning cut off", t3, f3, 3, "Hmm wait</", "");
+}
+
 static void test_misc(void) {
     size_t n;
     char *f = api_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6, &n);
@@ -529,6 +609,7 @@ int main(void) {
     test_hostile();
     test_good();
     test_replies();
+    test_reasoning();
     test_misc();
     test_tool_formats();
     /* and compiled per request, as where the server could not compile it */
