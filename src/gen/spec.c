@@ -129,3 +129,12 @@ void tl_spec_update(tl_spec_policy *p, int n_kept, int rejected) {
     acc_update(&p->acc, n_kept, rejected);
     if (p->bin > 0) acc_update(acc_of(p), n_kept, rejected);
 }
+
+int tl_spec_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "off")) return TL_SPEC_OFF;
+    if (!strcmp(name, "auto")) return TL_SPEC_AUTO;
+    if (!strcmp(name, "ngram")) return TL_SPEC_NGRAM;
+    if (!strcmp(name, "draft")) return TL_SPEC_DRAFT;
+    return -1;
+}
