@@ -14,7 +14,6 @@
 #include <jansson.h>
 
 #include "api.h"
-#include "dialect.h"
 #include "chat/chat.h"
 #include "tools.h"
 
@@ -1267,15 +1266,14 @@ json_t *api_reply_obj(const api_ctx *a, const srv_req *r) {
 char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
     json_t *o = api_reply_obj(a, r);
     if (!o) return NULL;
-    if (r->dialect == SRV_DIALECT_RESPONSES) return resp_reply(a, r, o, len);
-    if (r->dialect == SRV_DIALECT_MESSAGES) return msg_reply(a, r, o, len);
+    if (r->wire) return r->wire->reply(a, r, o, len);
     return api_dump(o, len);
 }
 
 void api_stream_free(api_stream *st) {
     api_buf_free(&st->tools.hold);
     api_buf_free(&st->think_hold);
-    dialect_stream_free(st->ds);
+    if (st->ds) ((dialect_stream *)st->ds)->free(st->ds);
     st->ds = NULL;
 }
 
@@ -1284,8 +1282,7 @@ void api_stream_free(api_stream *st) {
 /* One chunk (taken) out: as an SSE data line, or through the request's
  * dialect, which turns chat chunks into its own events. */
 static int frame(const api_ctx *a, const srv_req *r, api_stream *st, api_buf *out, json_t *j) {
-    if (r->dialect == SRV_DIALECT_RESPONSES) return resp_stream_chunk(a, r, &st->ds, j, out);
-    if (r->dialect == SRV_DIALECT_MESSAGES) return msg_stream_chunk(a, r, &st->ds, j, out);
+    if (r->wire) return r->wire->stream_chunk(a, r, &st->ds, j, out);
     char *s = api_dump(j, NULL);
     if (!s) return -1;
     int rc = api_buf_add(out, "data: ", 6) || api_buf_add(out, s, strlen(s)) ||
@@ -1545,8 +1542,7 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
     case SRV_EV_ERROR: {
         const char *m = ev->text && ev->text[0] ? ev->text : "the request failed";
         st->ended = 1;
-        if (r->dialect == SRV_DIALECT_RESPONSES) return resp_stream_error(a, r, &st->ds, m, out);
-        if (r->dialect == SRV_DIALECT_MESSAGES) return msg_stream_error(&st->ds, m, out);
+        if (r->wire) return r->wire->stream_error(a, r, &st->ds, m, out);
         if (stream_error(ev, out)) return -1;
         break;
     }

@@ -98,6 +98,22 @@ typedef struct tools_stream_st {
     int plain; /* the reply has shown it holds no calls (a format whose calls open it) */
 } tools_stream_st;
 
+/* A dialect's reply and stream over the chat ones, set on the request by the
+ * dialect's parser (dialect.h): the core calls through it and never names a
+ * dialect, so dialects depend on the core and not the reverse. */
+typedef struct api_dialect {
+    /* the reply from the chat completion object (taken) */
+    char *(*reply)(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
+    /* the dialect's events for one chat chunk (taken); *ds: its stream state */
+    int (*stream_chunk)(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
+    int (*stream_error)(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
+} api_dialect;
+
+/* A dialect's stream state starts with this, so the core can free it. */
+typedef struct dialect_stream {
+    void (*free)(struct dialect_stream *);
+} dialect_stream;
+
 /* Stream state across events of one request. */
 typedef struct api_stream {
     int started;      /* first frame (chat role delta, echo) sent */

@@ -1,6 +1,6 @@
 /* server/dialect: what the Responses and Messages dialects share (see
- * dialect.h): SSE events with a type, text parts joined, the stream state's
- * release. */
+ * dialect.h): SSE events with a type, text parts joined. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,8 +41,36 @@ int dialect_text(json_t *c, const char *param, const char *const *types, api_buf
 
 json_t *dialect_str(const api_buf *b) { return json_stringn(b->p ? b->p : "", b->n); }
 
-void dialect_stream_free(void *ds) {
-    if (!ds) return;
-    dialect_stream *d = ds;
-    d->free(d);
+int dialect_tools(json_t *root, dialect_tool_fn fn, void *user, json_t *chat, json_t **warnings, int *n_fn,
+                  api_err *e) {
+    json_t *tools = api_field(root, "tools");
+    *n_fn = 0;
+    if (tools && !json_is_array(tools))
+        return api_fail(e, 400, "invalid_request_error", "tools", NULL, "'tools' must be an array");
+    if (!tools || !json_array_size(tools)) return 0;
+    json_t *ct = json_array();
+    if (!ct || json_object_set_new(chat, "tools", ct)) return -2;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *params = NULL;
+        char why[160] = "";
+        const int take = fn(t, user, &params, why, sizeof why, e);
+        if (take < 0) return -1;
+        if (!take) {
+            api_utf8_scrub(why);
+            if ((!*warnings && !(*warnings = json_array())) || api_jpush(*warnings, json_string(why))) return -2;
+            continue;
+        }
+        json_t *f = json_pack("{s:O}", "name", api_field(t, "name")), *desc = api_field(t, "description");
+        if (!f || (desc && json_object_set(f, "description", desc)) || (params && json_object_set(f, "parameters", params)) ||
+            api_jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", f))) {
+            json_decref(params);
+            return -2;
+        }
+        json_decref(params);
+        ++*n_fn;
+    }
+    if (!*n_fn) json_object_del(chat, "tools");
+    return 0;
 }

@@ -28,10 +28,8 @@ resp_store *resp_store_new(int max_n, int ttl_s, size_t max_bytes);
 void resp_store_free(resp_store *s);
 
 int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_err *e);
-/* The reply (chat taken); stores it when the request asked to. */
-char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
-int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
-int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
+/* The request's reply and stream come back through r->wire (api_dialect):
+ * the reply stored when the request asked to. */
 /* GET /v1/responses/{id}: the stored response, or NULL with e filled (404). */
 char *resp_get(const api_ctx *a, const char *id, size_t *len, api_err *e);
 /* GET /v1/responses/{id}/input_items: the items that led to it, oldest first
@@ -43,20 +41,11 @@ char *resp_delete(const api_ctx *a, const char *id, size_t *len, api_err *e);
 /* ---- the Messages API (server/messages.c) --------------------------------- */
 /* count_only: /v1/messages/count_tokens (max_tokens not required). */
 int msg_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, int count_only, api_err *e);
-char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
-int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
-int msg_stream_error(void **ds, const char *msg, api_buf *out);
 /* {"type":"error","error":{"type","message"}} for an api_err. */
 char *msg_error_json(const api_err *e, size_t *len);
 /* count_tokens' reply. */
 char *msg_count_json(const srv_req *r, size_t *len);
 
-/* Either dialect's stream state starts with this. */
-typedef struct dialect_stream {
-    void (*free)(struct dialect_stream *);
-} dialect_stream;
-/* Frees either dialect's stream state (NULL: nothing). */
-void dialect_stream_free(void *ds);
 
 /* ---- shared ------------------------------------------------------------------ */
 /* The text of content given as a string or as parts whose type is one of
@@ -67,5 +56,18 @@ int dialect_text(json_t *c, const char *param, const char *const *types, api_buf
 json_t *dialect_str(const api_buf *b);
 /* Appends an SSE event "event: type\ndata: json\n\n" (j taken). */
 int dialect_event(api_buf *out, const char *type, json_t *j);
+
+/* What one of a dialect's tools is as a chat function: 1 to take it, with
+ * *params the parameters' schema (a new reference; NULL leaves them out);
+ * 0 to leave it out, with why saying so (a warning the reply carries); -1
+ * when the request is bad (e filled). */
+typedef int (*dialect_tool_fn)(json_t *tool, void *user, json_t **params, char *why, size_t why_cap, api_err *e);
+/* The request's "tools" as chat's, into chat.tools (left out when none is
+ * taken), each {"type":"function","function":{name, description,
+ * parameters}} in the order chat clients send, so the rendered tools and the
+ * prefix cache are the same whichever dialect an agent speaks. *n_fn: the
+ * functions taken. 0, -1 (e filled) or -2 (no memory). */
+int dialect_tools(json_t *root, dialect_tool_fn fn, void *user, json_t *chat, json_t **warnings, int *n_fn,
+                  api_err *e);
 
 #endif

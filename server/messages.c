@@ -8,6 +8,11 @@
 
 #include "dialect.h"
 
+static char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
+static int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
+static int msg_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
+static const api_dialect msg_wire = {msg_reply, msg_stream_chunk, msg_stream_error};
+
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 
 
@@ -144,6 +149,21 @@ static int message_to_chat(json_t *m, json_t *msgs, api_err *e) {
     return rc == -2 ? OOM() : rc;
 }
 
+/* An Anthropic tool as a chat function (dialect_tool_fn): client tools
+ * (no type, or "custom") with their input_schema; server tools are left out. */
+static int msg_tool(json_t *t, void *user, json_t **params, char *why, size_t why_cap, api_err *e) {
+    const char *type = json_string_value(api_field(t, "type"));
+    json_t *name = api_field(t, "name"), *schema = api_field(t, "input_schema");
+    if (type && strcmp(type, "custom")) {
+        snprintf(why, why_cap, "tools of type '%.40s' are not supported here and were ignored", type);
+        return 0;
+    }
+    if (!json_is_string(name) || (schema && !json_is_object(schema)))
+        return BAD("tools", "a tool needs a string 'name' and an object 'input_schema'");
+    *params = schema ? json_incref(schema) : json_object();
+    return *params ? 1 : api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
 static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only, api_err *e) {
     json_t *chat = json_object(), *msgs = json_array();
     if (!chat || !msgs || json_object_set_new(chat, "messages", msgs)) {
@@ -170,43 +190,9 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
     size_t i;
     json_t *m;
     json_array_foreach(ms, i, m) if (message_to_chat(m, msgs, e)) goto fail;
-    json_t *tools = api_field(root, "tools");
-    int n_fn = 0;
-    if (tools && !json_is_array(tools)) {
-        BAD("tools", "'tools' must be an array");
-        goto fail;
-    }
-    if (tools && json_array_size(tools)) {
-        json_t *ct = json_array();
-        if (!ct || json_object_set_new(chat, "tools", ct)) goto oom;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            const char *type = json_string_value(api_field(t, "type"));
-            json_t *name = api_field(t, "name"), *schema = api_field(t, "input_schema");
-            if (type && strcmp(type, "custom")) { /* Anthropic's server and client tools */
-                char w[160];
-                snprintf(w, sizeof w, "tools of type '%.40s' are not supported here and were ignored", type);
-                api_utf8_scrub(w);
-                if (!d->warnings) d->warnings = json_array();
-                if (api_jpush(d->warnings, json_string(w))) goto oom;
-                continue;
-            }
-            if (!json_is_string(name) || (schema && !json_is_object(schema))) {
-                BAD("tools", "a tool needs a string 'name' and an object 'input_schema'");
-                goto fail;
-            }
-            /* in the order chat clients send, so the rendered tools, and the
-             * cache, are the same whichever dialect an agent speaks */
-            json_t *fn = json_pack("{s:O}", "name", name);
-            json_t *desc = api_field(t, "description");
-            if (!fn || (desc && json_object_set(fn, "description", desc)) ||
-                json_object_set_new(fn, "parameters", schema ? json_incref(schema) : json_object()) ||
-                api_jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
-                goto oom;
-            n_fn++;
-        }
-        if (!n_fn) json_object_del(chat, "tools");
-    }
+    int n_fn = 0, trc = dialect_tools(root, msg_tool, NULL, chat, &d->warnings, &n_fn, e);
+    if (trc == -2) goto oom;
+    if (trc) goto fail;
     json_t *tc = api_field(root, "tool_choice");
     if (tc && !json_is_object(tc)) {
         BAD("tool_choice", "'tool_choice' must be an object");
@@ -305,6 +291,7 @@ int msg_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, int co
         goto out;
     }
     r->dialect = SRV_DIALECT_MESSAGES;
+    r->wire = &msg_wire;
     r->dx = d;
     r->dx_free = dx_free;
     if (!(chat = to_chat(a, root, d, count_only, e))) goto out;
@@ -374,7 +361,7 @@ static json_t *message_head(const api_ctx *a, const srv_req *r, json_t *content,
     return o;
 }
 
-char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
+static char *msg_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
     json_t *ch = json_array_get(json_object_get(chat, "choices"), 0);
     json_t *m = json_object_get(ch, "message");
     const char *finish = json_string_value(json_object_get(ch, "finish_reason"));
@@ -470,7 +457,7 @@ static msg_ds *ds_get(void **ds) {
     return *ds;
 }
 
-int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out) {
+static int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out) {
     msg_ds *d = ds_get(ds);
     int rc = !d;
     if (!rc && !d->started) {
@@ -509,6 +496,6 @@ int msg_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chun
     return rc ? -1 : 0;
 }
 
-int msg_stream_error(void **ds, const char *msg, api_buf *out) {
+static int msg_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out) {
     return ev(out, "error", json_pack("{s:{s:s, s:s}}", "error", "type", "api_error", "message", msg));
 }

@@ -10,6 +10,11 @@
 #include <time.h>
 
 #include "dialect.h"
+
+static char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len);
+static int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out);
+static int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out);
+static const api_dialect resp_wire = {resp_reply, resp_stream_chunk, resp_stream_error};
 #include "base/util.h"
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
@@ -366,6 +371,34 @@ static int copy_if(json_t *from, const char *k, json_t *to, const char *tk) {
     return v ? api_jset(to, tk, json_incref(v)) : 0;
 }
 
+/* A Responses tool as a chat function (dialect_tool_fn): functions, and
+ * custom tools taking free text as a function of one string whose calls go
+ * back as custom_tool_call items; other kinds are left out. */
+static int resp_tool(json_t *t, void *user, json_t **params, char *why, size_t why_cap, api_err *e) {
+    resp_dx *d = user;
+    const char *type = json_string_value(api_field(t, "type"));
+    if (!type) return BAD("tools", "each tool needs a 'type'");
+    const int custom = !strcmp(type, "custom");
+    if (strcmp(type, "function") && !custom) {
+        snprintf(why, why_cap, "tools of type '%.40s' are not supported here and were ignored", type);
+        return 0;
+    }
+    json_t *name = api_field(t, "name");
+    if (!json_is_string(name)) return BAD("tools", "a function tool needs a string 'name'");
+    if (custom) {
+        *params = json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object", "properties", "input", "type",
+                            "string", "required", "input", "additionalProperties", 0);
+        if (!*params || (!d->custom && !(d->custom = json_array())) || json_array_append(d->custom, name)) {
+            json_decref(*params);
+            *params = NULL;
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    } else if (api_field(t, "parameters")) {
+        *params = json_incref(api_field(t, "parameters"));
+    }
+    return 1;
+}
+
 static const char *const KNOWN[] = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
     "max_output_tokens", "temperature", "top_p", "stream", "store", "previous_response_id", "metadata", "user",
@@ -394,51 +427,9 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
     if (ins && api_jpush(msgs, json_pack("{s:s, s:O}", "role", "system", "content", ins))) goto oom;
     if (items_to_chat(d->items, msgs, e)) goto fail;
     /* tools: functions; other kinds are left out with a warning */
-    json_t *tools = api_field(root, "tools");
-    int n_fn = 0;
-    if (tools && !json_is_array(tools)) {
-        BAD("tools", "'tools' must be an array");
-        goto fail;
-    }
-    if (tools && json_array_size(tools)) {
-        json_t *ct = json_array();
-        if (!ct || json_object_set_new(chat, "tools", ct)) goto oom;
-        size_t i;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            const char *type = json_string_value(api_field(t, "type"));
-            if (!type) {
-                BAD("tools", "each tool needs a 'type'");
-                goto fail;
-            }
-            int custom = !strcmp(type, "custom");
-            if (strcmp(type, "function") && !custom) {
-                char m[160];
-                snprintf(m, sizeof m, "tools of type '%.40s' are not supported here and were ignored", type);
-                api_utf8_scrub(m);
-                if (warn(d, m)) goto oom;
-                continue;
-            }
-            json_t *name = api_field(t, "name");
-            if (!json_is_string(name)) {
-                BAD("tools", "a function tool needs a string 'name'");
-                goto fail;
-            }
-            json_t *fn = json_pack("{s:O}", "name", name);
-            /* a custom tool takes free text: a function of one string here,
-             * and its calls go back as custom_tool_call items */
-            if (!fn || copy_if(t, "description", fn, "description") ||
-                (custom ? api_jset(fn, "parameters", json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object",
-                                                             "properties", "input", "type", "string", "required",
-                                                             "input", "additionalProperties", 0))
-                        : copy_if(t, "parameters", fn, "parameters")) ||
-                api_jpush(ct, json_pack("{s:s, s:o}", "type", "function", "function", fn)))
-                goto oom;
-            if (custom && ((!d->custom && !(d->custom = json_array())) || json_array_append(d->custom, name))) goto oom;
-            n_fn++;
-        }
-        if (!n_fn) json_object_del(chat, "tools");
-    }
+    int n_fn = 0, trc = dialect_tools(root, resp_tool, d, chat, &d->warnings, &n_fn, e);
+    if (trc == -2) goto oom;
+    if (trc) goto fail;
     json_t *tc = api_field(root, "tool_choice");
     if (tc && n_fn) {
         if (json_is_string(tc)) {
@@ -541,6 +532,7 @@ int resp_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_e
         goto out;
     }
     r->dialect = SRV_DIALECT_RESPONSES;
+    r->wire = &resp_wire;
     r->dx = d;
     r->dx_free = dx_free;
     const char *k;
@@ -738,7 +730,7 @@ static void keep(const api_ctx *a, const resp_dx *d, json_t *resp) {
     store_put(a->store, d->id, d->prev, items, json_deep_copy(resp));
 }
 
-char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
+static char *resp_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t *len) {
     const resp_dx *d = r->dx;
     json_t *ch = json_array_get(json_object_get(chat, "choices"), 0);
     json_t *m = json_object_get(ch, "message");
@@ -925,7 +917,7 @@ static int start(const api_ctx *a, const srv_req *r, resp_ds *d, api_buf *out) {
     return ev(d, out, "response.in_progress", o2 ? json_pack("{s:o}", "response", o2) : NULL);
 }
 
-int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out) {
+static int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chunk, api_buf *out) {
     resp_ds *d = ds_get(ds);
     int rc = !d || start(a, r, d, out);
     json_t *choices = json_object_get(chunk, "choices");
@@ -953,7 +945,7 @@ int resp_stream_chunk(const api_ctx *a, const srv_req *r, void **ds, json_t *chu
     return rc ? -1 : 0;
 }
 
-int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out) {
+static int resp_stream_error(const api_ctx *a, const srv_req *r, void **ds, const char *msg, api_buf *out) {
     resp_ds *d = ds_get(ds);
     if (!d || start(a, r, d, out) || close_item(r, d, out)) return -1;
     json_t *o = resp_object(a, r, "failed", NULL, json_incref(d->output), NULL);

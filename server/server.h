@@ -76,6 +76,8 @@ typedef struct srv_req {
     /* Filled by api.c before srv_sched_submit, read-only afterwards. */
     srv_kind kind;
     int dialect;                     /* SRV_DIALECT_*: the wire format of the request and reply */
+    const struct api_dialect *wire;  /* its reply and stream (api.h), set by the dialect's parser;
+                                      * NULL: Chat Completions */
     void *dx;                        /* the dialect's request data, freed by dx_free */
     void (*dx_free)(void *);
     int stream, include_usage;
