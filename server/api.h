@@ -1,6 +1,8 @@
-/* server/api: the OpenAI-compatible wire format. Parses and validates request
- * bodies (jansson) into srv_req, and renders every reply: completions, stream
- * chunks, usage, logprobs, errors, /v1/models, /tokenize and /detokenize. */
+/* server/api: the chat core under every dialect: requests validated into
+ * srv_req (validate.c), their prompts built (prompt.c), replies and stream
+ * chunks rendered (reply.c), the small endpoints (endpoints.c), over the
+ * wire utilities (wire.h). Dialects (dialect.h) sit on top of it; it never
+ * names one. */
 #ifndef TL_SERVER_API_H
 #define TL_SERVER_API_H
 
@@ -9,19 +11,8 @@
 #include <jansson.h>
 
 #include "server.h"
-
-/* What a rejected request answers: HTTP status and the OpenAI error fields. */
-typedef struct api_err {
-    int http;
-    const char *type;   /* "invalid_request_error", ... (static) */
-    char param[64];     /* "" = null */
-    char code[48];      /* "" = null */
-    char msg[384];
-} api_err;
-
-/* Fills e and returns -1 (for `return api_fail(...)`). */
-int api_fail(api_err *e, int http, const char *type, const char *param, const char *code,
-             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+#include "tools.h"
+#include "wire.h"
 
 /* What the API needs from the server: the model, its id and the context. */
 typedef struct api_ctx {
@@ -37,9 +28,6 @@ typedef struct api_ctx {
     int n_parallel;               /* for /props */
 } api_ctx;
 
-/* Nesting depth of a JSON text ([ and { outside strings). */
-int api_json_depth(const char *s, size_t n);
-
 /* Parses and validates a /v1/chat/completions or /v1/completions body into r
  * (fresh from srv_req_new): sampling, stop, logprobs and the tokenized
  * prompt. 0, or -1 with e filled (a 4xx). */
@@ -49,54 +37,17 @@ int api_parse_request(const api_ctx *a, srv_kind kind, const char *body, size_t 
 /* The same from a parsed chat-shaped object (a dialect's translation; not
  * taken). count_only: no length check (count_tokens). */
 int api_parse_chat_obj(const api_ctx *a, json_t *root, srv_req *r, int count_only, api_err *e);
-/* jansson helpers every reply builder uses. api_jset/api_jpush take v (set or
- * not) and return nonzero on failure, a NULL v (no memory) included;
- * api_field is NULL for a missing or null key; api_dump takes j and returns
- * its compact text (malloc'ed; NULL for a NULL j or no memory). */
-int api_jset(json_t *o, const char *k, json_t *v);
-int api_jpush(json_t *a, json_t *v);
-json_t *api_field(json_t *o, const char *k);
-char *api_dump(json_t *j, size_t *len);
-
-/* A JSON object body (depth-limited), or NULL with e filled. */
-json_t *api_load_body(const char *body, size_t len, api_err *e);
-
 /* Removes, in place (s NUL-terminated at n), the lines of a system prompt that are known to change on
  * every request: Claude Code's "x-anthropic-billing-header: ..." line. They
  * say nothing to the model and would end the cached prefix at the top.
  * Returns the new length. */
 size_t api_volatile_strip(char *s, size_t n);
 
-/* Drops, in place, the bytes of a NUL-terminated string that are not whole
- * UTF-8 characters (what a cut at a byte limit leaves). */
-void api_utf8_scrub(char *s);
-
-/* Bytes -> valid UTF-8 (each bad sequence becomes U+FFFD). malloc'ed, NUL-terminated. */
-char *api_utf8_fix(const char *s, size_t n, size_t *out_len);
-
-/* The error body {"error":{message,type,param,code}}; malloc'ed. */
-char *api_error_json(const api_err *e, size_t *len);
-
 /* The whole non-streamed reply from r's events (r->finished), in r's
  * dialect. malloc'ed. */
 char *api_reply_json(const api_ctx *a, const srv_req *r, size_t *len);
 /* The chat (or text) completion object the dialects translate. */
 json_t *api_reply_obj(const api_ctx *a, const srv_req *r);
-
-/* A growable byte buffer for stream frames. */
-typedef struct api_buf {
-    char *p;
-    size_t n, cap;
-} api_buf;
-int api_buf_add(api_buf *b, const char *s, size_t n);
-void api_buf_free(api_buf *b);
-
-/* A streamed reply's tool calls (server/tools.c). */
-typedef struct tools_stream_st {
-    api_buf hold;
-    int in_call, seen_call, n_calls;
-    int plain; /* the reply has shown it holds no calls (a format whose calls open it) */
-} tools_stream_st;
 
 /* A dialect's reply and stream over the chat ones, set on the request by the
  * dialect's parser (dialect.h): the core calls through it and never names a
@@ -138,5 +89,17 @@ char *api_props_json(const api_ctx *a, size_t *len);
 /* /tokenize and /detokenize: reply body, or NULL with e filled. */
 char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);
 char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e);
+
+/* ---- shared by the core's files ------------------------------------------- */
+/* Text to token ids, with the API's error on failure. */
+int api_tokenize_text(const tl_model *m, const char *s, size_t n, int flags, int32_t **ids, int *n_ids,
+                      api_err *e);
+/* A chat request's prompt: messages rendered through the template and tokenized. */
+int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen,
+                    int *think_started, int32_t **ids, int *n, api_err *e);
+/* An array of token ids (param names it in errors). */
+int api_token_array(const api_ctx *a, json_t *arr, const char *param, int32_t **ids, int *n, api_err *e);
+/* A completion's prompt: a string, or token ids. */
+int api_completion_prompt(const api_ctx *a, json_t *p, int32_t **ids, int *n, api_err *e);
 
 #endif

@@ -1,9 +1,9 @@
 /* server/dialect: the other wire formats agents speak, over the same engine
  * as Chat Completions. A dialect translates its request body into a
  * chat-shaped object (messages, tools, tool_choice, response_format, ...)
- * that api.c parses as any chat request, and translates the chat reply back:
+ * that the chat core (validate.c) parses as any chat request, and translates the chat reply back:
  * the whole reply from the chat completion object, a stream from the chat
- * chunks api.c produces (role, content, reasoning_content and tool_calls
+ * chunks reply.c produces (role, content, reasoning_content and tool_calls
  * deltas, the finish, the usage), one at a time.
  *
  *   server/responses.c  OpenAI's Responses API: POST /v1/responses, the
@@ -13,7 +13,7 @@
  *                       /v1/messages/count_tokens, its error shape
  *
  * Known per-request lines in system prompts are dropped where every dialect's
- * chat messages pass (api_volatile_strip, api.c), so that an agent's turns
+ * chat messages pass (api_volatile_strip, prompt.c), so that an agent's turns
  * share their prefix in the cache. */
 #ifndef TL_SERVER_DIALECT_H
 #define TL_SERVER_DIALECT_H

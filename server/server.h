@@ -1,5 +1,5 @@
 /* server: the pieces of `tokenloop serve` and the contracts between them.
- * HTTP threads (http.c) parse and validate a request (api.c) into an srv_req,
+ * HTTP threads (http.c) parse and validate a request (validate.c) into an srv_req,
  * the scheduler thread (sched.c) runs every live request in shared forward
  * calls and appends events to each, and the HTTP thread turns those events
  * into a JSON reply or SSE chunks. metrics.c keeps the counters /metrics
@@ -73,7 +73,7 @@ typedef struct srv_event {
 enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
 
 typedef struct srv_req {
-    /* Filled by api.c before srv_sched_submit, read-only afterwards. */
+    /* Filled by validate.c before srv_sched_submit, read-only afterwards. */
     srv_kind kind;
     int dialect;                     /* SRV_DIALECT_*: the wire format of the request and reply */
     const struct api_dialect *wire;  /* its reply and stream (api.h), set by the dialect's parser;

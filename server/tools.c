@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api.h"
 #include "tools.h"
+#include "wire.h"
 #include "base/util.h"
 
 #define OPEN "<tool_call>"

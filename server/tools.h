@@ -4,7 +4,8 @@
 
 #include <jansson.h>
 
-#include "api.h"
+#include "tokenloop.h"
+#include "wire.h"
 
 enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
 /* Call formats (see tools.c). */
@@ -45,6 +46,13 @@ json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, siz
  * may be the start of a tag; each call is emitted once its block is
  * complete, with its "index". Adds text; appends content that is safe to send to content and finished
  * calls (with their "index") to calls. */
+/* A streamed reply's tool calls (server/tools.c). */
+typedef struct tools_stream_st {
+    api_buf hold;
+    int in_call, seen_call, n_calls;
+    int plain; /* the reply has shown it holds no calls (a format whose calls open it) */
+} tools_stream_st;
+
 int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, api_buf *content,
                  json_t *calls);
 

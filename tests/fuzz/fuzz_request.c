@@ -1,14 +1,14 @@
 /* fuzz_request: libFuzzer target for the server's request parser and
- * validator (server/api.c): arbitrary bytes as a /v1/chat/completions and a
+ * validator (server/validate.c): arbitrary bytes as a /v1/chat/completions and a
  * /v1/completions body, then as /tokenize and /detokenize bodies. Checks that
  * nothing crashes or leaks and that every rejection carries a 4xx (or 500 for
  * out of memory) and a message. Chat prompts go through SmolLM2's template.
  * Not built by `make all`. Build and run from the repository root with:
  *
  *   make BUILD=build-fuzz CC=clang SAN="-fsanitize=address,undefined" lib
- *   clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Iserver \
+ *   clang -std=c11 -g -O1 -D_GNU_SOURCE -Iinclude -Isrc -Iserver \
  *     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
- *     tests/fuzz/fuzz_request.c server/api.c server/req.c build-fuzz/libtokenloop.a \
+ *     tests/fuzz/fuzz_request.c server/wire.c server/validate.c server/prompt.c server/reply.c server/tools.c server/dialect.c server/req.c build-fuzz/libtokenloop.a \
  *     -ljansson -lpcre2-8 -lm -lpthread -o fuzz_request
  *   mkdir -p corpus && TL_FUZZ_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf \
  *     ./fuzz_request -max_total_time=120 -max_len=4096 -dict=tests/fuzz/request.dict corpus

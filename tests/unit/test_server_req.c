@@ -1,4 +1,4 @@
-/* test_server_req: the server's request parser and reply builder (server/api.c)
+/* test_server_req: the server's request parser and reply builder (server/validate.c, prompt.c, reply.c)
  * on the SmolLM2 tokenizer and template: every field's type and range errors,
  * hostile JSON, the srv_req a good request becomes, and the JSON shapes of
  * replies and stream chunks built from events. */
@@ -550,7 +550,7 @@ static void test_tool_formats(void) {
                 for (size_t at = 0; !rc && at < n; at += step)
                     rc = tools_stream(&st, C[i].fmt, C[i].text + at, at + step > n ? n - at : step, "chatcmpl-abc",
                                       &content, got);
-                /* the end, as api.c's stream_tools has it */
+                /* the end, as reply.c's stream_tools has it */
                 if (!rc && !st.in_call && !st.seen_call) rc = api_buf_add(&content, st.hold.p, st.hold.n);
                 else if (!rc && st.in_call && !st.n_calls)
                     rc = api_buf_add(&content, tools_lost_open(C[i].fmt), strlen(tools_lost_open(C[i].fmt))) ||
