@@ -1,4 +1,8 @@
-/* util: error formatting, the clock and large allocations. */
+/* base/: what every stage uses and nothing in particular owns: the error
+ * record, checked arithmetic, half/bfloat16 conversions, the clock, large
+ * allocations on 2 MiB pages, the cost curve (util.h).
+ *
+ * util: error formatting, the clock and large allocations. */
 #include "base/util.h"
 
 #include <stdarg.h>

@@ -1,4 +1,11 @@
-/* cpu/kernels: the table of CPU kernels chosen once at start-up from the
+/* cpu/: the CPU's arithmetic: a kernel table per CPU level and numerics
+ * mode (kernels.h, this file; dispatch.c chooses), the scalar references
+ * (kern_ref.c), the AVX2 and AVX-512 kernels (kern_avx2.c, kern_avx512.c,
+ * the only files built with wider instruction sets), the fast mode's packed
+ * layouts and tiles (r8.c, r8_tile.h, tile32.h), the element-wise math and
+ * attention (mathfn.c, attn512.h). Models are not known here.
+ *
+ * cpu/kernels: the table of CPU kernels chosen once at start-up from the
  * features this CPU has (scalar, AVX2, AVX-512, AVX-512 VNNI, AVX-512 BF16) and the numerics
  * mode (fast, or exact: llama.cpp's float order). Entries a level lacks fall
  * back to the level below, down to the scalar references. */

@@ -1,4 +1,9 @@
-/* step: one sequence's token loop, the one both tl_generate and the server
+/* gen/: what happens between forward calls: the token loop (step.c, this
+ * file), the sampling chain (sampler.c), speculation's guessers and policy
+ * (spec.c), the output rules (output.c) and tl_generate (generate.c). The
+ * files form a line: output <- step <- generate.
+ *
+ * step: one sequence's token loop, the one both tl_generate and the server
  * run. It owns what happens between two forward calls: which tokens the
  * sequence feeds next (its last sampled token, later drafts), sampling from
  * the rows that come back, recording tokens for the penalties, the output

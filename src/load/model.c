@@ -1,4 +1,10 @@
-/* model: loading a GGUF file into a tl_model. The architecture table, reading
+/* load/: the first stage of the loop: a GGUF file mapped and checked
+ * (gguf.c; gguf_write.c writes one), its architecture, hyperparameters and
+ * weights bound into layers of typed blocks (model.c, this file), weights
+ * packed once per kernel layout (packed.c), and the file described (info.c).
+ * Everything here is immutable once loaded; contexts only read it.
+ *
+ * model: loading a GGUF file into a tl_model. The architecture table, reading
  * hyperparameters from metadata, binding and checking every weight tensor, and
  * the public accessors that only need the model (tokens, template). */
 #include "load/model.h"

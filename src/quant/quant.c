@@ -1,4 +1,9 @@
-/* quant: the type traits table, row dequantization (bit-identical to ggml's
+/* quant/: the weight formats, one kit per type in one table: block
+ * layouts, (de)quantization and the scalar reference dots the SIMD kernels
+ * are tested against (quant.c, this file). The next types (MXFP4, IQ4_NL,
+ * IQ4_XS) join as rows of the same table.
+ *
+ * quant: the type traits table, row dequantization (bit-identical to ggml's
  * dequantize_row_*), quantization (ggml's reference weight quantizers and the
  * x86 CPU backend's activation quantizers) and the scalar reference dots
  * (bit-identical to the float order of llama.cpp's x86 AVX2 matmuls).

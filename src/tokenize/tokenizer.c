@@ -1,4 +1,9 @@
-/* tokenizer: loads tokenizer.ggml.* from a GGUF file into owned copies and
+/* tokenize/: text to token ids and back: the file's own vocabulary and
+ * rules (tokenizer.c, this file), the Unicode tables the pre-tokenizers
+ * need (unicode.c), and the streaming detokenizer that never splits a UTF-8
+ * character (detok.c).
+ *
+ * tokenizer: loads tokenizer.ggml.* from a GGUF file into owned copies and
  * turns text into ids the way llama.cpp does: special-token partition, then
  * byte-level BPE ("gpt2", pre-tokenizer regexes by tokenizer.ggml.pre) or
  * SentencePiece-style merging by score ("llama"). Also token -> bytes. */

@@ -1,4 +1,9 @@
-/* trace: the per-forward-call records of the loop (tl_tracer, docs/TRACE.md).
+/* trace/: the loop's trace, one record per forward call: built here
+ * (trace.c, this file) and written as JSON lines (trace_json.c,
+ * docs/TRACE.md). The CLI's --trace and --show-loop and the server's live
+ * page read it.
+ *
+ * trace: the per-forward-call records of the loop (tl_tracer, docs/TRACE.md).
  * Owns the record being built between a call's start and its emission: the
  * sequences in the call, the tokens they emitted (their text and
  * alternatives copied, since the events' buffers do not outlive the
