@@ -74,9 +74,12 @@ static const char SERVE_HELP[] =
     "once. Request bodies are limited to 8 MiB.\n";
 
 static int parse_serve(int argc, char **argv, srv_opts *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() if (!(v = cli_value(argc, argv, &i))) return -1
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
+#define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(SERVE_HELP, stdout);
             return 1;
@@ -142,6 +145,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
         }
 #undef VAL
     }
+    if (more < 0) return -1;
     return 0;
 }
 
