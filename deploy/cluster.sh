@@ -133,14 +133,19 @@ up() {
     sed -e "s/@PORT@/$port/" -e "s|# @SERVERS@|$servers|" -e "s|# @SERVERS_AGENT@|$agents|" \
         "$cfg" >"$dir/haproxy.cfg"
     haproxy -c -q -f "$dir/haproxy.cfg" || { echo "cluster.sh: bad haproxy.cfg ($dir)" >&2; down; exit 1; }
-    haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
     # every replica, each until the deadline or its exit, so one that cannot
-    # start fails `up` rather than hanging it; then the proxy's view of them
+    # start fails `up` rather than hanging it
     local end=$((SECONDS + ready_timeout))
     for i in $(seq 1 "$replicas"); do
         wait_replica "$i" "$end" || { echo "cluster.sh: up failed; taking the cluster down" >&2; down >&2; exit 1; }
     done
-    until ready "http://127.0.0.1:$port"; do
+    # HAProxy only now: started while the replicas loaded, its first checks
+    # saw /ready 503 and marked them down, and the keyed backend then sent
+    # every key to whichever replica came back first (rise 2: seconds later)
+    haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
+    # through both backends: unkeyed, and keyed (the header picks it)
+    until ready "http://127.0.0.1:$port" && [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
+        -H 'X-Session-ID: cluster.sh' "http://127.0.0.1:$port/ready" 2>/dev/null)" = 200 ]; do
         if [ "$SECONDS" -ge "$end" ]; then
             echo "cluster.sh: the replicas are ready but HAProxy (port $port) is not after ${ready_timeout} s;" \
                 "its log: $dir/haproxy.log; taking the cluster down" >&2
