@@ -3,8 +3,9 @@ loopback, with SmolLM2:
 (a) multi-turn sessions, each with its own document, sent without a key
     (least-connections) and then keyed (prompt_cache_key in the body, or the
     X-Session-ID header): the keyed run prefills fewer uncached prompt tokens
-    (by 15% at least; 5% under ASan; measured 30-50% and about 20%); tokens
-    and time to first token printed for both;
+    (by 15% at least; 5% under ASan; measured 30-50% and about 20%), and
+    every turn of each keyed session is answered by one replica (HAProxy's
+    X-Served-By); tokens and time to first token printed for both;
 (b) a replica drained (SIGTERM) in the middle of a load: no request fails,
     and its keys move to the others;
 (c) a replica killed (SIGKILL) in the middle of a load: every request ends,
