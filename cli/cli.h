@@ -14,8 +14,35 @@
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_tl_error(const tl_error *err);
 
-/* Value of option argv[*i] (which needs one); advances *i. NULL + message if missing. */
-const char *cli_value(int argc, char **argv, int *i);
+/* Walks a command's arguments. "--name=value" reads as "--name" followed by
+ * its value, as getopt_long users expect (the Kubernetes manifests write
+ * flags that way); an option that takes no value but was given one is an
+ * error at the next cli_next. Short options are never split: "-p=x" stays
+ * one (unknown) argument, and a value is always the next argument verbatim,
+ * so `-p --a=b` passes the prompt "--a=b" unchanged.
+ *
+ *     cli_args p = cli_args_start(argc, argv);
+ *     const char *a;
+ *     int more;
+ *     while ((more = cli_next(&p, &a)) > 0)
+ *         if (!strcmp(a, "--port")) { if (!(v = cli_arg(&p))) return -1; ... }
+ *     if (more < 0) return -1;
+ */
+typedef struct cli_args {
+    int argc, i;
+    char **argv;
+    const char *inline_val; /* the current option's "=value", NULL when none */
+    int inline_taken;       /* cli_arg took it */
+    char name[64];          /* the current option with its "=value" cut off */
+} cli_args;
+
+cli_args cli_args_start(int argc, char **argv);
+/* Steps to the next argument and sets *a to it. 1: one more; 0: no more;
+ * -1: the option before was given "=value" and takes none (error printed). */
+int cli_next(cli_args *p, const char **a);
+/* The current option's value: its "=value", else the next argument (consumed).
+ * NULL + message if there is none. */
+const char *cli_arg(cli_args *p);
 int cli_int(const char *opt, const char *v, long lo, long hi, int *out);
 int cli_float(const char *opt, const char *v, float *out);
 int cli_u64(const char *opt, const char *v, uint64_t *out);

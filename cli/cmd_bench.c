@@ -97,9 +97,12 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     o->d[0] = 0, o->n_d = 1;
     o->reps = 5;
     o->mem_cache_mib = 16, o->mem_dram_mib = 1024;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() if (!(v = cli_value(argc, argv, &i))) return -1
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
+#define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(BENCH_HELP, stdout);
             return 1;
@@ -138,6 +141,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         }
 #undef VAL
     }
+    if (more < 0) return -1;
     if (!o->n_threads) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         o->n_threads = n > 0 ? (n > 1024 ? 1024 : (int)n) : 1;

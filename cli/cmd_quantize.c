@@ -370,12 +370,14 @@ static int same_file(const char *a, const char *b) {
 static int parse_args(int argc, char **argv, qopts *o, const char **type_name) {
     const char *pos[3];
     int n_pos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
         if (!strcmp(a, "--pure")) {
             o->pure = 1;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            const char *v = cli_value(argc, argv, &i);
+            const char *v = cli_arg(&p);
             if (!v || cli_int(a, v, 1, 1024, &o->n_threads)) return EXIT_USAGE;
         } else if (a[0] == '-' && a[1]) {
             cli_error("unknown option '%s' (try 'tokenloop quantize --help')", a);
@@ -387,6 +389,7 @@ static int parse_args(int argc, char **argv, qopts *o, const char **type_name) {
             return EXIT_USAGE;
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (n_pos != 3) {
         cli_error("quantize needs IN.gguf OUT.gguf TYPE (try 'tokenloop quantize --help')");
         return EXIT_USAGE;

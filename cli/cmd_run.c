@@ -77,9 +77,12 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     o->think_budget = -1;
     o->spec = TL_SPEC_AUTO;
     o->sp = tl_sampler_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() if (!(v = cli_value(argc, argv, &i))) return -1
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
+#define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(RUN_HELP, stdout);
             return 1;
@@ -160,6 +163,7 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
         }
 #undef VAL
     }
+    if (more < 0) return -1;
     return 0;
 }
 

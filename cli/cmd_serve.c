@@ -1,6 +1,6 @@
 /* cli/serve: `tokenloop serve`, the OpenAI-compatible HTTP server. Parses the
- * flags, starts listening before the model loads (so /health answers and
- * /ready says 503 while loading), then runs until SIGTERM/SIGINT: the first
+ * flags, starts listening before the model loads (so /health and /ready
+ * answer 503 while it loads), then runs until SIGTERM/SIGINT: the first
  * drains, a second exits at once. The server itself lives in server/. */
 #include <pthread.h>
 #include <signal.h>
@@ -74,9 +74,12 @@ static const char SERVE_HELP[] =
     "once. Request bodies are limited to 8 MiB.\n";
 
 static int parse_serve(int argc, char **argv, srv_opts *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() if (!(v = cli_value(argc, argv, &i))) return -1
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
+#define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(SERVE_HELP, stdout);
             return 1;
@@ -142,6 +145,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
         }
 #undef VAL
     }
+    if (more < 0) return -1;
     return 0;
 }
 
@@ -193,6 +197,24 @@ static void drain(srv_app *app) {
     while (atomic_load(&app->busy) > 0 && now_s() < end) usleep(10000);
 }
 
+/* Test hook, for tests only: with TL_TEST_LOAD_GATE=PATH the model load
+ * waits until PATH exists, so a test sees the loading phase for as long as it
+ * needs instead of racing a real load (tests/py/test_server_health.py). A
+ * signal meanwhile ends the wait: -1, nothing to load. */
+static int test_load_gate(sigs *sg) {
+    const char *gate = getenv("TL_TEST_LOAD_GATE");
+    if (!gate || !*gate) return 0;
+    fprintf(stderr, "tokenloop serve: TL_TEST_LOAD_GATE: the load waits for %s\n", gate);
+    for (;;) {
+        if (access(gate, F_OK) == 0) return 0;
+        pthread_mutex_lock(&sg->mu);
+        int n = sg->count;
+        pthread_mutex_unlock(&sg->mu);
+        if (n) return -1;
+        usleep(20000);
+    }
+}
+
 static const char *base_name(const char *p) {
     const char *s = strrchr(p, '/');
     return s ? s + 1 : p;
@@ -237,7 +259,9 @@ static int serve(srv_opts *o, sigs *sg) {
     tl_chat_template *ctmpl = NULL;
     resp_store *store = NULL;
     int rc = 1;
-    if (tl_model_load(o->model_path, &m, &err)) {
+    if (test_load_gate(sg)) {
+        rc = 0;
+    } else if (tl_model_load(o->model_path, &m, &err)) {
         cli_error("%s: %s", o->model_path, err.msg);
     } else if (o->spec == TL_SPEC_DRAFT && !o->draft_path) {
         cli_error("--spec draft needs --draft FILE");

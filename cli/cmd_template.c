@@ -29,17 +29,19 @@ static const char TEMPLATE_HELP[] =
 int cmd_template(int argc, char **argv) {
     const char *model = NULL, *tpl_path = NULL, *msg_path = NULL;
     int add_gen = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(TEMPLATE_HELP, stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(model = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--template")) {
-            if (!(tpl_path = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(tpl_path = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--messages")) {
-            if (!(msg_path = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(msg_path = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             add_gen = 0;
         } else {
@@ -47,6 +49,7 @@ int cmd_template(int argc, char **argv) {
             return EXIT_USAGE;
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (!msg_path) {
         cli_error("--messages FILE is required (try 'tokenloop template --help')");
         return EXIT_USAGE;

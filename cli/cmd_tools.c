@@ -26,15 +26,17 @@ static const char TOKENIZE_HELP[] =
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL;
     int from_stdin = 0, ids_only = 0, bos = 0, special = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(TOKENIZE_HELP, stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(model = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            if (!(prompt = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(prompt = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--stdin")) {
             from_stdin = 1;
         } else if (!strcmp(a, "--ids")) {
@@ -47,6 +49,7 @@ int cmd_tokenize(int argc, char **argv) {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop tokenize --help')", a);
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (!model) return USAGE_ERR("tokenize needs -m FILE");
     if (!prompt == !from_stdin) return USAGE_ERR("give exactly one of -p TEXT or --stdin");
     size_t len;
@@ -91,20 +94,24 @@ int cmd_tokenize(int argc, char **argv) {
 
 int cmd_info(int argc, char **argv) {
     const char *model = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop info -m FILE\n\nDescribes a GGUF file: architecture, "
                  "hyperparameters, tensor types, vocabulary,\nspecial tokens, chat template, "
                  "file size. Corrupt files get an error, exit status 1.");
             return 0;
-        } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
-        } else if (!model && argv[i][0] != '-') {
-            model = argv[i];
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = cli_arg(&p))) return EXIT_USAGE;
+        } else if (!model && a[0] != '-') {
+            model = a;
         } else {
-            return USAGE_ERR("unknown option '%s' (try 'tokenloop info --help')", argv[i]);
+            return USAGE_ERR("unknown option '%s' (try 'tokenloop info --help')", a);
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (!model) return USAGE_ERR("info needs -m FILE");
     tl_error err = {0};
     if (tl_gguf_describe(model, stdout, &err)) {
@@ -160,27 +167,31 @@ static double nll_of(const float *logits, int n_vocab, int32_t tok) {
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(PPL_HELP, stdout);
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(model = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            if (!(file = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(file = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 8, 1 << 20, &n_ctx)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 8, 1 << 20, &n_ctx)) return EXIT_USAGE;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
         } else if (!strcmp(a, "--numerics")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop perplexity --help')", a);
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (!file) return USAGE_ERR("perplexity needs -f TEXT");
     size_t len;
     char *text = cli_read_file(file, &len);
@@ -281,8 +292,11 @@ static int parse_ids(const char *s, int32_t **out, size_t *n) {
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_file = NULL, *ids_arg = NULL, *outp = NULL;
     int n_threads = 0, n_batch = 0, numerics = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
+    cli_args p = cli_args_start(argc, argv);
+    const char *a;
+    int more;
+    while ((more = cli_next(&p, &a)) > 0) {
+        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop logits -m FILE (--ids-file F.json | --ids 1,2,3) -o OUT.bin "
                  "[-t N] [-b N] [--numerics fast|exact]\n\nEvaluates the token ids from an empty cache (in one batched "
@@ -290,23 +304,24 @@ int cmd_logits(int argc, char **argv) {
                  "little-endian logits.");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!(model = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(model = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--ids-file")) {
-            if (!(ids_file = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(ids_file = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "--ids")) {
-            if (!(ids_arg = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(ids_arg = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-o")) {
-            if (!(outp = cli_value(argc, argv, &i))) return EXIT_USAGE;
+            if (!(outp = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
         } else if (!strcmp(a, "--numerics")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
+            if (!(v = cli_arg(&p)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop logits --help')", a);
         }
     }
+    if (more < 0) return EXIT_USAGE;
     if (!outp || !ids_file == !ids_arg) return USAGE_ERR("logits needs -o OUT and one of --ids-file/--ids");
     size_t len;
     char *owned = ids_file ? cli_read_file(ids_file, &len) : NULL;

@@ -25,7 +25,8 @@ static const char USAGE[] =
     "  bench       prefill/decode speed (llama-bench's protocol) and memory bandwidth\n"
     "  serve       OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
     "\n"
-    "Run 'tokenloop COMMAND --help' for the options of a command.\n"
+    "Run 'tokenloop COMMAND --help' for the options of a command. A long option's value\n"
+    "may follow it (--port 8080) or be joined to it with '=' (--port=8080).\n"
     "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni|avx512-bf16 caps it).\n";
 
 void cli_error(const char *fmt, ...) {
@@ -39,12 +40,41 @@ void cli_error(const char *fmt, ...) {
 
 void cli_tl_error(const tl_error *err) { cli_error("%s", err->msg[0] ? err->msg : "unknown error"); }
 
-const char *cli_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        cli_error("option %s needs a value", argv[*i]);
+cli_args cli_args_start(int argc, char **argv) {
+    return (cli_args){.argc = argc, .argv = argv, .i = 0};
+}
+
+int cli_next(cli_args *p, const char **a) {
+    if (p->inline_val && !p->inline_taken) {
+        cli_error("option %s takes no value ('%s')", p->name, p->argv[p->i]);
+        return -1;
+    }
+    p->inline_val = NULL;
+    p->inline_taken = 0;
+    if (++p->i >= p->argc) return 0;
+    const char *s = p->argv[p->i];
+    const char *eq = s[0] == '-' && s[1] == '-' && s[2] ? strchr(s + 2, '=') : NULL;
+    if (eq && (size_t)(eq - s) < sizeof p->name) {
+        memcpy(p->name, s, (size_t)(eq - s));
+        p->name[eq - s] = 0;
+        p->inline_val = eq + 1;
+        *a = p->name;
+    } else {
+        *a = s; /* a name too long for the buffer is no option we know: reported as given */
+    }
+    return 1;
+}
+
+const char *cli_arg(cli_args *p) {
+    if (p->inline_val) {
+        p->inline_taken = 1;
+        return p->inline_val;
+    }
+    if (p->i + 1 >= p->argc) {
+        cli_error("option %s needs a value", p->argv[p->i]);
         return NULL;
     }
-    return argv[++*i];
+    return p->argv[++p->i];
 }
 
 int cli_int(const char *opt, const char *v, long lo, long hi, int *out) {

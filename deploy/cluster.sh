@@ -2,28 +2,35 @@
 # deploy/cluster.sh: N `tokenloop serve` replicas on loopback behind HAProxy
 # (deploy/haproxy/haproxy.cfg, docs/SCALING.md).
 #
-#   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [--haproxy-cfg FILE] [-- SERVE-FLAGS]
+#   deploy/cluster.sh up --replicas N --port P [-m FILE] [--dir DIR] [--haproxy-cfg FILE]
+#                        [--ready-timeout S] [-- SERVE-FLAGS]
 #       starts replica i on port P+i (agent-check on P+100+i), HAProxy on P;
-#       returns once /ready answers through the proxy. Installs HAProxy from
-#       the Debian package if it is missing; from a fresh clone it also builds
-#       tokenloop and fetches the default model (SmolLM2, as make models).
+#       returns once every replica's /ready answers and /ready answers through
+#       the proxy. A replica that exits, or is not ready within S seconds
+#       (default 300, for the whole start), fails `up` with its name and log,
+#       and the cluster is taken down again. Installs HAProxy from the Debian
+#       package if it is missing; from a fresh clone it also builds tokenloop
+#       and fetches the default model (SmolLM2, as make models).
 #       --haproxy-cfg: another template than deploy/haproxy/haproxy.cfg.
-#   deploy/cluster.sh status [--dir DIR]   each replica's state and load
-#   deploy/cluster.sh restart I [--dir DIR]  starts replica I again if it is not running
+#   deploy/cluster.sh status [--dir DIR]   each replica's state (ready, loading,
+#                                          draining, stopped) and load
+#   deploy/cluster.sh restart I [--dir DIR] [--ready-timeout S]
+#                                          starts replica I again if it is not running
 #                                          (after a crash or a drain); HAProxy takes it back
 #                                          once its /ready answers
 #   deploy/cluster.sh down [--dir DIR]     drains the replicas (SIGTERM), stops HAProxy
 #
 # Logs, pid files and the generated haproxy.cfg live in DIR (default
-# deploy/run/). The replicas get `-t` threads each (SERVE-FLAGS; by default
-# this machine's cores divided among them).
+# deploy/run/). SERVE-FLAGS are added to each replica's command line after
+# `-t T`, T being this machine's cores divided among the replicas; a -t or
+# --threads among them replaces that.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cmd=${1:-}
 [ -n "$cmd" ] && shift
 which_replica=""
 if [ "$cmd" = restart ]; then which_replica=${1:-}; [ -n "$which_replica" ] && shift; fi
-replicas=3 port=8080 model="" dir="$ROOT/deploy/run" cfg="$ROOT/deploy/haproxy/haproxy.cfg"
+replicas=3 port=8080 model="" dir="$ROOT/deploy/run" cfg="$ROOT/deploy/haproxy/haproxy.cfg" ready_timeout=300
 serve_flags=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -32,8 +39,9 @@ while [ $# -gt 0 ]; do
     -m | --model) model=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --haproxy-cfg) cfg=$2; shift 2 ;;
+    --ready-timeout) ready_timeout=$2; shift 2 ;;
     --) shift; serve_flags=("$@"); break ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -42,12 +50,46 @@ alive() { # pid -> 0 when the process runs (a zombie does not: nobody may reap a
     kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
 }
 
-ready() { # url -> 0 when /ready answers 200
-    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1/ready" 2>/dev/null)" = 200 ]
+code() { # url path -> the HTTP status (000: no answer)
+    curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1$2" 2>/dev/null || true
+}
+
+ready() { # url -> 0 when /ready answers 200 (loaded, not draining)
+    [ "$(code "$1" /ready)" = 200 ]
+}
+
+why_not_ready() { # url -> what /health says: the model still loads (503), draining (200), or nothing
+    case "$(code "$1" /health)" in
+    503) echo "still loading the model (/health 503)" ;;
+    200) echo "alive but not ready (/ready $(code "$1" /ready))" ;;
+    *) echo "not answering" ;;
+    esac
+}
+
+# wait_replica I END -> 0 once replica I's /ready answers; 1 (message printed) when
+# its process exits or SECONDS passes END
+wait_replica() {
+    local i=$1 end=$2 p _a pid
+    read -r p _a <"$dir/replica$i.ports"
+    pid=$(cat "$dir/replica$i.pid")
+    until ready "http://127.0.0.1:$p"; do
+        if ! alive "$pid"; then
+            echo "cluster.sh: replica $i (port $p) exited before it was ready; its log, $dir/replica$i.log, ends:" >&2
+            tail -n 5 "$dir/replica$i.log" | sed 's/^/    /' >&2
+            return 1
+        fi
+        if [ "$SECONDS" -ge "$end" ]; then
+            echo "cluster.sh: replica $i (port $p) not ready after ${ready_timeout} s: $(why_not_ready "http://127.0.0.1:$p");" \
+                "its log: $dir/replica$i.log (--ready-timeout S waits longer)" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
 }
 
 up() {
     [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: --replicas must be a positive number" >&2; exit 2; }
+    [[ "$ready_timeout" =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: --ready-timeout must be a positive number of seconds" >&2; exit 2; }
     command -v curl >/dev/null || { echo "cluster.sh: needs curl" >&2; exit 1; }
     if ! command -v haproxy >/dev/null; then
         echo "cluster.sh: installing haproxy (Debian package)" >&2
@@ -70,8 +112,13 @@ up() {
         echo "cluster.sh: a cluster already runs from $dir (cluster.sh down first)" >&2; exit 1
     fi
     local threads=$(( $(nproc) / replicas )); [ "$threads" -ge 1 ] || threads=1
-    local flags=(-t "$threads")
-    [ ${#serve_flags[@]} -gt 0 ] && flags=("${serve_flags[@]}")
+    # the serve flags come after the computed -t, so they add to it; one of
+    # their own -t/--threads replaces it instead of following it
+    local flags=(-t "$threads") f
+    for f in ${serve_flags[@]+"${serve_flags[@]}"}; do
+        case "$f" in -t | --threads | --threads=*) flags=() ;; esac
+    done
+    flags+=(${serve_flags[@]+"${serve_flags[@]}"})
     local servers="" agents=""
     for i in $(seq 1 "$replicas"); do
         local p=$((port + i)) a=$((port + 100 + i))
@@ -86,16 +133,25 @@ up() {
     sed -e "s/@PORT@/$port/" -e "s|# @SERVERS@|$servers|" -e "s|# @SERVERS_AGENT@|$agents|" \
         "$cfg" >"$dir/haproxy.cfg"
     haproxy -c -q -f "$dir/haproxy.cfg" || { echo "cluster.sh: bad haproxy.cfg ($dir)" >&2; down; exit 1; }
-    haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
-    local t=0
-    until ready "http://127.0.0.1:$port"; do
-        sleep 0.2; t=$((t + 1))
-        if [ "$t" -gt 900 ]; then echo "cluster.sh: not ready after 180 s; logs in $dir" >&2; exit 1; fi
-    done
-    # every replica, not only the first one up
+    # every replica, each until the deadline or its exit, so one that cannot
+    # start fails `up` rather than hanging it
+    local end=$((SECONDS + ready_timeout))
     for i in $(seq 1 "$replicas"); do
-        read -r p _ <"$dir/replica$i.ports"
-        until ready "http://127.0.0.1:$p"; do sleep 0.2; done
+        wait_replica "$i" "$end" || { echo "cluster.sh: up failed; taking the cluster down" >&2; down >&2; exit 1; }
+    done
+    # HAProxy only now: started while the replicas loaded, its first checks
+    # saw /ready 503 and marked them down, and the keyed backend then sent
+    # every key to whichever replica came back first (rise 2: seconds later)
+    haproxy -D -f "$dir/haproxy.cfg" -p "$dir/haproxy.pid" >"$dir/haproxy.log" 2>&1
+    # through both backends: unkeyed, and keyed (the header picks it)
+    until ready "http://127.0.0.1:$port" && [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
+        -H 'X-Session-ID: cluster.sh' "http://127.0.0.1:$port/ready" 2>/dev/null)" = 200 ]; do
+        if [ "$SECONDS" -ge "$end" ]; then
+            echo "cluster.sh: the replicas are ready but HAProxy (port $port) is not after ${ready_timeout} s;" \
+                "its log: $dir/haproxy.log; taking the cluster down" >&2
+            down >&2; exit 1
+        fi
+        sleep 0.2
     done
     echo "cluster: $replicas replicas behind http://127.0.0.1:$port (logs in $dir)"
 }
@@ -112,7 +168,10 @@ status() {
         local state load=""
         if ! alive "$pid"; then state=stopped
         elif ready "http://127.0.0.1:$p"; then state=ready
-        else state="not ready"; fi
+        else case "$(code "http://127.0.0.1:$p" /health)" in
+            503) state=loading ;; 200) state=draining ;; *) state="not answering" ;;
+            esac
+        fi
         [ "$state" = stopped ] || load=$( (exec 3<>"/dev/tcp/127.0.0.1/$a" && head -1 <&3) 2>/dev/null || true)
         local m; m=$({ curl -s --max-time 2 "http://127.0.0.1:$p/metrics" 2>/dev/null || true; } |
             awk '/^vllm:num_requests_running/{r=$NF} /^vllm:num_requests_waiting/{w=$NF} /^vllm:kv_cache_usage_perc/{k=$NF} END{if (r != "") printf "running %s, waiting %s, KV use %s", r, w, k}')
@@ -129,12 +188,12 @@ restart() {
     # exec: $! must be the replica itself, not a shell around it that `down` would stop alone
     eval "exec $(cat "$dir/replica$i.cmd")" >>"$dir/replica$i.log" 2>&1 &
     echo $! >"$dir/replica$i.pid"
+    [[ "$ready_timeout" =~ ^[1-9][0-9]*$ ]] || { echo "cluster.sh: --ready-timeout must be a positive number of seconds" >&2; exit 2; }
+    if ! wait_replica "$i" $((SECONDS + ready_timeout)); then
+        kill -KILL "$(cat "$dir/replica$i.pid")" 2>/dev/null || true # not left half-started
+        exit 1
+    fi
     local p _a; read -r p _a <"$dir/replica$i.ports"
-    local t=0
-    until ready "http://127.0.0.1:$p"; do
-        sleep 0.2; t=$((t + 1))
-        if [ "$t" -gt 900 ]; then echo "cluster.sh: replica $i not ready after 180 s" >&2; exit 1; fi
-    done
     echo "cluster: replica $i back on port $p"
 }
 
@@ -150,7 +209,10 @@ down() {
         rm -f "$f"
     done
     if [ -f "$dir/haproxy.pid" ]; then
-        kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
+        local hp; hp=$(cat "$dir/haproxy.pid")
+        kill "$hp" 2>/dev/null || true
+        # gone, and its port free, before `down` (or a failed `up`) returns
+        for _ in $(seq 1 50); do alive "$hp" || break; sleep 0.1; done
         rm -f "$dir/haproxy.pid"
     fi
     echo "cluster: down"
@@ -161,6 +223,6 @@ up) up ;;
 status) status ;;
 restart) restart ;;
 down) down ;;
--h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' ;;
 *) echo "usage: deploy/cluster.sh up|status|restart I|down [options] (try --help)" >&2; exit 2 ;;
 esac

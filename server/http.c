@@ -403,6 +403,13 @@ static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, conn *
         s = api_props_json(&app->api, &n);
         return reply_json(app, c, ri, 200, s, n);
     case R_HEALTH:
+        /* llama-server's convention, which scripts and probes wait on: 503
+         * until the model is loaded, then 200 for as long as the process
+         * lives (draining too: a liveness probe must not kill a pod that is
+         * finishing its requests) */
+        if (phase == SRV_PHASE_LOADING)
+            return reply_str(app, c, ri, 503,
+                             "{\"error\":{\"code\":503,\"message\":\"Loading model\",\"type\":\"unavailable_error\"}}");
         return reply_str(app, c, ri, 200, "{\"status\":\"ok\"}");
     case R_READY:
         if (phase == SRV_PHASE_READY) return reply_str(app, c, ri, 200, "{\"status\":\"ready\"}");
