@@ -66,6 +66,8 @@ typedef struct srv_event {
     tl_token_prob top[SRV_MAX_TOP];
     int n_top;
     const char *finish_reason;       /* DONE: "stop" or "length" (static string) */
+    int status;                      /* ERROR: the HTTP status of a reply not yet begun: 400 when the
+                                      * request itself can never run; 0: 503, another try may work */
 } srv_event;
 
 enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
@@ -127,15 +129,21 @@ int srv_req_push(srv_req *r, const srv_event *ev);
 typedef struct srv_sched srv_sched;
 typedef struct srv_metrics srv_metrics;
 
-enum { SRV_OK = 0, SRV_QUEUE_FULL = 1, SRV_DRAINING = 2, SRV_TOO_LONG = 3 };
+enum { SRV_OK = 0, SRV_QUEUE_FULL = 1, SRV_DRAINING = 2, SRV_TOO_LONG = 3, SRV_NO_KV = 4, SRV_INVALID = 5 };
 
 /* Creates the context (n_seq_max = np, kv_bytes from --kv-mem) and starts the
  * scheduler thread. The model outlives the scheduler. */
 int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
                   tl_error *err);
-/* Queues r (takes a reference). Returns SRV_OK, SRV_QUEUE_FULL (503),
- * SRV_DRAINING (503) or SRV_TOO_LONG (prompt + max_tokens beyond -c: 400). */
-int srv_sched_submit(srv_sched *s, srv_req *r);
+/* Queues r (takes a reference). Returns SRV_OK; SRV_QUEUE_FULL or
+ * SRV_DRAINING (503: another try, or replica, may take it); or, for a request
+ * that could never run here, whatever the load (4xx, never retried), with
+ * why[0..why_cap) saying which limit it passes: SRV_TOO_LONG (prompt +
+ * max_tokens beyond -c), SRV_NO_KV (more KV cache than the whole pool,
+ * --kv-mem), SRV_INVALID (its sampling or grammar cannot be set up). These
+ * are found here, on the caller's thread, so a stream is refused before its
+ * 200. why may be NULL. */
+int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap);
 /* Stops admitting; running and waiting requests go on. */
 void srv_sched_drain(srv_sched *s);
 /* Requests waiting + running. */
