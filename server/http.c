@@ -196,17 +196,16 @@ static int wait_events(srv_req *r, int fd, int ms) {
 
 /* ---- streams -------------------------------------------------------------------- */
 
-/* Formats the events not yet taken into s->out. */
+/* Formats the events not yet taken into s->out. Taken events leave the
+ * request (srv_req_take), so a long stream does not keep them all. */
 static int stream_take(stream *s) {
     srv_event evs[32];
-    int n = 0;
-    pthread_mutex_lock(&s->r->mu);
-    while (n < 32 && s->r->n_taken < s->r->n_ev) evs[n++] = s->r->ev[s->r->n_taken++];
-    pthread_mutex_unlock(&s->r->mu);
-    /* Event texts stay owned by the request, which this stream holds a reference on. */
-    for (int i = 0; i < n; i++)
-        if (api_stream_event(&s->app->api, s->r, &s->st, &evs[i], &s->out)) return -1;
-    return n;
+    int n = srv_req_take(s->r, evs, 32), rc = n;
+    for (int i = 0; i < n; i++) {
+        if (rc >= 0 && api_stream_event(&s->app->api, s->r, &s->st, &evs[i], &s->out)) rc = -1;
+        free(evs[i].text);
+    }
+    return rc;
 }
 
 /* Hands MHD what a stream has formatted and not yet sent (out from *off). */

@@ -104,9 +104,9 @@ typedef struct srv_req {
     pthread_mutex_t mu;
     pthread_cond_t cv;               /* signalled on every new event */
     int efd;                         /* eventfd, also written on every new event (poll with the socket) */
-    srv_event *ev;                   /* events appended by the scheduler */
+    srv_event *ev;                   /* events appended by the scheduler: ev[n_taken..n_ev) are unread */
     int n_ev, cap_ev;
-    int n_taken;                     /* events the HTTP side has consumed */
+    int n_taken;                     /* events a stream has taken (srv_req_take), their texts now its own */
     int finished;                    /* a DONE or ERROR event was appended */
     atomic_int cancelled;            /* set by the HTTP side (client left); the scheduler frees the sequence at its next step */
     atomic_int refs;                 /* HTTP side + scheduler; srv_req_release frees at 0 */
@@ -124,6 +124,11 @@ srv_req *srv_req_new(void);
 void srv_req_release(srv_req *r);
 /* Scheduler side: appends a copy of ev (taking ownership of ev->text), signals. */
 int srv_req_push(srv_req *r, const srv_event *ev);
+/* Stream side: moves up to max unread events into out (their texts become the
+ * caller's to free) and drops them from r, so a stream keeps only what its
+ * reader has not reached, however many tokens it runs. A non-streamed reply
+ * never calls it and reads r->ev[0..n_ev) whole at the end. Returns how many. */
+int srv_req_take(srv_req *r, srv_event *out, int max);
 
 /* ---- the scheduler ------------------------------------------------------------- */
 typedef struct srv_sched srv_sched;
