@@ -155,6 +155,7 @@ typedef struct sigs {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int count;
+    int done; /* serve has returned: the next signal (ours, from sig_stop) ends the thread */
 } sigs;
 
 static void *sig_thread(void *arg) {
@@ -163,6 +164,10 @@ static void *sig_thread(void *arg) {
         int sig = 0;
         if (sigwait(&s->set, &sig)) continue;
         pthread_mutex_lock(&s->mu);
+        if (s->done) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
         int n = ++s->count;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
@@ -173,6 +178,15 @@ static void *sig_thread(void *arg) {
         fprintf(stderr, "tokenloop serve: draining (signal again to exit now)\n");
     }
     return NULL;
+}
+
+/* Ends sig_thread and joins it, so that exit leaves no thread behind. It waits
+ * in sigwait: a signal it waits for, sent to it alone, wakes it to see done. */
+static void sig_stop(sigs *s, pthread_t th) {
+    pthread_mutex_lock(&s->mu);
+    s->done = 1;
+    pthread_mutex_unlock(&s->mu);
+    if (pthread_kill(th, SIGTERM) == 0) pthread_join(th, NULL);
 }
 
 static double now_s(void) {
@@ -331,6 +345,9 @@ int cmd_serve(int argc, char **argv) {
         cli_error("cannot start the signal thread");
         return 1;
     }
-    pthread_detach(st);
-    return serve(&o, &sg);
+    int rc = serve(&o, &sg);
+    sig_stop(&sg, st);
+    pthread_cond_destroy(&sg.cv);
+    pthread_mutex_destroy(&sg.mu);
+    return rc;
 }

@@ -320,7 +320,9 @@ typedef struct tl_vocab_trie tl_vocab_trie;
 int tl_vocab_trie_new(const tl_model *model, tl_vocab_trie **out, tl_error *err);
 void tl_vocab_trie_free(tl_vocab_trie *t);
 
-/* One output's position in a grammar. */
+/* One output's position in a grammar. A grammar past what the matcher follows
+ * (nesting, or too many ways to one state) is TL_ERR_UNSUPPORTED, from
+ * tl_matcher_new or a later call; TL_ERR_NOMEM is memory alone. */
 typedef struct tl_matcher tl_matcher;
 int tl_matcher_new(const tl_grammar *g, const tl_vocab_trie *t, tl_matcher **out, tl_error *err);
 void tl_matcher_free(tl_matcher *m);

@@ -21,6 +21,8 @@ command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
 # scale-out behind HAProxy (deploy/cluster.sh, tests/py/test_cluster.py)
 command -v haproxy >/dev/null 2>&1 || need_pkgs+=(haproxy)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl)
+# a clean exit of `tokenloop serve`: every thread joined, nothing lost (tests/py/test_server_exit.py)
+command -v valgrind >/dev/null 2>&1 || need_pkgs+=(valgrind)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}" >&2
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -196,17 +196,16 @@ static int wait_events(srv_req *r, int fd, int ms) {
 
 /* ---- streams -------------------------------------------------------------------- */
 
-/* Formats the events not yet taken into s->out. */
+/* Formats the events not yet taken into s->out. Taken events leave the
+ * request (srv_req_take), so a long stream does not keep them all. */
 static int stream_take(stream *s) {
     srv_event evs[32];
-    int n = 0;
-    pthread_mutex_lock(&s->r->mu);
-    while (n < 32 && s->r->n_taken < s->r->n_ev) evs[n++] = s->r->ev[s->r->n_taken++];
-    pthread_mutex_unlock(&s->r->mu);
-    /* Event texts stay owned by the request, which this stream holds a reference on. */
-    for (int i = 0; i < n; i++)
-        if (api_stream_event(&s->app->api, s->r, &s->st, &evs[i], &s->out)) return -1;
-    return n;
+    int n = srv_req_take(s->r, evs, 32), rc = n;
+    for (int i = 0; i < n; i++) {
+        if (rc >= 0 && api_stream_event(&s->app->api, s->r, &s->st, &evs[i], &s->out)) rc = -1;
+        free(evs[i].text);
+    }
+    return rc;
 }
 
 /* Hands MHD what a stream has formatted and not yet sent (out from *off). */
@@ -342,9 +341,13 @@ static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *
         }
     }
     const srv_event *last = r->n_ev ? &r->ev[r->n_ev - 1] : NULL;
-    if (!last || last->kind == SRV_EV_ERROR)
-        return fail(app, c, k->ri, 503, "unavailable_error",
-                    last && last->text && last->text[0] ? last->text : "the request failed");
+    if (!last || last->kind == SRV_EV_ERROR) {
+        const char *m = last && last->text && last->text[0] ? last->text : "the request failed";
+        /* one that can never run is not answered 503: a proxy would retry it */
+        if (last && last->status >= 400 && last->status < 500)
+            return fail(app, c, k->ri, last->status, "invalid_request_error", m);
+        return fail(app, c, k->ri, 503, "unavailable_error", m);
+    }
     size_t n = 0;
     char *s = api_reply_json(&app->api, r, &n);
     return reply_json(app, c, k->ri, 200, s, n);
@@ -360,7 +363,13 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
               : rt == R_MSG ? msg_parse(&app->api, b, k->n, k->req, 0, &e)
                             : api_parse_request(&app->api, kind, b, k->n, k->req, &e);
     if (bad) return reply_err(app, c, k->ri, &e);
-    switch (srv_sched_submit(app->sched, k->req)) {
+    /* 503 (with Retry-After) only for what another try, or another replica,
+     * may not meet: overload and draining. A request that can never run gets
+     * 400 naming the limit, as OpenAI, vLLM and llama-server answer a context
+     * overflow (413 stays the body size's): a proxy's retry-on 503 would
+     * replay it on every replica. */
+    char why[sizeof e.msg];
+    switch (srv_sched_submit(app->sched, k->req, why, sizeof why)) {
     case SRV_OK:
         break;
     case SRV_QUEUE_FULL:
@@ -368,9 +377,13 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
     case SRV_DRAINING:
         return fail(app, c, k->ri, 503, "unavailable_error", "the server is shutting down");
     case SRV_TOO_LONG:
-        api_fail(&e, 400, "invalid_request_error", rt == R_RESP ? "input" : kind == SRV_CHAT ? "messages" : "prompt",
-                 "context_length_exceeded", "the prompt and max_tokens exceed the context of %d tokens",
-                 srv_sched_n_ctx(app->sched));
+    case SRV_NO_KV:
+        api_fail(&e, 400, "invalid_request_error",
+                 rt == R_RESP ? "input" : rt == R_MSG || kind == SRV_CHAT ? "messages" : "prompt",
+                 "context_length_exceeded", "%s", why);
+        return reply_err(app, c, k->ri, &e);
+    case SRV_INVALID:
+        api_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", why);
         return reply_err(app, c, k->ri, &e);
     default:
         return fail(app, c, k->ri, 503, "unavailable_error", "the request could not be queued");

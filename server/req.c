@@ -1,6 +1,17 @@
 /* server/req: the life of one srv_req, shared by an HTTP thread and the
  * scheduler. Owns allocation, the reference count and the event buffer the
- * scheduler appends to (with the eventfd and condvar that wake the reader). */
+ * scheduler appends to (with the eventfd and condvar that wake the reader).
+ *
+ * A stream's buffer holds only the events its reader has not taken yet
+ * (srv_req_take): taken ones leave it, and it is compacted, so its memory
+ * follows the reader's lag, not the reply's length (it once kept every event,
+ * ~300 bytes a token, for the request's whole life). The lag is not capped by
+ * back-pressure: the scheduler never waits on a reader, since one slow client
+ * would stall every sequence in the shared forward call, and pausing just its
+ * sequence would hold that sequence's KV blocks, tens of KB a token, to save
+ * this buffer's few hundred bytes a token. A stalled client's lag is bounded
+ * by its sequence's context (-c), like its KV, and a client that leaves
+ * cancels the request. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +19,9 @@
 #include <unistd.h>
 
 #include "server.h"
+
+#define EV_FIRST 64     /* events a buffer starts with */
+#define EV_SHRINK 1024  /* a buffer emptied above this size is freed, not kept at its peak */
 
 srv_req *srv_req_new(void) {
     srv_req *r = calloc(1, sizeof *r);
@@ -36,7 +50,7 @@ srv_req *srv_req_new(void) {
 
 void srv_req_release(srv_req *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
-    for (int i = 0; i < r->n_ev; i++) free(r->ev[i].text);
+    for (int i = r->n_taken; i < r->n_ev; i++) free(r->ev[i].text); /* the taken ones are the stream's */
     free(r->ev);
     free(r->prompt);
     free(r->bias);
@@ -53,7 +67,7 @@ void srv_req_release(srv_req *r) {
 int srv_req_push(srv_req *r, const srv_event *ev) {
     pthread_mutex_lock(&r->mu);
     if (r->n_ev == r->cap_ev) {
-        int nc = r->cap_ev ? r->cap_ev * 2 : 64;
+        int nc = r->cap_ev ? r->cap_ev * 2 : EV_FIRST;
         srv_event *ne = realloc(r->ev, (size_t)nc * sizeof *ne);
         if (!ne) {
             /* The reader must still learn that the request ended. */
@@ -78,4 +92,27 @@ int srv_req_push(srv_req *r, const srv_event *ev) {
     ssize_t w = write(r->efd, &one, sizeof one);
     (void)w;
     return TL_OK;
+}
+
+int srv_req_take(srv_req *r, srv_event *out, int max) {
+    pthread_mutex_lock(&r->mu);
+    int n = r->n_ev - r->n_taken;
+    if (n > max) n = max;
+    if (n > 0) memcpy(out, r->ev + r->n_taken, (size_t)n * sizeof *out);
+    r->n_taken += n;
+    if (r->n_taken == r->n_ev) {
+        r->n_ev = r->n_taken = 0;
+        if (r->cap_ev > EV_SHRINK) { /* a lag that is over: its peak need not stay */
+            free(r->ev);
+            r->ev = NULL;
+            r->cap_ev = 0;
+        }
+    } else if (r->n_taken >= r->cap_ev / 2) {
+        /* moved down once half the buffer is taken: each event moves O(1) times */
+        memmove(r->ev, r->ev + r->n_taken, (size_t)(r->n_ev - r->n_taken) * sizeof *r->ev);
+        r->n_ev -= r->n_taken;
+        r->n_taken = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }

@@ -5,6 +5,7 @@
  * what the sequence feeds, samples from its rows and commits its KV; the
  * scheduler turns what it emits into events on the request. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@ struct srv_sched {
     tl_ctx *ctx;
     tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
+    int kv_blocks;       /* blocks in the KV pool: a request that needs more can never run */
     tl_vocab_trie *trie; /* the vocabulary's byte trie for grammars, made at start */
     srv_loop *loop;      /* the live loop's readers (o->loop) */
     tl_tracer *tracer;   /* records for them, made only while someone watches */
@@ -102,10 +104,13 @@ static void push_event(srv_req *r, srv_event *ev) {
     (void)srv_req_push(r, ev);
 }
 
-static void push_error(srv_req *r, const char *msg) {
+/* status: 400 when the request itself can never run (a reply not yet begun
+ * says so, and no proxy retries it); 0 for the rest (503). */
+static void push_error(srv_req *r, int status, const char *msg) {
     srv_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = SRV_EV_ERROR;
+    ev.status = status;
     ev.text = dup_text(msg, strlen(msg));
     ev.text_len = ev.text ? strlen(msg) : 0;
     push_event(r, &ev);
@@ -130,9 +135,20 @@ static void slot_clear(srv_sched *s, slot *sl) {
     }
 }
 
-static void slot_fail(srv_sched *s, slot *sl, const char *msg) {
-    push_error(sl->r, msg);
+static void slot_fail_status(srv_sched *s, slot *sl, int status, const char *msg) {
+    push_error(sl->r, status, msg);
     slot_clear(s, sl);
+}
+
+static void slot_fail(srv_sched *s, slot *sl, const char *msg) {
+    slot_fail_status(s, sl, 0, msg);
+}
+
+/* An engine error that the request's own content causes, so that it would
+ * fail again on any replica: its grammar asks more than the matcher follows,
+ * or its parameters are refused. */
+static int request_status(int rc) {
+    return rc == TL_ERR_ARG || rc == TL_ERR_UNSUPPORTED ? 400 : 0;
 }
 
 static void slot_done(srv_sched *s, slot *sl, int reason) {
@@ -264,9 +280,10 @@ static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
     int have = kv.n_free - blocks_reserved(s);
     if (need - reused / TL_KV_BLOCK > have) {
         tl_seq_close(s->ctx, seq);
-        /* With nothing else running the blocks will never come: say so. */
+        /* With nothing else running the blocks will never come: say so
+         * (srv_sched_submit refuses such requests first; this is the guard). */
         if (s->n_running > 0) return 0;
-        push_error(r, "the request needs more KV cache than --kv-mem provides");
+        push_error(r, 400, "the request needs more KV cache than --kv-mem provides");
         srv_req_release(r);
         return 1;
     }
@@ -283,8 +300,9 @@ static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
     pthread_mutex_lock(&s->mu);
     s->n_running++;
     pthread_mutex_unlock(&s->mu);
-    if (slot_setup(s, sl, r, &err) != 0) {
-        slot_fail(s, sl, err.msg[0] ? err.msg : "could not set up sampling");
+    int rc = slot_setup(s, sl, r, &err);
+    if (rc != 0) {
+        slot_fail_status(s, sl, request_status(rc), err.msg[0] ? err.msg : "could not set up sampling");
         return 1;
     }
     if (prompt_lp) emit_first_prompt_token(s, r);
@@ -305,7 +323,7 @@ static void drop_cancelled_waiting(srv_sched *s) {
     for (int i = 0; i < n; i++) {
         srv_req *r = queue_pop(s);
         if (atomic_load(&r->cancelled)) {
-            push_error(r, "cancelled");
+            push_error(r, 0, "cancelled");
             srv_req_release(r);
         } else {
             s->wait[(s->w_head + s->w_len) % s->w_cap] = r;
@@ -455,7 +473,10 @@ static void step_rows(srv_sched *s, slot *sl, const float *const *rows, int n) {
     const int top = sl->r->logprobs ? sl->r->top_logprobs : 0;
     tl_step_set_top(sl->step, s->tracing && top < 5 ? 5 : top);
     int stop = tl_step_take(sl->step, rows, n, &err);
-    if (stop < 0) slot_fail(s, sl, err.msg[0] ? err.msg : "sampling failed");
+    /* only a grammar past the matcher's limits is the request's own doing
+     * here; TL_ERR_ARG from a step would be the engine's inconsistency */
+    if (stop < 0)
+        slot_fail_status(s, sl, stop == TL_ERR_UNSUPPORTED ? 400 : 0, err.msg[0] ? err.msg : "sampling failed");
     else if (stop != TL_STOP_NONE) slot_done(s, sl, stop);
 }
 
@@ -586,7 +607,7 @@ static void shutdown_all(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     while (s->w_len) {
         srv_req *r = queue_pop(s);
-        push_error(r, "the server is shutting down");
+        push_error(r, 0, "the server is shutting down");
         srv_req_release(r);
     }
     pthread_mutex_unlock(&s->mu);
@@ -729,6 +750,9 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
         }
     }
     s->n_ctx = tl_ctx_n_ctx(s->ctx);
+    tl_kv_stats kv;
+    tl_ctx_kv_stats(s->ctx, &kv);
+    s->kv_blocks = kv.n_blocks;
     /* The engine caps a call at the context length. */
     s->n_batch = nb < s->n_ctx ? nb : s->n_ctx;
     if (s->max_rows > s->n_batch) s->max_rows = s->n_batch;
@@ -761,10 +785,68 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     return 0;
 }
 
-int srv_sched_submit(srv_sched *s, srv_req *r) {
-    if (r->n_prompt >= s->n_ctx || r->n_prompt < 1 ||
-        r->n_prompt + (r->max_tokens > 0 ? r->max_tokens : 0) > s->n_ctx)
-        return SRV_TOO_LONG;
+static int refuse(char *why, size_t cap, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int refuse(char *why, size_t cap, int rc, const char *fmt, ...) {
+    if (why && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, cap, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* Whether r could ever run here, however idle the server: SRV_OK, or the
+ * refusal that names the limit. It reads only what is fixed once
+ * srv_sched_new returns (-c, the pool's size, the vocabulary trie), so the
+ * HTTP threads call it, and a stream is refused before its 200. The sampler
+ * and the grammar's matcher are made and dropped here to see that they can
+ * be: made again at admission, they would fail after the reply began. */
+static int sched_check(const srv_sched *s, const srv_req *r, char *why, size_t cap) {
+    const int mt = r->max_tokens > 0 ? r->max_tokens : 0;
+    if (r->n_prompt < 1) return refuse(why, cap, SRV_TOO_LONG, "the prompt has no tokens");
+    if (r->n_prompt >= s->n_ctx)
+        return refuse(why, cap, SRV_TOO_LONG,
+                      "the prompt is %d tokens; the server's context is %d tokens per sequence (-c), one of them "
+                      "for the reply", r->n_prompt, s->n_ctx);
+    if (r->n_prompt + mt > s->n_ctx)
+        return refuse(why, cap, SRV_TOO_LONG,
+                      "this request needs %d tokens of context (%d in the prompt, %d for max_tokens); the server "
+                      "has %d per sequence (-c)", r->n_prompt + mt, r->n_prompt, mt, s->n_ctx);
+    /* as admit_one reserves: without max_tokens, the whole context */
+    int target = r->max_tokens < 0 ? s->n_ctx : r->n_prompt + r->max_tokens;
+    if (target > s->n_ctx) target = s->n_ctx;
+    const int have = s->kv_blocks * TL_KV_BLOCK;
+    if (blocks_for(target) > s->kv_blocks) {
+        if (r->max_tokens < 0)
+            return refuse(why, cap, SRV_NO_KV,
+                          "this request needs %d tokens of KV cache (no max_tokens: the whole context of %d per "
+                          "sequence); the server has %d in all (--kv-mem): set max_tokens to at most %d",
+                          target, s->n_ctx, have, have - r->n_prompt);
+        return refuse(why, cap, SRV_NO_KV,
+                      "this request needs %d tokens of KV cache (%d in the prompt, %d for max_tokens); the server "
+                      "has %d in all (--kv-mem)", target, r->n_prompt, r->max_tokens, have);
+    }
+    /* a failure for want of memory is not the request's: it is left for
+     * admission to meet again (503) */
+    tl_error err = {0};
+    tl_sampler *smp = NULL;
+    int rc = tl_sampler_new(&r->sp, s->n_vocab, &smp, &err);
+    tl_sampler_free(smp);
+    if (request_status(rc)) return refuse(why, cap, SRV_INVALID, "%s", err.msg);
+    if (r->grammar && s->trie) {
+        tl_matcher *mx = NULL;
+        rc = tl_matcher_new(r->grammar, s->trie, &mx, &err);
+        tl_matcher_free(mx);
+        if (request_status(rc)) return refuse(why, cap, SRV_INVALID, "%s", err.msg);
+    }
+    return SRV_OK;
+}
+
+int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap) {
+    if (why && why_cap) why[0] = 0;
+    int bad = sched_check(s, r, why, why_cap);
+    if (bad) return bad;
     pthread_mutex_lock(&s->mu);
     int rc = SRV_OK;
     if (s->draining || s->stop) rc = SRV_DRAINING;

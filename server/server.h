@@ -68,6 +68,8 @@ typedef struct srv_event {
     const char *finish_reason;       /* DONE: "stop" or "length" (static string) */
     int reasoning;                   /* TOKEN: the loop counts it as reasoning (tl_gen_event.reasoning,
                                       * markers included); the reply splits on it, never on the text */
+    int status;                      /* ERROR: the HTTP status of a reply not yet begun: 400 when the
+                                      * request itself can never run; 0: 503, another try may work */
 } srv_event;
 
 enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
@@ -106,9 +108,9 @@ typedef struct srv_req {
     pthread_mutex_t mu;
     pthread_cond_t cv;               /* signalled on every new event */
     int efd;                         /* eventfd, also written on every new event (poll with the socket) */
-    srv_event *ev;                   /* events appended by the scheduler */
+    srv_event *ev;                   /* events appended by the scheduler: ev[n_taken..n_ev) are unread */
     int n_ev, cap_ev;
-    int n_taken;                     /* events the HTTP side has consumed */
+    int n_taken;                     /* events a stream has taken (srv_req_take), their texts now its own */
     int finished;                    /* a DONE or ERROR event was appended */
     atomic_int cancelled;            /* set by the HTTP side (client left); the scheduler frees the sequence at its next step */
     atomic_int refs;                 /* HTTP side + scheduler; srv_req_release frees at 0 */
@@ -126,20 +128,31 @@ srv_req *srv_req_new(void);
 void srv_req_release(srv_req *r);
 /* Scheduler side: appends a copy of ev (taking ownership of ev->text), signals. */
 int srv_req_push(srv_req *r, const srv_event *ev);
+/* Stream side: moves up to max unread events into out (their texts become the
+ * caller's to free) and drops them from r, so a stream keeps only what its
+ * reader has not reached, however many tokens it runs. A non-streamed reply
+ * never calls it and reads r->ev[0..n_ev) whole at the end. Returns how many. */
+int srv_req_take(srv_req *r, srv_event *out, int max);
 
 /* ---- the scheduler ------------------------------------------------------------- */
 typedef struct srv_sched srv_sched;
 typedef struct srv_metrics srv_metrics;
 
-enum { SRV_OK = 0, SRV_QUEUE_FULL = 1, SRV_DRAINING = 2, SRV_TOO_LONG = 3 };
+enum { SRV_OK = 0, SRV_QUEUE_FULL = 1, SRV_DRAINING = 2, SRV_TOO_LONG = 3, SRV_NO_KV = 4, SRV_INVALID = 5 };
 
 /* Creates the context (n_seq_max = np, kv_bytes from --kv-mem) and starts the
  * scheduler thread. The model outlives the scheduler. */
 int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
                   tl_error *err);
-/* Queues r (takes a reference). Returns SRV_OK, SRV_QUEUE_FULL (503),
- * SRV_DRAINING (503) or SRV_TOO_LONG (prompt + max_tokens beyond -c: 400). */
-int srv_sched_submit(srv_sched *s, srv_req *r);
+/* Queues r (takes a reference). Returns SRV_OK; SRV_QUEUE_FULL or
+ * SRV_DRAINING (503: another try, or replica, may take it); or, for a request
+ * that could never run here, whatever the load (4xx, never retried), with
+ * why[0..why_cap) saying which limit it passes: SRV_TOO_LONG (prompt +
+ * max_tokens beyond -c), SRV_NO_KV (more KV cache than the whole pool,
+ * --kv-mem), SRV_INVALID (its sampling or grammar cannot be set up). These
+ * are found here, on the caller's thread, so a stream is refused before its
+ * 200. why may be NULL. */
+int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap);
 /* Stops admitting; running and waiting requests go on. */
 void srv_sched_drain(srv_sched *s);
 /* Requests waiting + running. */

@@ -304,7 +304,19 @@ struct tl_matcher {
     uint32_t *key; /* the current state's key */
     int cap_key;
     int failed; /* out of memory or too deep while expanding */
+    int limit;  /* ... and it was a limit (MAX_STACK, MAX_EXPAND, the scratch), not memory: the
+                 * grammar asks more than the matcher follows, whatever is retried */
 };
+
+/* What a failed walk or expansion reports: TL_ERR_UNSUPPORTED when the
+ * grammar hit a limit (a server answers that request 400, not "try again"),
+ * TL_ERR_NOMEM when memory ran out. */
+static int fail_status(const tl_matcher *m, tl_error *err) {
+    if (m->limit)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "grammar: too complex to follow: nesting deeper than %d, or more "
+                       "than %d ways to one state", MAX_STACK, MAX_EXPAND);
+    return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory");
+}
 
 /* Resolves stk[0..len) until every stack waits for a character: a rule
  * reference on top becomes each of its alternatives, an alternative's end
@@ -314,7 +326,7 @@ static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
     /* a grammar whose empty derivations multiply (a ::= "" | "", used n
      * times) would take 2^n paths to one state: bounded, it fails instead */
     if (++m->n_expand > MAX_EXPAND) {
-        m->failed = 1;
+        m->failed = m->limit = 1;
         return;
     }
     for (;;) {
@@ -338,7 +350,7 @@ static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
     int base = len - 1;
     const int ret = g->el[p + 1].kind != GE_END; /* not a tail call: come back to p + 1 */
     if (base + ret + 1 > MAX_STACK || m->n_scratch + base + 2 > m->cap_scratch) {
-        m->failed = 1;
+        m->failed = m->limit = 1;
         return;
     }
     const int at = m->n_scratch;
@@ -363,7 +375,7 @@ static void advance_cp(tl_matcher *m, const gstate *in, uint32_t c, gstate *out)
         const uint32_t *stk = in->pos + in->off[i];
         if (!tl_gelem_match(m->g, &m->g->el[stk[len - 1]], c)) continue;
         if (m->n_scratch + len > m->cap_scratch) {
-            m->failed = 1;
+            m->failed = m->limit = 1;
             return;
         }
         uint32_t *s = m->scratch + m->n_scratch;
@@ -383,7 +395,7 @@ static void advance_all(tl_matcher *m, const gstate *in, gstate *out) {
     for (int i = 0; i < in->n; i++) {
         const int len = in->off[i + 1] - in->off[i];
         if (m->n_scratch + len > m->cap_scratch) {
-            m->failed = 1;
+            m->failed = m->limit = 1;
             return;
         }
         uint32_t *s = m->scratch + m->n_scratch;
@@ -692,7 +704,7 @@ const uint32_t *tl_matcher_allowed(tl_matcher *m, tl_error *err) {
     m->cache[v].used = ++m->clock;
     uint32_t *bits = m->cache[v].bits;
     memset(bits, 0, (size_t)m->words * sizeof *bits);
-    m->failed = 0;
+    m->failed = m->limit = 0;
     m->n_ist = 0;
     const int id0 = intern(m, s);
     if (id0 >= 0) walk_memo(m, &m->t->node[0], id0, 0, bits);
@@ -700,7 +712,7 @@ const uint32_t *tl_matcher_allowed(tl_matcher *m, tl_error *err) {
     else walk(m, &m->t->node[0], 0, bits);
     if (m->failed) {
         m->cache[v].key_n = -1;
-        tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting deeper than %d, or too many ways to one state", MAX_STACK);
+        fail_status(m, err);
         return NULL;
     }
     if (s->accept && s->need == 0)
@@ -729,14 +741,14 @@ void tl_matcher_free(tl_matcher *m) {
 int tl_matcher_reset(tl_matcher *m, tl_error *err) {
     st_clear(&m->cur);
     if (st_reserve(&m->cur, 1, 1)) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
-    m->failed = 0;
+    m->failed = m->limit = 0;
     m->n_expand = 0;
     /* the start: root's alternatives */
     for (int a = m->g->rule_alt[m->g->root]; a < m->g->rule_alt[m->g->root + 1]; a++) {
         uint32_t s = (uint32_t)m->g->alt[a];
         expand(m, &m->cur, &s, 1);
     }
-    if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting deeper than %d, or too many ways to one state", MAX_STACK);
+    if (m->failed) return fail_status(m, err);
     return TL_OK;
 }
 
@@ -772,9 +784,9 @@ int tl_matcher_new(const tl_grammar *g, const tl_vocab_trie *t, tl_matcher **out
 int tl_matcher_accept_bytes(tl_matcher *m, const char *b, size_t n, tl_error *err) {
     gstate *tmp = &m->lvl[0];
     for (size_t i = 0; i < n; i++) {
-        m->failed = 0;
+        m->failed = m->limit = 0;
         int ok = advance_byte(m, &m->cur, (uint8_t)b[i], tmp);
-        if (m->failed) return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory, nesting too deep, or too many ways to one state");
+        if (m->failed) return fail_status(m, err);
         if (!ok) return tl_fail(err, TL_ERR_ARG, "grammar: byte %zu of the text cannot continue the output", i);
         gstate x = m->cur;
         m->cur = *tmp;

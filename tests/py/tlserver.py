@@ -24,10 +24,11 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model, args=()):
+    def __init__(self, model, args=(), prefix=()):
+        """prefix: a command the server runs under (valgrind and its options)."""
         self.port = free_port()
         self.log = sys.stderr if os.environ.get("TL_SERVER_LOG") else tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([TL_BIN, "serve", "-m", model, "--port", str(self.port), *args],
+        self.proc = subprocess.Popen([*prefix, TL_BIN, "serve", "-m", model, "--port", str(self.port), *args],
                                      stdout=self.log, stderr=self.log)
         self.url = f"http://127.0.0.1:{self.port}"
 

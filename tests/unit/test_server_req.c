@@ -1,7 +1,8 @@
 /* test_server_req: the server's request parser and reply builder (server/validate.c, prompt.c, reply.c)
  * on the SmolLM2 tokenizer and template: every field's type and range errors,
- * hostile JSON, the srv_req a good request becomes, and the JSON shapes of
- * replies and stream chunks built from events. */
+ * hostile JSON, the srv_req a good request becomes, the JSON shapes of
+ * replies and stream chunks built from events, and a stream's events leaving
+ * the request as they are taken. */
 #include <string.h>
 
 #include <jansson.h>
@@ -448,6 +449,60 @@ static void test_reasoning(void) {
     reasoning_case("reasoning cut off", t3, f3, 3, "Hmm wait</", "");
 }
 
+/* A stream's events leave the request as its reader takes them: however many
+ * tokens a reply runs, the request stores the reader's lag, not the reply. */
+static void test_event_storage(void) {
+    srv_req *r = srv_req_new();
+    if (!r) return;
+    enum { N = 100000, LAG = 40 };
+    srv_event got[32];
+    char want[32];
+    int pushed = 0, taken = 0, in_order = 1, max_cap = 0;
+    while (taken < N) {
+        for (int k = 0; k < LAG && pushed < N; k++, pushed++) {
+            srv_event ev = {0};
+            ev.kind = pushed == N - 1 ? SRV_EV_DONE : SRV_EV_TOKEN;
+            ev.token = pushed;
+            snprintf(want, sizeof want, "t%d", pushed);
+            ev.text = strdup(want);
+            ev.text_len = strlen(want);
+            srv_req_push(r, &ev);
+        }
+        if (r->cap_ev > max_cap) max_cap = r->cap_ev;
+        int n;
+        while ((n = srv_req_take(r, got, 32)) > 0) {
+            for (int i = 0; i < n; i++, taken++) {
+                snprintf(want, sizeof want, "t%d", taken);
+                in_order &= got[i].token == taken && got[i].text && !strcmp(got[i].text, want);
+                free(got[i].text); /* the taker's now */
+            }
+        }
+    }
+    CHECK(taken == N && in_order && r->finished, "%d events taken in order (%d)", taken, in_order);
+    CHECK(max_cap <= 2 * LAG, "stored at most %d events for a lag of %d over %d events (want <= %d)", max_cap, LAG, N,
+          2 * LAG);
+    /* a reader that lagged 5000 events and caught up: the peak is not kept */
+    for (int i = 0; i < 5000; i++) {
+        srv_event ev = {.kind = SRV_EV_TOKEN, .token = i, .text = strdup("x"), .text_len = 1};
+        srv_req_push(r, &ev);
+    }
+    CHECK(r->cap_ev >= 5000, "a lag of 5000 events is stored (%d)", r->cap_ev);
+    int n, left = 5000;
+    while ((n = srv_req_take(r, got, 32)) > 0) {
+        left -= n;
+        for (int i = 0; i < n; i++) free(got[i].text);
+    }
+    CHECK(left == 0 && r->cap_ev <= 64, "after catching up: %d left, %d stored", left, r->cap_ev);
+    /* events never taken are the request's to free (ASan and valgrind check) */
+    for (int i = 0; i < 10; i++) {
+        srv_event ev = {.kind = SRV_EV_TOKEN, .token = i, .text = strdup("unread"), .text_len = 6};
+        srv_req_push(r, &ev);
+    }
+    CHECK(srv_req_take(r, got, 3) == 3, "take 3 of 10");
+    for (int i = 0; i < 3; i++) free(got[i].text);
+    srv_req_release(r);
+}
+
 static void test_misc(void) {
     size_t n;
     char *f = api_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6, &n);
@@ -610,6 +665,7 @@ int main(void) {
     test_good();
     test_replies();
     test_reasoning();
+    test_event_storage();
     test_misc();
     test_tool_formats();
     /* and compiled per request, as where the server could not compile it */

@@ -2,7 +2,8 @@
  * tl_ctx_eval loop, a request's tokens and logprobs do not change with the
  * others running beside it, echo logprobs equal tl_sampler_report over
  * tl_ctx_eval's rows, and every request ends with exactly one DONE or ERROR
- * (cancelled, queue full, too long, draining, shut down while running). */
+ * (cancelled, queue full, too long, draining, shut down while running); a
+ * request that can never run is refused at submit, naming its limit. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,7 +155,7 @@ static void test_alone_vs_crowd(void) {
     srv_req *alone[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
         alone[i] = make_req(prompts[i], 12, 0.0f, 1);
-        CHECK(srv_sched_submit(s, alone[i]) == SRV_OK, "submit alone");
+        CHECK(srv_sched_submit(s, alone[i], NULL, 0) == SRV_OK, "submit alone");
         CHECK(wait_done(alone[i], 60), "alone %d finishes", i);
         CHECK(one_final(alone[i]), "alone %d one final", i);
     }
@@ -170,7 +171,7 @@ static void test_alone_vs_crowd(void) {
     srv_req *crowd[N_PROMPTS + 4];
     for (int i = 0; i < N_PROMPTS + 4; i++) {
         crowd[i] = make_req(prompts[(i * 3) % N_PROMPTS], 12, 0.0f, 1);
-        CHECK(srv_sched_submit(s, crowd[i]) == SRV_OK, "submit crowd");
+        CHECK(srv_sched_submit(s, crowd[i], NULL, 0) == SRV_OK, "submit crowd");
     }
     for (int i = 0; i < N_PROMPTS + 4; i++) {
         CHECK(wait_done(crowd[i], 120), "crowd %d finishes", i);
@@ -183,12 +184,12 @@ static void test_alone_vs_crowd(void) {
 
     /* Seeded sampling alone vs among others. */
     srv_req *a = make_req(prompts[1], 16, 0.8f, 42);
-    srv_sched_submit(s, a);
+    srv_sched_submit(s, a, NULL, 0);
     wait_done(a, 60);
     srv_req *b[6];
     for (int i = 0; i < 6; i++) {
         b[i] = make_req(i == 3 ? prompts[1] : prompts[i + 2], 16, i == 3 ? 0.8f : 0.7f, i == 3 ? 42 : 7);
-        srv_sched_submit(s, b[i]);
+        srv_sched_submit(s, b[i], NULL, 0);
     }
     for (int i = 0; i < 6; i++) wait_done(b[i], 60);
     CHECK(same_tokens(a, b[3]), "seeded sampling alone == in a crowd");
@@ -200,9 +201,9 @@ static void test_alone_vs_crowd(void) {
     longp[0] = 0;
     for (int i = 0; i < 24; i++) strcat(longp, "The rain in Spain stays mainly in the plain. ");
     srv_req *c1 = make_req(longp, 8, 0.0f, 1), *c2 = make_req(longp, 8, 0.0f, 1);
-    srv_sched_submit(s, c1);
+    srv_sched_submit(s, c1, NULL, 0);
     wait_done(c1, 60);
-    srv_sched_submit(s, c2);
+    srv_sched_submit(s, c2, NULL, 0);
     wait_done(c2, 60);
     CHECK(c1->cached_tokens == 0, "cold cached_tokens %d", c1->cached_tokens);
     CHECK(c2->cached_tokens > 0 && c2->cached_tokens < c2->n_prompt, "warm cached_tokens %d of %d",
@@ -223,7 +224,7 @@ static void test_echo(void) {
     if (!s) return;
     srv_req *r = make_req("Paris is the capital and largest city of France.", 0, 0.0f, 1);
     r->echo = 1;
-    srv_sched_submit(s, r);
+    srv_sched_submit(s, r, NULL, 0);
     CHECK(wait_done(r, 60), "echo finishes");
     CHECK(one_final(r) && r->ev[r->n_ev - 1].kind == SRV_EV_DONE, "echo DONE");
     CHECK(n_kind(r, SRV_EV_PROMPT) == r->n_prompt, "a PROMPT event per token: %d of %d",
@@ -261,7 +262,7 @@ static void test_limits(void) {
     CHECK(srv_sched_new(g_model, &o, NULL, &s, NULL) == 0, "sched new");
     if (!s) return;
     srv_req *big = make_req("hello", 600, 0.0f, 1);
-    CHECK(srv_sched_submit(s, big) == SRV_TOO_LONG, "too long");
+    CHECK(srv_sched_submit(s, big, NULL, 0) == SRV_TOO_LONG, "too long");
     srv_req_release(big);
 
     /* One running (long), two waiting, the rest refused. */
@@ -269,7 +270,7 @@ static void test_limits(void) {
     int full = 0, ok = 0, rcs[6];
     for (int i = 0; i < 6; i++) {
         r[i] = make_req(prompts[i], i == 0 ? 400 : 4, 0.0f, 1);
-        int rc = rcs[i] = srv_sched_submit(s, r[i]);
+        int rc = rcs[i] = srv_sched_submit(s, r[i], NULL, 0);
         ok += rc == SRV_OK;
         full += rc == SRV_QUEUE_FULL;
         if (i == 0) { /* let it start so it is running, not waiting */
@@ -289,7 +290,7 @@ static void test_limits(void) {
     CHECK(srv_sched_pending(s) == 0, "nothing pending");
     srv_sched_drain(s);
     srv_req *late = make_req("late", 4, 0.0f, 1);
-    CHECK(srv_sched_submit(s, late) == SRV_DRAINING, "draining refuses");
+    CHECK(srv_sched_submit(s, late, NULL, 0) == SRV_DRAINING, "draining refuses");
     srv_req_release(late);
     for (int i = 0; i < 6; i++) srv_req_release(r[i]);
     srv_sched_free(s);
@@ -301,7 +302,7 @@ static void test_limits(void) {
     srv_req *q[3];
     for (int i = 0; i < 3; i++) {
         q[i] = make_req(prompts[i], 300, 0.0f, 1);
-        CHECK(srv_sched_submit(s, q[i]) == SRV_OK, "submit %d", i);
+        CHECK(srv_sched_submit(s, q[i], NULL, 0) == SRV_OK, "submit %d", i);
     }
     nanosleep(&(struct timespec){0, 50000000}, NULL);
     srv_sched_free(s);
@@ -320,7 +321,7 @@ static void test_context_full(void) {
     CHECK(srv_sched_new(g_model, &o, NULL, &s, NULL) == 0, "sched new");
     if (!s) return;
     srv_req *r = make_req("The quick brown fox jumps over the lazy dog. The quick brown fox", -1, 0.0f, 1);
-    CHECK(srv_sched_submit(s, r) == SRV_OK, "submit");
+    CHECK(srv_sched_submit(s, r, NULL, 0) == SRV_OK, "submit");
     CHECK(wait_done(r, 60) && one_final(r), "finishes once");
     const srv_event *last = &r->ev[r->n_ev - 1];
     CHECK(last->kind == SRV_EV_DONE, "DONE");
@@ -329,6 +330,52 @@ static void test_context_full(void) {
               r->completion_tokens);
     else
         CHECK(last->kind == SRV_EV_DONE && !strcmp(last->finish_reason, "stop"), "else stops on EOG");
+    srv_req_release(r);
+    srv_sched_free(s);
+}
+
+/* A request that can never run is refused at submit, naming the limit, so the
+ * HTTP side answers it 400 before a stream's 200 (not 503 + Retry-After,
+ * which a proxy would replay on every replica); one that merely waits for
+ * room is still queued. */
+static void test_refusals(void) {
+    srv_sched *s = NULL;
+    srv_opts o = base_opts(1);
+    o.n_ctx = 256;
+    o.kv_mem_mib = 2; /* a few blocks of SmolLM2's 360 KiB: fewer positions than -c */
+    CHECK(srv_sched_new(g_model, &o, NULL, &s, NULL) == 0, "sched new");
+    if (!s) return;
+    char why[256];
+    srv_req *r = make_req("hello", 200, 0.0f, 1);
+    int rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_NO_KV && strstr(why, "KV cache") && strstr(why, "--kv-mem"),
+          "more KV than the pool: %d '%s'", rc, why);
+    srv_req_release(r);
+    r = make_req("hello", -1, 0.0f, 1); /* no max_tokens: the whole context */
+    rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_NO_KV && strstr(why, "max_tokens"), "no max_tokens, more KV than the pool: %d '%s'", rc, why);
+    srv_req_release(r);
+    r = make_req("hello", 300, 0.0f, 1);
+    rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_TOO_LONG && strstr(why, "256 per sequence"), "beyond -c: %d '%s'", rc, why);
+    srv_req_release(r);
+    /* a grammar whose empty derivations multiply: past the matcher's limit */
+    r = make_req("hello", 4, 0.0f, 1);
+    tl_error err = {0};
+    const char *g = "root ::= a a a a a a a a a a a a a a a a a a a a a a a a \"x\"\na ::= \"\" | \"\"\n";
+    CHECK(r && tl_grammar_parse(g, strlen(g), &r->grammar, &err) == 0, "grammar: %s", err.msg);
+    rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_INVALID && strstr(why, "grammar"), "a grammar that cannot be followed: %d '%s'", rc, why);
+    srv_req_release(r);
+    r = make_req("hello", 4, 0.0f, 1);
+    r->sp.top_p = -1.0f; /* what the API refuses; here the sampler's own check */
+    rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_INVALID && strstr(why, "top_p"), "sampling parameters: %d '%s'", rc, why);
+    srv_req_release(r);
+    r = make_req("hello", 8, 0.0f, 1); /* fits: runs */
+    rc = srv_sched_submit(s, r, why, sizeof why);
+    CHECK(rc == SRV_OK && wait_done(r, 60) && one_final(r) && r->ev[r->n_ev - 1].kind == SRV_EV_DONE,
+          "a request that fits runs: %d", rc);
     srv_req_release(r);
     srv_sched_free(s);
 }
@@ -348,6 +395,7 @@ int main(void) {
     double t2 = now_s();
     test_limits();
     test_context_full();
+    test_refusals();
     printf("crowd %.1f s, echo %.1f s, limits %.1f s\n", t1 - t0, t2 - t1, now_s() - t2);
     tl_model_free(m);
     return tl_test_summary();
