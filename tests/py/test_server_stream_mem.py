@@ -78,6 +78,14 @@ def stream(port, n, pid=None):
 def main():
     if not check(os.access(TL_BIN, os.X_OK), f"no binary at {TL_BIN}"):
         finish()
+    if os.environ.get("TL_ASAN") == "1":
+        # ASan keeps freed memory in a quarantine (256 MiB) to catch use after
+        # free, so every freed event would still count in RSS: without it,
+        # freed blocks are reused as under the plain allocator
+        opts = os.environ.get("ASAN_OPTIONS", "")
+        os.environ["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=0"
+        global BOUND_MIB
+        BOUND_MIB = 3.0  # its shadow and redzones: +1.1 measured under ASan
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "tiny.gguf")
         mk = subprocess.run([sys.executable, MKMODEL, "qwen2", model], capture_output=True, text=True, timeout=300)
