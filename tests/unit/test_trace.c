@@ -1,4 +1,4 @@
-/* test_trace: the loop's trace (src/exec/trace.c, docs/TRACE.md) of a
+/* test_trace: the loop's trace (src/trace/trace.c, docs/TRACE.md) of a
  * reasoning budget's close on SmolLM2. The loop feeds the close marker's
  * tokens after the last sampled one, as it would feed guesses, but they are
  * the loop's own: the records count them as forced, not as drafted, and a
