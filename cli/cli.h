@@ -60,8 +60,8 @@ int cli_spec(const char *opt, const char *v, int *out);
     "                          far, or from --draft's model, verified in the same forward\n" \
     "                          call and used only while the measured cost says they pay),\n" \
     "                          ngram (prompt lookup whenever it finds a match), draft (the\n" \
-    "                          draft model every step, as many guesses as its measured\n" \
-    "                          agreement says pay), off. The output is the same in every\n" \
+    "                          draft model every step: one guess, more while its measured\n" \
+    "                          agreement says they pay), off. The output is the same in every\n" \
     "                          mode.\n" \
     "      --draft FILE        a small GGUF model with the same vocabulary that guesses\n" \
     "                          tokens for the model (e.g. a Q4_0 of it: tokenloop quantize)\n"

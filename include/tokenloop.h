@@ -470,7 +470,8 @@ typedef enum tl_spec_mode {
     TL_SPEC_OFF = 0,
     TL_SPEC_AUTO = 1,  /* guess only while the measured cost says it pays */
     TL_SPEC_NGRAM = 2, /* prompt lookup whenever it finds a match */
-    TL_SPEC_DRAFT = 3, /* a draft model's greedy guesses, up to spec_max a step while its top p >= 0.5 */
+    TL_SPEC_DRAFT = 3, /* a draft model's greedy guesses every step: the first always, more up to spec_max
+                        * while they pay (measured costs; before any, while its top p >= 0.5) */
 } tl_spec_mode;
 /* "off", "auto", "ngram", "draft"; -1 for anything else. */
 int tl_spec_parse(const char *name);

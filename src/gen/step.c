@@ -317,7 +317,10 @@ static int draft_model(tl_step *st, const tl_hist *h, int k, int n_other) {
         const int32_t t = draft_argmax(lg, nv, &p);
         const int bin = draft_bin(p);
         cum *= st->dkept[bin];
-        if (measured ? cum * dc.tok <= dc.row : p < 0.5f) break;
+        /* --spec draft guesses every step: its first guess is not weighed,
+         * so the mode does what it says whatever the measured costs */
+        const int forced = got == 0 && st->spec.mode == TL_SPEC_DRAFT;
+        if (!forced && (measured ? cum * dc.tok <= dc.row : p < 0.5f)) break;
         st->dbin[1 + got] = (uint8_t)bin;
         st->feed[1 + got++] = t;
         if (got >= k) break;

@@ -424,9 +424,10 @@ int main(void) {
         cd.spec = TL_SPEC_DRAFT;
         cd.spec_max = 5;
         gen(m, ids, (int)n, &cd, got, &st2, &past);
-        /* How far the draft guesses follows the measured costs, and a model
-         * drafting for itself costs a whole step per guess: when sampling, a
-         * busy or fast machine may make it stop after one rejected guess. */
+        /* --spec draft guesses every step (the first guess is not weighed);
+         * how far beyond it follows the measured costs, and a model drafting
+         * for itself costs a whole step per guess: when sampling, a busy or
+         * fast machine may make it stop after one rejected guess. */
         CHECK(same(ref, got) && past == past_ref, "temp %.1f, draft model: output differs", temps[ti]);
         CHECK(st2.n_drafted > 0 && (ti > 0 || st2.n_accepted > 0), "temp %.1f, draft model: %d drafted, %d kept",
               temps[ti], st2.n_drafted, st2.n_accepted);
@@ -440,7 +441,7 @@ int main(void) {
               temps[ti]);
         /* only that it drafted: from a window of the last 64 tokens the
          * model is not the target any more, and after a rejected first guess
-         * the measured costs may stop it */
+         * the measured costs may stop the rest */
         CHECK(st2.n_drafted > 0, "temp %.1f, draft model in a small window: %d drafted, %d kept", temps[ti],
               st2.n_drafted, st2.n_accepted);
         cd.d_ctx = 0;
