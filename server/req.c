@@ -57,6 +57,8 @@ void srv_req_release(srv_req *r) {
     if (r->dx_free) r->dx_free(r->dx);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    tl_matcher_free(r->matcher);
+    tl_sampler_free(r->smp);
     tl_grammar_free(r->grammar);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);

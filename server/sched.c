@@ -214,7 +214,12 @@ static int slot_token(const tl_gen_event *ge, void *user) {
 }
 
 static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
-    int rc = tl_sampler_new(&r->sp, s->n_vocab, &sl->smp, err);
+    /* the sampler and matcher srv_sched_submit made, if it could */
+    sl->smp = r->smp;
+    sl->matcher = r->matcher;
+    r->smp = NULL;
+    r->matcher = NULL;
+    int rc = sl->smp ? TL_OK : tl_sampler_new(&r->sp, s->n_vocab, &sl->smp, err);
     if (rc) return rc;
     /* the prompt is in the penalty history, as with the CLI and llama.cpp */
     for (int i = 0; i < r->n_prompt; i++) tl_sampler_accept(sl->smp, r->prompt[i]);
@@ -235,7 +240,7 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     }
     if (r->grammar) {
         if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;
-        if ((rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;
+        if (!sl->matcher && (rc = tl_matcher_new(r->grammar, s->trie, &sl->matcher, err))) return rc;
         gp.grammar = sl->matcher;
         if (r->grammar_lazy) {
             gp.grammar_trigger = tools_trigger(r->tool_fmt);
@@ -800,9 +805,10 @@ static int refuse(char *why, size_t cap, int rc, const char *fmt, ...) {
  * refusal that names the limit. It reads only what is fixed once
  * srv_sched_new returns (-c, the pool's size, the vocabulary trie), so the
  * HTTP threads call it, and a stream is refused before its 200. The sampler
- * and the grammar's matcher are made and dropped here to see that they can
- * be: made again at admission, they would fail after the reply began. */
-static int sched_check(const srv_sched *s, const srv_req *r, char *why, size_t cap) {
+ * and the grammar's matcher are made here, to see that they can be (made at
+ * admission, they would fail after the reply began), and left on the request
+ * for admission to take. */
+static int sched_check(const srv_sched *s, srv_req *r, char *why, size_t cap) {
     const int mt = r->max_tokens > 0 ? r->max_tokens : 0;
     if (r->n_prompt < 1) return refuse(why, cap, SRV_TOO_LONG, "the prompt has no tokens");
     if (r->n_prompt >= s->n_ctx)
@@ -830,14 +836,10 @@ static int sched_check(const srv_sched *s, const srv_req *r, char *why, size_t c
     /* a failure for want of memory is not the request's: it is left for
      * admission to meet again (503) */
     tl_error err = {0};
-    tl_sampler *smp = NULL;
-    int rc = tl_sampler_new(&r->sp, s->n_vocab, &smp, &err);
-    tl_sampler_free(smp);
+    int rc = r->smp ? TL_OK : tl_sampler_new(&r->sp, s->n_vocab, &r->smp, &err);
     if (request_status(rc)) return refuse(why, cap, SRV_INVALID, "%s", err.msg);
-    if (r->grammar && s->trie) {
-        tl_matcher *mx = NULL;
-        rc = tl_matcher_new(r->grammar, s->trie, &mx, &err);
-        tl_matcher_free(mx);
+    if (r->grammar && s->trie && !r->matcher) {
+        rc = tl_matcher_new(r->grammar, s->trie, &r->matcher, &err);
         if (request_status(rc)) return refuse(why, cap, SRV_INVALID, "%s", err.msg);
     }
     return SRV_OK;

@@ -95,6 +95,8 @@ typedef struct srv_req {
     int echo;                        /* completions: echo the prompt (with logprobs if logprobs) */
     tl_grammar *grammar;             /* owned: response_format / grammar / tool calls, or NULL */
     int grammar_lazy;                /* the grammar starts at the tool-call tag (tool_choice auto) */
+    tl_sampler *smp;                 /* owned until admission takes them: made by srv_sched_submit, */
+    tl_matcher *matcher;             /* which checks that they can be, so they are made once */
     int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
     int tool_fmt;                    /* TOOLS_HERMES/LLAMA3/MISTRAL: their format */
     int think;                       /* the reply may reason (tl_chat_think_markers) */
