@@ -581,6 +581,13 @@ static void ffn_block(tl_cpu *c, const tl_ffn_block *F, int n) {
     par_tokens(c, n, add_tokens, NULL);
 }
 
+/* A mixture of experts (TL_BLOCK_MOE): not yet run. */
+static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
+    (void)c;
+    (void)E;
+    (void)n;
+}
+
 /* The backend's forward (backend.h): the logits of tokens b->lrow land in
  * out, b->nl rows of n_vocab floats. */
 static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
@@ -610,6 +617,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
             switch (B->kind) {
             case TL_BLOCK_ATTN: attention_block(c, &B->u.attn, n); break;
             case TL_BLOCK_FFN: ffn_block(c, &B->u.ffn, n); break;
+            case TL_BLOCK_MOE: moe_block(c, &B->u.moe, n); break;
             }
         }
     }

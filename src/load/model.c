@@ -398,7 +398,8 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
     switch (b->kind) {
     case TL_BLOCK_ATTN: {
         const tl_attn_block *a = &b->u.attn;
-        const tl_w w[] = {a->wq, a->wk, a->wv, a->wo, a->norm, a->q_norm, a->k_norm, a->post_norm, a->bq, a->bk, a->bv};
+        const tl_w w[] = {a->wq,     a->wk,        a->wv, a->wo, a->norm, a->q_norm, a->k_norm,
+                          a->post_norm, a->bq, a->bk, a->bv, a->bo, a->sinks};
         nmat = 4;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
@@ -407,6 +408,15 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
         const tl_ffn_block *f = &b->u.ffn;
         const tl_w w[] = {f->gate, f->up, f->down, f->norm, f->post_norm};
         nmat = 3;
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
+        break;
+    }
+    case TL_BLOCK_MOE: {
+        /* the router is a matrix too, though only an expert count wide */
+        const tl_moe_block *e = &b->u.moe;
+        const tl_w w[] = {e->gate,   e->up,     e->down,     e->sh_gate, e->sh_up,   e->sh_down, e->router,
+                          e->norm,   e->router_b, e->gate_b, e->up_b,    e->down_b,  e->sh_router, e->post_norm};
+        nmat = 7;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
     }

@@ -23,7 +23,14 @@ typedef enum tl_arch {
 typedef enum tl_ffn_act {
     TL_ACT_SILU = 0, /* SwiGLU: silu(gate) * up */
     TL_ACT_GELU,     /* GeGLU: gelu(gate) * up, through ggml's f16 lookup table */
+    TL_ACT_SWIGLU_OAI, /* gpt-oss: gate clamped above, up clamped both ways, gate*sigmoid(1.702 gate)*(up+1) */
 } tl_ffn_act;
+
+/* How a mixture of experts weighs its experts from the router's logits. */
+typedef enum tl_gating {
+    TL_GATE_SOFTMAX = 0,    /* softmax over every expert, then the top k (Qwen, Mixtral) */
+    TL_GATE_SOFTMAX_CHOSEN, /* the top k logits, then softmax over those alone (gpt-oss) */
+} tl_gating;
 
 /* Per-architecture switches: an architecture is a row of these. */
 typedef struct tl_arch_info {
@@ -59,6 +66,10 @@ typedef struct tl_hparams {
     int n_swa;           /* sliding window in positions (0: none) */
     float attn_scale;    /* multiplies q.k */
     float logit_softcap; /* 0: none */
+    int n_expert;        /* experts of each MoE block (0: a dense model) */
+    int n_expert_used;   /* experts each token is routed to */
+    int n_ff_exp;        /* one expert's feed-forward width */
+    int n_ff_shexp;      /* the shared expert's width (qwen2moe), or 0 */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -71,6 +82,7 @@ typedef const tl_gguf_tensor *tl_w;
 typedef enum tl_block_kind {
     TL_BLOCK_ATTN = 1, /* self-attention over the sequence's cached keys and values */
     TL_BLOCK_FFN,      /* dense gated feed-forward */
+    TL_BLOCK_MOE,      /* a router choosing k of n gated feed-forward experts per token */
 } tl_block_kind;
 
 typedef struct tl_attn_block {
@@ -80,6 +92,9 @@ typedef struct tl_attn_block {
     tl_w q_norm, k_norm;         /* [hd] f32: per-head RMSNorm of q and k before RoPE, or NULL */
     tl_w post_norm;              /* [d] f32: RMSNorm of the output before the residual add, or NULL */
     tl_w bq, bk, bv;             /* [q_dim], [kv_dim] x2 f32, or NULL */
+    tl_w bo;                     /* [d] f32 bias of the output projection, or NULL (gpt-oss) */
+    tl_w sinks;                  /* [n_head] f32: a per-head logit in every softmax's denominator
+                                  * that weighs no value (gpt-oss), or NULL */
     int kv_layer;                /* which of the KV cache's layers holds its keys and values */
     int swa;                     /* 1: attends to a sliding window of hparams.n_swa positions */
 } tl_attn_block;
@@ -91,16 +106,35 @@ typedef struct tl_ffn_block {
     tl_ffn_act act;              /* act(gate) * up */
 } tl_ffn_block;
 
+/* Experts: 3-D tensors, expert e's matrix the e-th slice of ne[2] (its rows
+ * contiguous, so a slice is an ordinary matrix of ne[1] rows). */
+typedef struct tl_moe_block {
+    tl_w norm;                   /* [d] f32, before the block */
+    tl_w router;                 /* ffn_gate_inp [n_expert, d]: one logit per expert */
+    tl_w router_b;               /* [n_expert] f32, or NULL (gpt-oss) */
+    tl_w gate, up, down;         /* [n_ff_exp, d, n_expert] x2, [d, n_ff_exp, n_expert] */
+    tl_w gate_b, up_b, down_b;   /* [n_ff_exp, n_expert] x2, [d, n_expert] f32, or NULL (gpt-oss) */
+    tl_w sh_gate, sh_up, sh_down;/* a shared expert every token runs (qwen2moe), or NULL */
+    tl_w sh_router;              /* ffn_gate_inp_shexp [d]: the shared expert's output times
+                                  * sigmoid(this . x), or NULL */
+    tl_w post_norm;              /* [d] f32, or NULL */
+    int n_expert, n_used;
+    tl_gating gating;
+    int norm_w;                  /* 1: the chosen weights divided by their sum */
+    tl_ffn_act act;
+} tl_moe_block;
+
 typedef struct tl_block {
     tl_block_kind kind;
     union {
         tl_attn_block attn;
         tl_ffn_block ffn;
+        tl_moe_block moe;
     } u;
 } tl_block;
 
 #define TL_LAYER_MAX_BLOCKS 4
-#define TL_BLOCK_MAX_W 12
+#define TL_BLOCK_MAX_W 16
 
 typedef struct tl_layer {
     int n_block;
