@@ -51,7 +51,16 @@ ARCHS = {
     "qwen3": dict(arch="qwen3", layers=3, base=1000000.0, tied=True, swa=0),
     "mistral": dict(arch="llama", layers=2, base=10000.0, tied=False, swa=16),
     "phi3": dict(arch="phi3", layers=2, base=10000.0, tied=False, swa=2047),
+    # Mixtures of experts: (experts, used, expert width, shared expert width).
+    "qwen3moe": dict(arch="qwen3moe", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 3, 64, 0)),
+    "mixtral": dict(arch="llama", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 2, FF, 0)),
+    "qwen2moe": dict(arch="qwen2moe", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 2, 64, 128)),
 }
+
+# The router's weights are drawn this many times larger than a matrix's, so
+# that the chosen experts win by clear margins: a float rounding difference
+# between two engines then never changes which experts a token runs.
+ROUTER_SCALE = 4.0
 
 # Llama 3.1's rope_scaling ("rope_type": "llama3"), with a short original
 # context so that the three bands (1, smoothed, factor) all occur at hd=32.
@@ -157,10 +166,11 @@ class Gen:
 
 
 def add_weight(w, name, arr, wtype, drop):
-    """Matrices in the chosen type; 1-D tensors (norms, biases, factors) stay F32."""
+    """Matrices in the chosen type; 1-D tensors (norms, biases, factors) and
+    the router (ffn_gate_inp, kept F32 as llama.cpp's quantizer keeps it) stay F32."""
     if name in drop:
         return
-    qt = TYPES[wtype] if arr.ndim == 2 else QT.F32
+    qt = TYPES[wtype] if arr.ndim >= 2 and "ffn_gate_inp" not in name else QT.F32
     if qt == QT.F32:
         w.add_tensor(name, arr)
     elif qt == QT.F16:
@@ -193,6 +203,15 @@ def build(args):
     w.add_vocab_size(n_vocab)
     if spec["swa"]:
         w.add_sliding_window(spec["swa"])
+    moe = spec.get("moe")
+    if moe:
+        n_exp, n_used, ff_exp, ff_sh = moe
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(n_used)
+        if spec["arch"] != "llama":
+            w.add_expert_feed_forward_length(ff_exp)
+        if ff_sh:
+            w.add_expert_shared_feed_forward_length(ff_sh)
     if args.arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(4096)
     if args.rope_scaling:
@@ -218,15 +237,27 @@ def build(args):
             put(b + "attn_q.weight", g.mat(D, D))
             put(b + "attn_k.weight", g.mat(kv, D))
             put(b + "attn_v.weight", g.mat(kv, D))
-        if args.arch == "qwen2":
+        if args.arch in ("qwen2", "qwen2moe"):
             put(b + "attn_q.bias", g.vec(D, 0.0, 0.5))
             put(b + "attn_k.bias", g.vec(kv, 0.0, 0.5))
             put(b + "attn_v.bias", g.vec(kv, 0.0, 0.5))
-        if args.arch == "qwen3":
+        if args.arch in ("qwen3", "qwen3moe"):
             put(b + "attn_q_norm.weight", g.vec(HD, 1.0, 0.2))
             put(b + "attn_k_norm.weight", g.vec(HD, 1.0, 0.2))
         put(b + "attn_output.weight", g.mat(D, D))
         put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
+        if moe:
+            n_exp, n_used, ff_exp, ff_sh = moe
+            put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
+            put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+            put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+            put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
+            if ff_sh:
+                put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
+                put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))
+                put(b + "ffn_up_shexp.weight", g.mat(ff_sh, D))
+                put(b + "ffn_down_shexp.weight", g.mat(D, ff_sh))
+            continue
         if args.arch == "phi3":
             put(b + "ffn_up.weight", g.mat(2 * FF, D))
         else:

@@ -61,6 +61,20 @@ typedef struct tl_cpu {
     float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
     uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
     const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
+    /* Experts (TL_BLOCK_MOE), sized for n_batch tokens of k choices each: a
+     * (token, choice) pair's rows sit grouped by expert, tokens in order. */
+    float *rlog;        /* [n_batch][n_expert] router logits, then probabilities */
+    int *sel;           /* [n_batch][k] the chosen experts, best first */
+    float *selw;        /* [n_batch][k] their weights */
+    int *ecnt, *eoff;   /* [n_expert + 1] pairs per expert, first pair of each */
+    int *eact;          /* [n_expert] the experts with pairs, ascending */
+    int *ptok;          /* [n_batch * k] the token of each pair */
+    int *pair;          /* [n_batch][k] the pair of each (token, choice) */
+    uint8_t *xg;        /* [n_batch * k] activation rows of xg_row bytes, gathered by pair */
+    size_t xg_row;
+    float *eg, *eu;     /* [n_batch * k][n_ff_exp] gate and up of each pair */
+    float *ey;          /* [n_batch * k][d] each pair's expert output */
+    float *shg;         /* [n_batch] the shared expert's gate logit */
 } tl_cpu;
 
 /* ---------------------------------------------------------------- matmul */
@@ -83,31 +97,35 @@ typedef struct mm_job {
 
 #define MM_ROW_TILE 32
 
+/* nr rows of a weight matrix of type tt from wr (row stride rb: the
+ * packed layout's with use_gemm, else the file's) against nt activation rows
+ * from xa: y[t * y_stride + r]. wide: this thread's widening buffer, or NULL. */
+static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8_t *wr, size_t rb, int nr, int64_t cols,
+                      const uint8_t *xa, size_t xa_row, int nt, float *y, size_t y_stride, uint8_t *wide) {
+    tl_gemm_fn gemm = use_gemm ? k->gemm[tt] : NULL;
+    /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather than
+     * unpack it for every group of four tokens (same bits). */
+    tl_widen_fn widen = nt >= 16 && wide && k->gemm[TL_Q8_0] ? k->widen[tt] : NULL;
+    if (gemm && widen) {
+        widen(wr, rb, nr, cols, wide);
+        k->gemm[TL_Q8_0](cols, wide, tl_row_size(TL_Q8_0, cols), nr, xa, xa_row, nt, y, y_stride);
+    } else if (gemm) {
+        gemm(cols, wr, rb, nr, xa, xa_row, nt, y, y_stride);
+    } else {
+        tl_vec_dot_fn dot = k->vec_dot[tt];
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < nr; r++) y[(size_t)t * y_stride + r] = dot(cols, wr + (size_t)r * rb, xa + (size_t)t * xa_row);
+    }
+}
+
 /* Rows [r0, r1) of matrix mi against tokens [t0, t1). */
 static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
     tl_w w = j->w[mi];
     const int64_t rows = w->ne[1], cols = w->ne[0];
     const size_t rb = j->packed[mi] ? tl_kern_row_bytes(j->k, (tl_type)w->type, cols) : tl_row_size((tl_type)w->type, cols);
-    const uint8_t *wr = (const uint8_t *)w->data + (size_t)r0 * rb;
-    const uint8_t *xa = j->xa + (size_t)t0 * j->xa_row;
-    float *y = j->y[mi] + (size_t)t0 * rows + r0;
-    tl_gemm_fn gemm = j->packed[mi] ? j->k->gemm[w->type] : NULL;
-    /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather than
-     * unpack it for every group of four tokens (same bits). */
-    tl_widen_fn widen = t1 - t0 >= 16 && j->wide && j->k->gemm[TL_Q8_0] ? j->k->widen[w->type] : NULL;
-    if (gemm && widen) {
-        uint8_t *wide = j->wide + (size_t)ith * j->wide_size;
-        widen(wr, rb, (int)(r1 - r0), cols, wide);
-        j->k->gemm[TL_Q8_0](cols, wide, tl_row_size(TL_Q8_0, cols), (int)(r1 - r0), xa, j->xa_row, t1 - t0, y,
-                            (size_t)rows);
-    } else if (gemm) {
-        gemm(cols, wr, rb, (int)(r1 - r0), xa, j->xa_row, t1 - t0, y, (size_t)rows);
-    } else {
-        tl_vec_dot_fn dot = j->k->vec_dot[w->type];
-        for (int t = 0; t < t1 - t0; t++)
-            for (int64_t r = 0; r < r1 - r0; r++)
-                y[(size_t)t * rows + r] = dot(cols, wr + (size_t)r * rb, xa + (size_t)t * j->xa_row);
-    }
+    tile_dots(j->k, (tl_type)w->type, j->packed[mi], (const uint8_t *)w->data + (size_t)r0 * rb, rb, (int)(r1 - r0), cols,
+              j->xa + (size_t)t0 * j->xa_row, j->xa_row, t1 - t0, j->y[mi] + (size_t)t0 * rows + r0, (size_t)rows,
+              j->wide ? j->wide + (size_t)ith * j->wide_size : NULL);
 }
 
 /* Tiles of MM_ROW_TILE rows (a multiple of every layout's row group); a tile
@@ -581,11 +599,299 @@ static void ffn_block(tl_cpu *c, const tl_ffn_block *F, int n) {
     par_tokens(c, n, add_tokens, NULL);
 }
 
-/* A mixture of experts (TL_BLOCK_MOE): not yet run. */
+/* ------------------------------------------------------------- experts */
+
+/* A mixture of experts runs as llama.cpp's build_moe_ffn computes it: router
+ * logits, probabilities, the top k, their weights; then for each expert one
+ * grouped matmul over the tokens that chose it (its weights read once per
+ * call, however many tokens chose it), the gated activation, the expert's
+ * down projection, and per token the weighted outputs added in choice order.
+ * Each (token, choice) pair's dots are the gemm contract's (kernels.h): the
+ * same bits whichever and however many other tokens share its expert. */
+
+/* ggml's soft_max of one row: exp(x - max) by 8-lane groups, the tail by
+ * libm's expf, each added to a double sum; then times (float)(1/sum). */
+static void softmax_row(const tl_cpu *c, int n, float *s) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    const int n8 = n & ~7;
+    double sum = n8 ? c->kern.math.softmax_exp(n8, s, mx) : 0.0;
+    for (int i = n8; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += (double)s[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) s[i] *= inv;
+}
+
+/* Per token: probabilities, the k best (ties to the lower expert, as a
+ * stable descending sort gives), and their weights. */
+static void route_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_moe_block *E = arg;
+    const int ne = E->n_expert, k = E->n_used;
+    for (int t = t0; t < t1; t++) {
+        float *p = c->rlog + (size_t)t * ne;
+        if (E->router_b)
+            for (int e = 0; e < ne; e++) p[e] += ((const float *)E->router_b->data)[e];
+        if (E->gating == TL_GATE_SOFTMAX) softmax_row(c, ne, p);
+        int *sel = c->sel + (size_t)t * k;
+        float *w = c->selw + (size_t)t * k;
+        for (int i = 0; i < k; i++) {
+            int best = -1;
+            for (int e = 0; e < ne; e++) {
+                int taken = 0;
+                for (int j = 0; j < i && !taken; j++) taken = sel[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[i] = best;
+            w[i] = p[best];
+        }
+        if (E->gating == TL_GATE_SOFTMAX_CHOSEN) softmax_row(c, k, w);
+        if (E->norm_w) {
+            double sum = 0.0; /* ggml_sum_rows: a double sum, rounded once */
+            for (int i = 0; i < k; i++) sum += (double)w[i];
+            float fs = (float)sum;
+            if (fs < 6.103515625e-5f) fs = 6.103515625e-5f;
+            for (int i = 0; i < k; i++) w[i] = w[i] / fs;
+        }
+        if (E->w_scale != 0.0f && E->w_scale != 1.0f)
+            for (int i = 0; i < k; i++) w[i] *= E->w_scale;
+    }
+}
+
+/* How an expert matrix is multiplied: its gemm (on the packed copy where its
+ * type packs) or vec_dot pair by pair, and the activation rows that takes. */
+typedef struct exp_mat {
+    tl_w w;            /* the 3-D tensor, or its packed twin */
+    int use_gemm;
+    size_t rb;         /* bytes per row as read */
+    int64_t rows, cols;/* one expert's slice */
+    size_t act_row;
+} exp_mat;
+
+static exp_mat exp_mat_of(const tl_cpu *c, tl_w w) {
+    exp_mat m = {w, 0, 0, w->ne[1], w->ne[0], 0};
+    m.act_row = act_row(c, w, &m.use_gemm);
+    if (m.use_gemm && tl_kern_packs(&c->kern, (tl_type)w->type)) m.w = packed(c, w);
+    m.rb = m.use_gemm ? tl_kern_row_bytes(&c->kern, (tl_type)w->type, m.cols) : tl_row_size((tl_type)w->type, m.cols);
+    return m;
+}
+
+/* The activation rows of x (width cols) in m's format. */
+static void exp_act(const tl_cpu *c, const exp_mat *m, const float *x, uint8_t *row) {
+    if (m->use_gemm) tl_kern_act_make(&c->kern, (tl_type)m->w->type, x, row, m->cols);
+    else c->kern.quantize[tl_type_info(m->w->type)->vec_dot_type](x, row, m->cols);
+}
+
+typedef struct moe_job {
+    tl_cpu *c;
+    int n_mat;         /* 2: gate and up over the same rows (one pass over the activations); 1: down */
+    exp_mat m[2];
+    float *y[2];       /* [pair][m.rows] */
+    int tiles;         /* row tiles per expert */
+    int n_items;
+    atomic_int next;
+} moe_job;
+
+static void moe_worker(void *arg, int ith, int nth) {
+    moe_job *j = arg;
+    tl_cpu *c = j->c;
+    uint8_t *wide = c->wide ? c->wide + (size_t)ith * c->wide_size : NULL;
+    for (;;) {
+        const int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n_items) return;
+        /* experts with the most pairs first, so that no thread starts a long
+         * item last; the order of the items never changes a result */
+        const int e = c->eact[i / j->tiles];
+        const int64_t r0 = (int64_t)(i % j->tiles) * MM_ROW_TILE;
+        const int p0 = c->eoff[e], np = c->ecnt[e];
+        for (int mi = 0; mi < j->n_mat; mi++) {
+            const exp_mat *m = &j->m[mi];
+            const int64_t r1 = r0 + MM_ROW_TILE < m->rows ? r0 + MM_ROW_TILE : m->rows;
+            const uint8_t *wr = (const uint8_t *)m->w->data + ((size_t)e * (size_t)m->rows + (size_t)r0) * m->rb;
+            tile_dots(&c->kern, (tl_type)m->w->type, m->use_gemm, wr, m->rb, (int)(r1 - r0), m->cols,
+                      c->xg + (size_t)p0 * c->xg_row, c->xg_row, np, j->y[mi] + (size_t)p0 * m->rows + r0,
+                      (size_t)m->rows, wide);
+        }
+    }
+}
+
+static void moe_run(tl_cpu *c, moe_job *j, int n_act) {
+    j->c = c;
+    j->tiles = (int)((j->m[0].rows + MM_ROW_TILE - 1) / MM_ROW_TILE);
+    j->n_items = n_act * j->tiles;
+    atomic_init(&j->next, 0);
+    tl_pool_run(c->pool, moe_worker, j);
+}
+
+typedef struct gather_arg {
+    const exp_mat *m;
+    int k;
+} gather_arg;
+
+/* Token t's input row, in m's activation format, into the gathered rows of
+ * each of its pairs. */
+static void gather_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const gather_arg *g = arg;
+    for (int t = t0; t < t1; t++) {
+        uint8_t *first = c->xg + (size_t)c->pair[(size_t)t * g->k] * c->xg_row;
+        exp_act(c, g->m, c->xb + (size_t)t * c->m->hp.n_embd, first);
+        for (int i = 1; i < g->k; i++)
+            memcpy(c->xg + (size_t)c->pair[(size_t)t * g->k + i] * c->xg_row, first, g->m->act_row);
+    }
+}
+
+/* Per pair: the biases, the gated activation, then the down projection's
+ * activation row. */
+static void act_pairs(tl_cpu *c, int p0, int p1, void *arg) {
+    const tl_moe_block *E = arg;
+    const int ff = (int)E->gate->ne[1];
+    const exp_mat dm = exp_mat_of(c, E->down);
+    for (int p = p0; p < p1; p++) {
+        float *g = c->eg + (size_t)p * ff, *u = c->eu + (size_t)p * ff;
+        const int t = c->ptok[p];
+        int e = -1;
+        for (int i = 0; i < E->n_used && e < 0; i++)
+            if (c->pair[(size_t)t * E->n_used + i] == p) e = c->sel[(size_t)t * E->n_used + i];
+        if (E->up_b)
+            for (int i = 0; i < ff; i++) u[i] += ((const float *)E->up_b->data)[(size_t)e * ff + i];
+        if (E->gate_b)
+            for (int i = 0; i < ff; i++) g[i] += ((const float *)E->gate_b->data)[(size_t)e * ff + i];
+        if (E->act == TL_ACT_SWIGLU_OAI) {
+            /* ggml_swiglu_oai with gpt-oss's alpha 1.702 and limit 7 */
+            for (int i = 0; i < ff; i++) {
+                const float x = g[i] < 7.0f ? g[i] : 7.0f;
+                const float y = u[i] < -7.0f ? -7.0f : u[i] > 7.0f ? 7.0f : u[i];
+                const float glu = x / (1.0f + expf(1.702f * (-x)));
+                g[i] = glu * (y + 1.0f);
+            }
+        } else {
+            c->kern.math.swiglu(ff, g, g, u);
+        }
+        exp_act(c, &dm, g, c->xg + (size_t)p * c->xg_row);
+    }
+}
+
+typedef struct pair_job {
+    tl_cpu *c;
+    const tl_moe_block *E;
+    int n;
+} pair_job;
+
+static void pair_worker(void *arg, int ith, int nth) {
+    const pair_job *j = arg;
+    int64_t lo, hi;
+    tl_split(j->n, ith, nth, &lo, &hi);
+    if (lo < hi) act_pairs(j->c, (int)lo, (int)hi, (void *)j->E);
+}
+
+/* Per token: out = sum over its choices, in order, of weight * expert output
+ * (ggml_mul, then ggml_add left to right: each step rounded), into xb. */
+static void combine_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_moe_block *E = arg;
+    const int d = c->m->hp.n_embd, k = E->n_used;
+    for (int t = t0; t < t1; t++) {
+        float *o = c->xb + (size_t)t * d;
+        for (int i = 0; i < k; i++) {
+            const int p = c->pair[(size_t)t * k + i];
+            const int e = c->sel[(size_t)t * k + i];
+            const float w = c->selw[(size_t)t * k + i];
+            float *y = c->ey + (size_t)p * d;
+            if (E->down_b)
+                for (int r = 0; r < d; r++) y[r] += ((const float *)E->down_b->data)[(size_t)e * d + r];
+            for (int r = 0; r < d; r++) {
+                const float v = y[r] * w;
+                o[r] = i == 0 ? v : o[r] + v;
+            }
+        }
+    }
+}
+
+/* qwen2moe's shared expert: its SwiGLU output times sigmoid(gate logit),
+ * the sigmoid as llama.cpp writes it (silu(x) / x, libm's expf), added. */
+static void shared_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const int d = c->m->hp.n_embd;
+    const float *so = arg; /* [n][d] the shared expert's output */
+    for (int t = t0; t < t1; t++) {
+        const float l = c->shg[t];
+        const float gate = (l / (1.0f + expf(-l))) / l;
+        float *o = c->xb + (size_t)t * d;
+        const float *y = so + (size_t)t * d;
+        for (int r = 0; r < d; r++) o[r] = o[r] + y[r] * gate;
+    }
+}
+
+static void swiglu_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const int ff = *(const int *)arg;
+    for (int t = t0; t < t1; t++)
+        c->kern.math.swiglu(ff, c->hb + (size_t)t * ff, c->hb + (size_t)t * ff, c->hb2 + (size_t)t * ff);
+}
+
 static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
-    (void)c;
-    (void)E;
-    (void)n;
+    const int ne = E->n_expert, k = E->n_used, d = c->m->hp.n_embd;
+    norm_all(c, n, c->xb, c->x, E->norm);
+    tl_w rw = E->router;
+    matmul(c, 1, &rw, &c->rlog, c->xb, n);
+    par_tokens(c, n, route_tokens, (void *)E);
+    /* pairs grouped by expert, tokens ascending within each */
+    memset(c->ecnt, 0, (size_t)ne * sizeof *c->ecnt);
+    for (int i = 0; i < n * k; i++) c->ecnt[c->sel[i]]++;
+    int n_act = 0;
+    c->eoff[0] = 0;
+    for (int e = 0; e < ne; e++) c->eoff[e + 1] = c->eoff[e] + c->ecnt[e];
+    for (int e = 0; e < ne; e++)
+        if (c->ecnt[e]) c->eact[n_act++] = e;
+    /* most pairs first (stable: equal counts keep the expert order) */
+    for (int a = 1; a < n_act; a++) {
+        const int e = c->eact[a];
+        int b = a;
+        for (; b > 0 && c->ecnt[c->eact[b - 1]] < c->ecnt[e]; b--) c->eact[b] = c->eact[b - 1];
+        c->eact[b] = e;
+    }
+    for (int e = 0; e < ne; e++) c->ecnt[e] = 0;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < k; i++) {
+            const int e = c->sel[(size_t)t * k + i], p = c->eoff[e] + c->ecnt[e]++;
+            c->pair[(size_t)t * k + i] = p;
+            c->ptok[p] = t;
+        }
+    const exp_mat mg = exp_mat_of(c, E->gate), mu = exp_mat_of(c, E->up);
+    if (E->gate->type == E->up->type) { /* one gathered input, one pass for both */
+        gather_arg ga = {&mg, k};
+        par_tokens(c, n, gather_tokens, &ga);
+        moe_job gj = {.n_mat = 2, .m = {mg, mu}, .y = {c->eg, c->eu}};
+        moe_run(c, &gj, n_act);
+    } else {
+        for (int mi = 0; mi < 2; mi++) {
+            gather_arg ga = {mi ? &mu : &mg, k};
+            par_tokens(c, n, gather_tokens, &ga);
+            moe_job gj = {.n_mat = 1, .m = {*ga.m}, .y = {mi ? c->eu : c->eg}};
+            moe_run(c, &gj, n_act);
+        }
+    }
+    pair_job pj = {c, E, n * k};
+    if (n * k < 4 || tl_pool_size(c->pool) == 1) act_pairs(c, 0, n * k, (void *)E);
+    else tl_pool_run(c->pool, pair_worker, &pj);
+    moe_job dj = {.n_mat = 1, .m = {exp_mat_of(c, E->down)}, .y = {c->ey}};
+    moe_run(c, &dj, n_act);
+    /* the shared expert reads xb before the sum overwrites it; its output
+     * goes past the pairs' rows in ey */
+    float *so = c->ey + (size_t)n * k * d;
+    if (E->sh_gate) {
+        int ff = (int)E->sh_gate->ne[1];
+        tl_w w[2] = {E->sh_gate, E->sh_up};
+        float *y[2] = {c->hb, c->hb2};
+        matmul(c, 2, w, y, c->xb, n);
+        tl_w sr = E->sh_router;
+        matmul(c, 1, &sr, &c->shg, c->xb, n);
+        par_tokens(c, n, swiglu_tokens, &ff);
+        tl_w sd = E->sh_down;
+        matmul(c, 1, &sd, &so, c->hb, n);
+    }
+    par_tokens(c, n, combine_tokens, (void *)E);
+    if (E->sh_gate) par_tokens(c, n, shared_tokens, so);
+    if (E->post_norm) norm_all(c, n, c->xb, c->xb, E->post_norm);
+    par_tokens(c, n, add_tokens, NULL);
 }
 
 /* The backend's forward (backend.h): the logits of tokens b->lrow land in
@@ -689,6 +995,19 @@ static void cpu_free(void *be) {
     xfree(c->rope_cs);
     xfree(c->rope_cs_swa);
     xfree(c->gelu);
+    xfree(c->rlog);
+    xfree(c->sel);
+    xfree(c->selw);
+    xfree(c->ecnt);
+    xfree(c->eoff);
+    xfree(c->eact);
+    xfree(c->ptok);
+    xfree(c->pair);
+    xfree(c->xg);
+    xfree(c->eg);
+    xfree(c->eu);
+    xfree(c->ey);
+    xfree(c->shg);
     free(c);
 }
 
@@ -746,8 +1065,10 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     int fail = 0, nb = p->n_batch, nt = tl_pool_size(c->pool);
     c->layer_stride = n_blocks * TL_KV_BLOCK * kv_rb;
     size_t kvn = (size_t)hp->n_layer * c->layer_stride;
-    int widest = hp->n_ff > c->q_dim ? hp->n_ff : c->q_dim;
+    const int n_ff = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp; /* dense or shared expert */
+    int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
+    if (hp->n_ff_exp > widest) widest = hp->n_ff_exp;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
     c->kc = tl_big_alloc(kvn);
     c->vc = tl_big_alloc(kvn);
@@ -759,8 +1080,25 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->att = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
     c->k = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
     c->v = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
-    c->hb = xcalloc((size_t)nb * hp->n_ff, sizeof(float), &fail);
-    c->hb2 = xcalloc((size_t)nb * hp->n_ff, sizeof(float), &fail);
+    c->hb = xcalloc((size_t)nb * n_ff, sizeof(float), &fail);
+    c->hb2 = xcalloc((size_t)nb * n_ff, sizeof(float), &fail);
+    if (hp->n_expert > 0) {
+        const size_t np = (size_t)nb * hp->n_expert_used;
+        c->rlog = xcalloc((size_t)nb * hp->n_expert, sizeof(float), &fail);
+        c->sel = xcalloc(np, sizeof(int), &fail);
+        c->selw = xcalloc(np, sizeof(float), &fail);
+        c->ecnt = xcalloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
+        c->eoff = xcalloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
+        c->eact = xcalloc((size_t)hp->n_expert, sizeof(int), &fail);
+        c->ptok = xcalloc(np, sizeof(int), &fail);
+        c->pair = xcalloc(np, sizeof(int), &fail);
+        c->xg_row = xa_row;
+        c->xg = xcalloc(np, xa_row, &fail);
+        c->eg = xcalloc(np * hp->n_ff_exp, sizeof(float), &fail);
+        c->eu = xcalloc(np * hp->n_ff_exp, sizeof(float), &fail);
+        c->ey = xcalloc((np + (size_t)nb) * hp->n_embd, sizeof(float), &fail);
+        c->shg = xcalloc((size_t)nb, sizeof(float), &fail);
+    }
     c->xa_row = xa_row;
     c->xa = xcalloc((size_t)nb, xa_row, &fail);
     c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
@@ -797,6 +1135,20 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         cpu_free(c);
         return st;
     }
+    /* an expert's slice must start a packed group of rows */
+    for (int il = 0; il < hp->n_layer; il++)
+        for (int b = 0; b < m->layers[il].n_block; b++) {
+            const tl_block *B = &m->layers[il].block[b];
+            if (B->kind != TL_BLOCK_MOE) continue;
+            const tl_w ew[3] = {B->u.moe.gate, B->u.moe.up, B->u.moe.down};
+            for (int i = 0; i < 3; i++)
+                if (c->kern.gemm[ew[i]->type] && tl_kern_packs(&c->kern, (tl_type)ew[i]->type) &&
+                    (ew[i]->ne[1] % tl_kern_row_align(&c->kern, (tl_type)ew[i]->type) || !packed(c, ew[i]))) {
+                    cpu_free(c);
+                    return tl_fail(err, TL_ERR_UNSUPPORTED, "layer %d: experts of %lld rows cannot be packed (%s)", il,
+                                   (long long)ew[i]->ne[1], tl_type_info(ew[i]->type)->name);
+                }
+        }
     out->ops = &cpu_ops;
     out->state = c;
     out->name = c->kern.name;

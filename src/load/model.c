@@ -18,18 +18,20 @@
 #include "base/util.h"
 
 static const tl_arch_info ARCHS[] = {
-    /* name     arch           neox scale sandw qknorm act          qpre swa bias fused */
-    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 0},
-    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6, 0, 0},
-    {"qwen2", TL_ARCH_QWEN2, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0},
-    {"qwen3", TL_ARCH_QWEN3, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0},
+    /* name     arch           neox scale sandw qknorm act          qpre swa bias fused moe */
+    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 0, 1},
+    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6, 0, 0, 0},
+    {"qwen2", TL_ARCH_QWEN2, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 0},
+    {"qwen3", TL_ARCH_QWEN3, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 0},
     /* llama.cpp turns Phi-3's sliding window off (its swa 0 here does too);
      * it scales q before the scores, as qpre does */
-    {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1},
+    {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1, 0},
+    {"qwen3moe", TL_ARCH_QWEN3MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2},
+    {"qwen2moe", TL_ARCH_QWEN2MOE, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 2},
 };
 
 const char *tl_supported_architectures(void) {
-    return "llama (incl. Llama 3 RoPE factors), gemma3, qwen2, qwen3, phi3";
+    return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe";
 }
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -102,6 +104,27 @@ static int read_hparams(tl_model *m, tl_error *err) {
         return tl_fail(err, TL_ERR_UNSUPPORTED, "head sizes k=%d v=%d not supported",
                        hp->head_dim, vlen);
     if ((st = hp_int(m, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err))) return st;
+    /* Experts: "<arch>.expert_count" makes the feed-forward a mixture (Mixtral
+     * is llama with experts); an expert's width defaults as llama.cpp's does. */
+    if ((st = hp_int(m, "expert_count", 0, 0, &hp->n_expert, err)) ||
+        (st = hp_int(m, "expert_used_count", 0, 0, &hp->n_expert_used, err)) ||
+        (st = hp_int(m, "expert_feed_forward_length", 0, 0, &hp->n_ff_exp, err)) ||
+        (st = hp_int(m, "expert_shared_feed_forward_length", 0, 0, &hp->n_ff_shexp, err)) ||
+        (st = hp_float(m, "expert_weights_scale", 0, 0.0, &hp->expert_w_scale, err)))
+        return st;
+    if (m->arch->moe == 2 && hp->n_expert == 0)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s.expert_count is missing (architecture %s has experts)",
+                       m->arch->name, m->arch->name);
+    if (hp->n_expert > 0) {
+        if (!m->arch->moe)
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "architecture %s with experts (%s.expert_count) is not supported",
+                           m->arch->name, m->arch->name);
+        if (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert || hp->n_expert_used > TL_MAX_EXPERT_USED)
+            return tl_fail(err, TL_ERR_FORMAT, "metadata %s.expert_used_count = %d is invalid for %d experts (at most %d)",
+                           m->arch->name, hp->n_expert_used, hp->n_expert, TL_MAX_EXPERT_USED);
+        if (hp->n_ff_exp == 0) hp->n_ff_exp = m->arch->arch == TL_ARCH_LLAMA ? hp->n_ff : hp->n_ff / hp->n_expert_used;
+        if (hp->n_ff_exp <= 0) return tl_fail(err, TL_ERR_FORMAT, "an expert's feed-forward width is 0");
+    }
     /* llama.cpp: 1/sqrt(key_length), as a float */
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
@@ -136,6 +159,72 @@ static int bind(tl_model *m, const char *name, int64_t ne0, int64_t ne1, int req
     if (!need_dot && ne1 == 0 && t->type != TL_F32)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "norm tensor %s must be F32, is %s", name,
                        tt->name);
+    return TL_OK;
+}
+
+/* Binds the 3-D expert tensor `name` of shape [ne0, ne1, n_expert]
+ * (required) or the 2-D per-expert bias [ne0, n_expert] (ne1 = 0, optional). */
+static int bind_exps(tl_model *m, const char *name, int64_t ne0, int64_t ne1, tl_w *out, tl_error *err) {
+    const int64_t ne2 = m->hp.n_expert;
+    const tl_gguf_tensor *t = tl_gguf_find_tensor(m->gguf, name);
+    *out = t;
+    if (!t) {
+        if (!ne1) return TL_OK;
+        return tl_fail(err, TL_ERR_FORMAT, "tensor %s is missing (architecture %s)", name, m->arch->name);
+    }
+    const int64_t w1 = ne1 ? ne1 : ne2, w2 = ne1 ? ne2 : 1;
+    if (t->ne[0] != ne0 || t->ne[1] != w1 || t->ne[2] != w2 || t->ne[3] != 1)
+        return tl_fail(err, TL_ERR_FORMAT,
+                       "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                       (long long)ne0, (long long)w1, (long long)w2);
+    const tl_type_traits *tt = tl_type_info(t->type);
+    if (!tt || !tt->can_dequant || (ne1 && !tt->can_dot) || (!ne1 && t->type != TL_F32))
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor %s has unsupported type %s", name, tt ? tt->name : "?");
+    return TL_OK;
+}
+
+/* The experts of layer il: router, the three 3-D tensors, optional biases
+ * and a shared expert. */
+static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
+    const tl_hparams *hp = &m->hp;
+    const int d = hp->n_embd, ff = hp->n_ff_exp;
+    char n[96];
+    int st;
+    E->n_expert = hp->n_expert;
+    E->n_used = hp->n_expert_used;
+    E->act = m->arch->act;
+    E->gating = TL_GATE_SOFTMAX;
+    E->norm_w = m->arch->arch != TL_ARCH_QWEN2MOE; /* qwen2moe keeps the softmax weights as they are */
+    E->w_scale = hp->expert_w_scale;
+#define BE(field, nm, a, b)                                           \
+    snprintf(n, sizeof n, "blk.%d." nm, il);                          \
+    if ((st = bind_exps(m, n, a, b, &field, err))) return st;
+#define BM(field, nm, a, b, req, dot)                                 \
+    snprintf(n, sizeof n, "blk.%d." nm, il);                          \
+    if ((st = bind(m, n, a, b, req, dot, &field, err))) return st;
+    BM(E->norm, "ffn_norm.weight", d, 0, 1, 0)
+    BM(E->router, "ffn_gate_inp.weight", d, hp->n_expert, 1, 1)
+    BM(E->router_b, "ffn_gate_inp.bias", hp->n_expert, 0, 0, 0)
+    BE(E->gate, "ffn_gate_exps.weight", d, ff)
+    BE(E->up, "ffn_up_exps.weight", d, ff)
+    BE(E->down, "ffn_down_exps.weight", ff, d)
+    BE(E->gate_b, "ffn_gate_exps.bias", ff, 0)
+    BE(E->up_b, "ffn_up_exps.bias", ff, 0)
+    BE(E->down_b, "ffn_down_exps.bias", d, 0)
+    if (m->arch->arch == TL_ARCH_QWEN2MOE) {
+        const int sff = hp->n_ff_shexp ? hp->n_ff_shexp : hp->n_ff;
+        BM(E->sh_router, "ffn_gate_inp_shexp.weight", d, 0, 1, 0)
+        BM(E->sh_gate, "ffn_gate_shexp.weight", d, sff, 1, 1)
+        BM(E->sh_up, "ffn_up_shexp.weight", d, sff, 1, 1)
+        BM(E->sh_down, "ffn_down_shexp.weight", sff, d, 1, 1)
+    }
+#undef BE
+#undef BM
+    if (E->router->type != TL_F32 && E->router->type != TL_F16 && E->router->type != TL_BF16 &&
+        !tl_type_info(E->router->type)->can_dot)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "blk.%d.ffn_gate_inp.weight: type %s cannot be a matmul weight", il,
+                       tl_type_info(E->router->type)->name);
     return TL_OK;
 }
 
@@ -238,7 +327,7 @@ static int bind_weights(tl_model *m, tl_error *err) {
         /* every family here: attention, then a dense feed-forward */
         L->n_block = 2;
         L->block[0].kind = TL_BLOCK_ATTN;
-        L->block[1].kind = TL_BLOCK_FFN;
+        L->block[1].kind = hp->n_expert > 0 ? TL_BLOCK_MOE : TL_BLOCK_FFN;
         tl_attn_block *A = &L->block[0].u.attn;
         tl_ffn_block *F = &L->block[1].u.ffn;
         A->kv_layer = i;
@@ -261,6 +350,9 @@ static int bind_weights(tl_model *m, tl_error *err) {
         }
         if (m->arch->qkv_bias && (st = bind_qkv_bias(m, i, A, err))) return st;
         B(A->wo, "attn_output", hp->n_head * hd, d, 1)
+        if (hp->n_expert > 0) {
+            if ((st = bind_moe(m, i, &L->block[1].u.moe, err))) return st;
+        } else {
         B(F->norm, "ffn_norm", d, 0, 0)
         if (m->arch->fused) {
             int64_t gu[2] = {hp->n_ff, hp->n_ff};
@@ -272,13 +364,14 @@ static int bind_weights(tl_model *m, tl_error *err) {
             B(F->up, "ffn_up", d, hp->n_ff, 1)
         }
         B(F->down, "ffn_down", hp->n_ff, d, 1)
+        }
         if (m->arch->qk_norm) {
             B(A->q_norm, "attn_q_norm", hd, 0, 0)
             B(A->k_norm, "attn_k_norm", hd, 0, 0)
         }
         if (m->arch->sandwich) {
             B(A->post_norm, "post_attention_norm", d, 0, 0)
-            B(F->post_norm, "post_ffw_norm", d, 0, 0)
+            B(F->post_norm, "post_ffw_norm", d, 0, 0) /* no sandwich architecture has experts */
         }
 #undef B
     }
@@ -385,9 +478,16 @@ size_t tl_model_decode_bytes(const tl_model *m) {
         n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
     for (int i = 0; i < m->hp.n_layer; i++)
         for (int b = 0; b < m->layers[i].n_block; b++) {
+            const tl_block *B = &m->layers[i].block[b];
             tl_w ws[TL_BLOCK_MAX_W];
-            const int nw = tl_block_weights(&m->layers[i].block[b], 0, ws);
-            for (int k = 0; k < nw; k++) n += w_bytes(ws[k]);
+            const int nw = tl_block_weights(B, 0, ws);
+            for (int k = 0; k < nw; k++) {
+                /* a token reads only its chosen experts' slices */
+                const tl_moe_block *E = &B->u.moe;
+                const int exps = B->kind == TL_BLOCK_MOE && (ws[k] == E->gate || ws[k] == E->up || ws[k] == E->down ||
+                                                             ws[k] == E->gate_b || ws[k] == E->up_b || ws[k] == E->down_b);
+                n += exps ? w_bytes(ws[k]) / (size_t)B->u.moe.n_expert * (size_t)B->u.moe.n_used : w_bytes(ws[k]);
+            }
         }
     return n;
 }

@@ -18,7 +18,11 @@ typedef enum tl_arch {
     TL_ARCH_QWEN2,
     TL_ARCH_QWEN3,
     TL_ARCH_PHI3,
+    TL_ARCH_QWEN3MOE,
+    TL_ARCH_QWEN2MOE,
 } tl_arch;
+
+#define TL_MAX_EXPERT_USED 32
 
 typedef enum tl_ffn_act {
     TL_ACT_SILU = 0, /* SwiGLU: silu(gate) * up */
@@ -48,6 +52,8 @@ typedef struct tl_arch_info {
     int qkv_bias;     /* 1: attn_{q,k,v}.bias added to the projections (Qwen2) */
     int fused;        /* 1: attn_qkv holds q, k, v rows and ffn_up holds gate
                        * then up rows (Phi-3); bound as views, run as separate */
+    int moe;          /* 0: dense only; 1: experts when <arch>.expert_count says so
+                       * (llama: Mixtral); 2: always experts */
 } tl_arch_info;
 
 typedef struct tl_hparams {
@@ -70,11 +76,15 @@ typedef struct tl_hparams {
     int n_expert_used;   /* experts each token is routed to */
     int n_ff_exp;        /* one expert's feed-forward width */
     int n_ff_shexp;      /* the shared expert's width (qwen2moe), or 0 */
+    float expert_w_scale;/* the chosen weights times this (0 or 1: not scaled) */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
  * [cols = ne[0]] with each row stored contiguously in its type. */
 typedef const tl_gguf_tensor *tl_w;
+
+/* Rows of w as a matrix: experts' 3-D tensors stack their slices' rows. */
+static inline int64_t tl_w_rows(tl_w w) { return w->ne[1] * w->ne[2] * w->ne[3]; }
 
 /* A layer is a list of typed blocks, each reading the residual stream and
  * adding its output back, run in order. New families add kinds of blocks
@@ -121,6 +131,7 @@ typedef struct tl_moe_block {
     int n_expert, n_used;
     tl_gating gating;
     int norm_w;                  /* 1: the chosen weights divided by their sum */
+    float w_scale;               /* then times this (0 or 1: not) */
     tl_ffn_act act;
 } tl_moe_block;
 

@@ -31,7 +31,9 @@ static int key_cmp(const void *key, const void *el) {
 tl_w tl_packed_find(const tl_packed *p, tl_w w) {
     if (!p || !p->n) return NULL;
     const struct pk_twin *t = bsearch(w->data, p->twin, (size_t)p->n, sizeof *p->twin, key_cmp);
-    return t && t->t.type == w->type && t->t.ne[0] == w->ne[0] && t->t.ne[1] == w->ne[1] ? &t->t : NULL;
+    return t && t->t.type == w->type && t->t.ne[0] == w->ne[0] && t->t.ne[1] == w->ne[1] && t->t.ne[2] == w->ne[2]
+               ? &t->t
+               : NULL;
 }
 
 static void packed_free(tl_packed *p) {
@@ -58,7 +60,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     int np = 0;
     for (int i = 0; i < n; i++)
         if (tl_kern_packs(k, (tl_type)all[i]->type)) {
-            bytes += (size_t)tl_kern_packed_rows(k, (tl_type)all[i]->type, all[i]->ne[1]) *
+            bytes += (size_t)tl_kern_packed_rows(k, (tl_type)all[i]->type, tl_w_rows(all[i])) *
                      tl_kern_row_bytes(k, (tl_type)all[i]->type, all[i]->ne[0]);
             np++;
         }
@@ -72,13 +74,13 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     for (int i = 0; np && !st && i < n; i++) {
         tl_w w = all[i];
         if (!tl_kern_packs(k, (tl_type)w->type)) continue;
-        const size_t sz = (size_t)tl_kern_packed_rows(k, (tl_type)w->type, w->ne[1]) *
+        const size_t sz = (size_t)tl_kern_packed_rows(k, (tl_type)w->type, tl_w_rows(w)) *
                           tl_kern_row_bytes(k, (tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &p->twin[p->n++];
         tw->src = w->data;
         tw->t = *w;
         tw->t.data = p->data + off;
-        st = tl_kern_pack(k, (tl_type)w->type, w->data, p->data + off, w->ne[1], w->ne[0]);
+        st = tl_kern_pack(k, (tl_type)w->type, w->data, p->data + off, tl_w_rows(w), w->ne[0]);
         off += sz;
     }
     if (p->n) qsort(p->twin, (size_t)p->n, sizeof *p->twin, twin_cmp);
