@@ -31,6 +31,14 @@ run_one() { # name, command...
     [ "$f" -eq 0 ] || failed_progs+=("$name")
 }
 
+# Random mixtures of experts for test_batch (Q8_0: the packed, tiled path).
+PYM=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PYM=.venv/bin/python
+for a in qwen3moe qwen2moe; do
+    "$PYM" scripts/mkmodel.py "$a" "models/random/batch_$a.gguf" --seed 11 --type q8_0 ||
+        echo "!! scripts/mkmodel.py $a failed"
+done
+
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue
     run_one "$(basename "$t")" "$t"

@@ -13,6 +13,8 @@
 
 #define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define GEMMA "models/gemma-3-270m-q4_k_m.gguf"
+#define MOE_QWEN3 "models/random/batch_qwen3moe.gguf"
+#define MOE_QWEN2 "models/random/batch_qwen2moe.gguf"
 #define NS 3
 
 static uint64_t rng = 88172645463325252ull;
@@ -238,9 +240,48 @@ static void gemma(void) {
     tl_model_free(m);
 }
 
+/* The same on mixtures of experts (random weights, tests/run.sh makes them):
+ * a token's row must not depend on which other tokens chose its experts, or
+ * how many did. */
+static void experts(void) {
+    static const char *files[] = {MOE_QWEN3, MOE_QWEN2};
+    const char *texts[NS] = {"The river flows past the old mill and into the sea, where the boats of the fishermen wait "
+                             "for the tide to turn, and the gulls circle over the harbour wall until evening comes",
+                             "Seven apples, three pears and a basket of plums were on the table",
+                             "In the beginning the town had one road, one bridge and one well"};
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        tl_model *m;
+        tl_error err = {0};
+        if (tl_model_load(files[f], &m, &err)) {
+            CHECK(0, "load %s: %s (tests/run.sh makes it with scripts/mkmodel.py)", files[f], err.msg);
+            continue;
+        }
+        int32_t *ids[NS];
+        int n[NS];
+        float *ref[NS];
+        for (int s = 0; s < NS; s++) {
+            size_t k;
+            CHECK(tl_tokenize(m, texts[s], strlen(texts[s]), 0, &ids[s], &k, &err) == 0, "%s", err.msg);
+            n[s] = (int)k;
+            ref[s] = alone(m, ids[s], n[s], 1);
+        }
+        if (ref[0] && ref[1] && ref[2]) {
+            interleaved(m, ids, n, ref, 1, 2, files[f]);
+            interleaved(m, ids, n, ref, 20, 3, files[f]);
+            prefix_reuse(m, ids[0], n[0], ref[0]);
+        }
+        for (int s = 0; s < NS; s++) {
+            free(ref[s]);
+            tl_free(ids[s]);
+        }
+        tl_model_free(m);
+    }
+}
+
 int main(void) {
     tl_model *m;
     tl_error err = {0};
+    experts();
     if (tl_model_load(MODEL, &m, &err)) {
         CHECK(0, "load %s: %s (run 'make models')", MODEL, err.msg);
         return tl_test_summary();
