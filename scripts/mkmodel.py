@@ -15,7 +15,11 @@ shape of Llama 3.2 1B: 2048 wide, 16 layers, 32/8 heads, 8192 FFN, the
 128,256-token Llama 3 BPE vocabulary, tied output; weights N(0, 0.02); streamed
 to the file one tensor at a time, so memory stays near one tensor; for the
 quantized variants run `tokenloop quantize` on the F16 file, see
-scripts/mkmodel-1b.sh). --vocab FILE overrides the vocabulary file.
+scripts/mkmodel-1b.sh). Mixtures of experts: qwen3moe (8 experts, 3 used,
+QK-norm), mixtral (llama with 8 experts, 2 used), qwen2moe (8 experts, 2
+used, a shared expert with its sigmoid gate); their routers are drawn 4x
+larger so that routing is decisive. qwen3moe-a3b: Qwen3-30B-A3B's layer at
+8 layers, streamed (benchmarks; see build_big_moe). --vocab FILE overrides the vocabulary file.
 --arch-name, --drop, --rope-scaling, --longrope make files tokenloop must
 refuse, for the error tests. --add-token/--add-control/--eos/--template give a
 random model a chat format of its own (markers such as <think> as single
@@ -345,9 +349,85 @@ def build_llama1b(args):
     w.close()
 
 
+# Benchmark shapes of mixtures of experts, streamed like llama1b. qwen3moe-a3b:
+# Qwen3-30B-A3B's layer (2048 wide, 32/4 heads of 128, QK-norm, 128 experts
+# of width 768, 8 used) at 8 of its 48 layers, with SmolLM2's vocabulary
+# (--vocab FILE: any GGUF whose tokenizer.* keys to copy; default the
+# SmolLM2 file `make models` fetches). Weights N(0, 0.02), the router 4x.
+BIG_MOE = {
+    "qwen3moe-a3b": dict(arch="qwen3moe", d=2048, layers=8, heads=32, heads_kv=4, hd=128, n_exp=128, used=8,
+                         ff_exp=768, base=1000000.0, ctx=40960, std=0.02),
+}
+SMOLLM2 = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def build_big_moe(args):
+    """The whole model is never in memory: the header first, then each tensor
+    as it is drawn (an expert tensor at a time, ~400 MB in F16)."""
+    p = BIG_MOE[args.arch]
+    d, hd, ne, ff = p["d"], p["hd"], p["n_exp"], p["ff_exp"]
+    q, kv = p["heads"] * hd, p["heads_kv"] * hd
+    w = gguf.GGUFWriter(args.out, p["arch"])
+    n_vocab = copy_vocab(w, args.vocab or SMOLLM2, None, none=args.no_vocab)
+    w.add_name(f"tokenloop-random-{args.arch}")
+    w.add_file_type(FILE_TYPE[args.type])
+    w.add_context_length(p["ctx"])
+    w.add_embedding_length(d)
+    w.add_block_count(p["layers"])
+    w.add_feed_forward_length(ff * 8)
+    w.add_expert_feed_forward_length(ff)
+    w.add_expert_count(ne)
+    w.add_expert_used_count(p["used"])
+    w.add_head_count(p["heads"])
+    w.add_head_count_kv(p["heads_kv"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(p["base"])
+    w.add_rope_dimension_count(hd)
+    w.add_vocab_size(n_vocab)
+    plan = [("token_embd.weight", (n_vocab, d), "mat")]
+    for i in range(p["layers"]):
+        b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (q, d), "mat"),
+                 (b + "attn_k.weight", (kv, d), "mat"), (b + "attn_v.weight", (kv, d), "mat"),
+                 (b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm"),
+                 (b + "attn_output.weight", (d, q), "mat"), (b + "ffn_norm.weight", (d,), "norm"),
+                 (b + "ffn_gate_inp.weight", (ne, d), "router"), (b + "ffn_gate_exps.weight", (ne, ff, d), "mat"),
+                 (b + "ffn_up_exps.weight", (ne, ff, d), "mat"), (b + "ffn_down_exps.weight", (ne, d, ff), "mat")]
+    plan += [("output_norm.weight", (d,), "norm"), ("output.weight", (n_vocab, d), "mat")]
+    rng = np.random.default_rng(args.seed)
+
+    def draw(shape, kind):
+        if kind == "norm":
+            return (1.0 + rng.standard_normal(shape, dtype=np.float32) * p["std"]).astype(np.float32)
+        if kind == "router":
+            return rng.standard_normal(shape, dtype=np.float32) * (4 * p["std"])
+        out = np.empty(shape, dtype=np.float16 if args.type == "f16" else np.float32)
+        flat = out.reshape(-1, shape[-1])
+        for r in range(0, flat.shape[0], 8192):  # bounded float32 temporaries
+            flat[r:r + 8192] = rng.standard_normal((min(8192, flat.shape[0] - r), shape[-1]), dtype=np.float32) * p["std"]
+        return out if args.type in ("f16", "f32") else to_type(out, args.type)[0]
+
+    for name, shape, kind in plan:
+        qt = QT.F32 if kind in ("norm", "router") else TYPES[args.type]
+        byte_shape = gguf.quant_shape_to_byte_shape(shape, qt)
+        nbytes = int(np.prod(byte_shape))
+        if qt in (QT.F32, QT.F16):
+            w.add_tensor_info(name, shape, np.dtype(np.float32 if qt == QT.F32 else np.float16), nbytes)
+        else:
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, kind in plan:
+        w.write_tensor_data(draw(shape, kind))
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("arch", choices=sorted(ARCHS) + ["llama1b"])
+    ap.add_argument("arch", choices=sorted(ARCHS) + ["llama1b"] + sorted(BIG_MOE))
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--type", choices=sorted(TYPES), help="weight type (default f32; llama1b: f16)")
@@ -372,8 +452,10 @@ def main():
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.type is None:
-        args.type = "f16" if args.arch == "llama1b" else "f32"
-    if args.arch == "llama1b":
+        args.type = "f16" if args.arch == "llama1b" or args.arch in BIG_MOE else "f32"
+    if args.arch in BIG_MOE:
+        build_big_moe(args)
+    elif args.arch == "llama1b":
         build_llama1b(args)
     else:
         build(args)

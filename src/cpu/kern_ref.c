@@ -1,6 +1,7 @@
 /* cpu/kern_ref: the scalar kernel level, the floor every other level falls
  * back to. Thin wrappers that bind quant.c's reference dots and activation
  * quantizers to the per-type slots of tl_kernels. */
+#include <math.h>
 #include "cpu/kernels.h"
 
 #include "base/util.h"
@@ -38,7 +39,46 @@ REF_QUANT(Q8_K)
  * attention scores too. */
 static float ref_dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) { return tl_vec_dot_ref(TL_F16, n, x, y); }
 
+/* ggml_vec_dot_f32 as its x86 AVX2 build runs it (mul_mat_id's dot for F32
+ * weights, where mul_mat takes tinyBLAS's order): four 8-lane fma chains
+ * over steps of 32, folded 0+2, 1+3, then 0+1, the lanes as hi128 + lo128
+ * then two horizontal adds; the tail in float. */
+static float ref_dot_f32_ggml(int64_t n, const void *w, const void *a) {
+    const float *x = w, *y = a;
+    float acc[4][8] = {{0}};
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++) acc[j][l] = fmaf(x[i + j * 8 + l], y[i + j * 8 + l], acc[j][l]);
+    float v[8], h[4];
+    for (int l = 0; l < 8; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    for (int l = 0; l < 4; l++) h[l] = v[l] + v[l + 4];
+    float s = (h[0] + h[1]) + (h[2] + h[3]);
+    for (int64_t i = np; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+/* ggml_vec_dot_f16 (F16 weights, F16 activations) on AVX2: the same four
+ * chains and folds on the widened values, the tail added in double. */
+static float ref_dot_f16_ggml(int64_t n, const void *w, const void *a) {
+    const uint16_t *x = w, *y = a;
+    float acc[4][8] = {{0}};
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++)
+                acc[j][l] = fmaf(tl_fp16_to_fp32(x[i + j * 8 + l]), tl_fp16_to_fp32(y[i + j * 8 + l]), acc[j][l]);
+    float v[8], h[4];
+    for (int l = 0; l < 8; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    for (int l = 0; l < 4; l++) h[l] = v[l] + v[l + 4];
+    double s = (double)((h[0] + h[1]) + (h[2] + h[3]));
+    for (int64_t i = np; i < n; i++) s += (double)(tl_fp16_to_fp32(x[i]) * tl_fp16_to_fp32(y[i]));
+    return (float)s;
+}
+
 void tl_kernels_fill_ref(tl_kernels *k) {
+    k->vec_dot_id[TL_F32] = ref_dot_f32_ggml;
+    k->vec_dot_id[TL_F16] = ref_dot_f16_ggml;
     k->vec_dot[TL_F32] = ref_dot_F32;
     k->vec_dot[TL_F16] = ref_dot_F16;
     k->vec_dot[TL_BF16] = ref_dot_BF16;

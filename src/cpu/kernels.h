@@ -56,6 +56,9 @@ typedef struct tl_kernels {
     tl_num_mode mode;
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
+    /* the exact mode's dot for experts (ggml's mul_mat_id) where it is not
+     * vec_dot's order (F32: ggml_vec_dot_f32, not tinyBLAS); else NULL */
+    tl_vec_dot_fn vec_dot_id[TL_TYPE_COUNT];
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
     tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */

@@ -101,7 +101,8 @@ typedef struct mm_job {
  * packed layout's with use_gemm, else the file's) against nt activation rows
  * from xa: y[t * y_stride + r]. wide: this thread's widening buffer, or NULL. */
 static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8_t *wr, size_t rb, int nr, int64_t cols,
-                      const uint8_t *xa, size_t xa_row, int nt, float *y, size_t y_stride, uint8_t *wide) {
+                      const uint8_t *xa, size_t xa_row, int nt, float *y, size_t y_stride, uint8_t *wide,
+                      tl_vec_dot_fn dot_as) {
     tl_gemm_fn gemm = use_gemm ? k->gemm[tt] : NULL;
     /* Enough tokens: widen a slice of Q4_0/Q5_0 rows to Q8_0 once rather than
      * unpack it for every group of four tokens (same bits). */
@@ -112,7 +113,7 @@ static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8
     } else if (gemm) {
         gemm(cols, wr, rb, nr, xa, xa_row, nt, y, y_stride);
     } else {
-        tl_vec_dot_fn dot = k->vec_dot[tt];
+        tl_vec_dot_fn dot = dot_as ? dot_as : k->vec_dot[tt];
         for (int t = 0; t < nt; t++)
             for (int r = 0; r < nr; r++) y[(size_t)t * y_stride + r] = dot(cols, wr + (size_t)r * rb, xa + (size_t)t * xa_row);
     }
@@ -125,7 +126,7 @@ static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, in
     const size_t rb = j->packed[mi] ? tl_kern_row_bytes(j->k, (tl_type)w->type, cols) : tl_row_size((tl_type)w->type, cols);
     tile_dots(j->k, (tl_type)w->type, j->packed[mi], (const uint8_t *)w->data + (size_t)r0 * rb, rb, (int)(r1 - r0), cols,
               j->xa + (size_t)t0 * j->xa_row, j->xa_row, t1 - t0, j->y[mi] + (size_t)t0 * rows + r0, (size_t)rows,
-              j->wide ? j->wide + (size_t)ith * j->wide_size : NULL);
+              j->wide ? j->wide + (size_t)ith * j->wide_size : NULL, NULL);
 }
 
 /* Tiles of MM_ROW_TILE rows (a multiple of every layout's row group); a tile
@@ -667,11 +668,17 @@ typedef struct exp_mat {
     size_t rb;         /* bytes per row as read */
     int64_t rows, cols;/* one expert's slice */
     size_t act_row;
+    tl_vec_dot_fn dot;  /* the exact mode's mul_mat_id dot, or NULL */
 } exp_mat;
 
 static exp_mat exp_mat_of(const tl_cpu *c, tl_w w) {
-    exp_mat m = {w, 0, 0, w->ne[1], w->ne[0], 0};
+    exp_mat m = {w, 0, 0, w->ne[1], w->ne[0], 0, NULL};
     m.act_row = act_row(c, w, &m.use_gemm);
+    if (c->kern.mode == TL_NUM_EXACT && c->kern.vec_dot_id[w->type]) {
+        m.use_gemm = 0;
+        m.dot = c->kern.vec_dot_id[w->type];
+        m.act_row = tl_row_size(tl_type_info(w->type)->vec_dot_type, w->ne[0]);
+    }
     if (m.use_gemm && tl_kern_packs(&c->kern, (tl_type)w->type)) m.w = packed(c, w);
     m.rb = m.use_gemm ? tl_kern_row_bytes(&c->kern, (tl_type)w->type, m.cols) : tl_row_size((tl_type)w->type, m.cols);
     return m;
@@ -711,7 +718,7 @@ static void moe_worker(void *arg, int ith, int nth) {
             const uint8_t *wr = (const uint8_t *)m->w->data + ((size_t)e * (size_t)m->rows + (size_t)r0) * m->rb;
             tile_dots(&c->kern, (tl_type)m->w->type, m->use_gemm, wr, m->rb, (int)(r1 - r0), m->cols,
                       c->xg + (size_t)p0 * c->xg_row, c->xg_row, np, j->y[mi] + (size_t)p0 * m->rows + r0,
-                      (size_t)m->rows, wide);
+                      (size_t)m->rows, wide, m->dot);
         }
     }
 }

@@ -33,6 +33,11 @@ MODELS = {
     "qwen3": ["qwen3", "--seed", "4", "--type", "f32"],
     "mistral": ["mistral", "--seed", "5", "--type", "f32"],
     "phi3": ["phi3", "--seed", "6", "--type", "q8_0"],
+    # mixtures of experts
+    "qwen3moe": ["qwen3moe", "--seed", "21", "--type", "f32"],
+    "qwen3moe_q8": ["qwen3moe", "--seed", "22", "--type", "q8_0"],
+    "mixtral": ["mixtral", "--seed", "23", "--type", "f16"],
+    "qwen2moe": ["qwen2moe", "--seed", "24", "--type", "q8_0"],
 }
 
 
