@@ -697,34 +697,53 @@ typedef struct moe_job {
     float *y[2];       /* [pair][m.rows] */
     int tiles;         /* row tiles per expert */
     int n_items;
+    int contiguous;    /* few tokens: split each expert's rows evenly, no claims */
     atomic_int next;
 } moe_job;
+
+/* Rows [r0, r1) of expert e's matrices against its pairs. */
+static void moe_rows(const moe_job *j, int e, int64_t r0, int64_t r1, uint8_t *wide) {
+    tl_cpu *c = j->c;
+    const int p0 = c->eoff[e], np = c->ecnt[e];
+    for (int mi = 0; mi < j->n_mat; mi++) {
+        const exp_mat *m = &j->m[mi];
+        const uint8_t *wr = (const uint8_t *)m->w->data + ((size_t)e * (size_t)m->rows + (size_t)r0) * m->rb;
+        tile_dots(&c->kern, (tl_type)m->w->type, m->use_gemm, wr, m->rb, (int)(r1 - r0), m->cols,
+                  c->xg + (size_t)p0 * c->xg_row, c->xg_row, np, j->y[mi] + (size_t)p0 * m->rows + r0, (size_t)m->rows,
+                  wide, m->dot);
+    }
+}
 
 static void moe_worker(void *arg, int ith, int nth) {
     moe_job *j = arg;
     tl_cpu *c = j->c;
     uint8_t *wide = c->wide ? c->wide + (size_t)ith * c->wide_size : NULL;
+    const int64_t rows = j->m[0].rows;
+    if (j->contiguous) {
+        /* decode: each thread one contiguous share of every chosen expert's
+         * rows, a long stream for the prefetchers and no shared counter
+         * (as mm_worker's decode) */
+        for (int a = 0; a < j->n_items / j->tiles; a++) {
+            int64_t lo, hi;
+            tl_split(j->tiles, ith, nth, &lo, &hi);
+            if (lo < hi)
+                moe_rows(j, c->eact[a], lo * MM_ROW_TILE, hi * MM_ROW_TILE < rows ? hi * MM_ROW_TILE : rows, wide);
+        }
+        return;
+    }
     for (;;) {
         const int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (i >= j->n_items) return;
         /* experts with the most pairs first, so that no thread starts a long
          * item last; the order of the items never changes a result */
-        const int e = c->eact[i / j->tiles];
         const int64_t r0 = (int64_t)(i % j->tiles) * MM_ROW_TILE;
-        const int p0 = c->eoff[e], np = c->ecnt[e];
-        for (int mi = 0; mi < j->n_mat; mi++) {
-            const exp_mat *m = &j->m[mi];
-            const int64_t r1 = r0 + MM_ROW_TILE < m->rows ? r0 + MM_ROW_TILE : m->rows;
-            const uint8_t *wr = (const uint8_t *)m->w->data + ((size_t)e * (size_t)m->rows + (size_t)r0) * m->rb;
-            tile_dots(&c->kern, (tl_type)m->w->type, m->use_gemm, wr, m->rb, (int)(r1 - r0), m->cols,
-                      c->xg + (size_t)p0 * c->xg_row, c->xg_row, np, j->y[mi] + (size_t)p0 * m->rows + r0,
-                      (size_t)m->rows, wide, m->dot);
-        }
+        moe_rows(j, c->eact[i / j->tiles], r0, r0 + MM_ROW_TILE < rows ? r0 + MM_ROW_TILE : rows, wide);
     }
 }
 
-static void moe_run(tl_cpu *c, moe_job *j, int n_act) {
+static void moe_run(tl_cpu *c, moe_job *j, int n_act, int n_tok) {
     j->c = c;
+    j->contiguous = n_tok < 4;
     j->tiles = (int)((j->m[0].rows + MM_ROW_TILE - 1) / MM_ROW_TILE);
     j->n_items = n_act * j->tiles;
     atomic_init(&j->next, 0);
@@ -867,20 +886,20 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
         gather_arg ga = {&mg, k};
         par_tokens(c, n, gather_tokens, &ga);
         moe_job gj = {.n_mat = 2, .m = {mg, mu}, .y = {c->eg, c->eu}};
-        moe_run(c, &gj, n_act);
+        moe_run(c, &gj, n_act, n);
     } else {
         for (int mi = 0; mi < 2; mi++) {
             gather_arg ga = {mi ? &mu : &mg, k};
             par_tokens(c, n, gather_tokens, &ga);
             moe_job gj = {.n_mat = 1, .m = {*ga.m}, .y = {mi ? c->eu : c->eg}};
-            moe_run(c, &gj, n_act);
+            moe_run(c, &gj, n_act, n);
         }
     }
     pair_job pj = {c, E, n * k};
     if (n * k < 4 || tl_pool_size(c->pool) == 1) act_pairs(c, 0, n * k, (void *)E);
     else tl_pool_run(c->pool, pair_worker, &pj);
     moe_job dj = {.n_mat = 1, .m = {exp_mat_of(c, E->down)}, .y = {c->ey}};
-    moe_run(c, &dj, n_act);
+    moe_run(c, &dj, n_act, n);
     /* the shared expert reads xb before the sum overwrites it; its output
      * goes past the pairs' rows in ey */
     float *so = c->ey + (size_t)n * k * d;
