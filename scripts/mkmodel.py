@@ -59,6 +59,10 @@ ARCHS = {
     "qwen3moe": dict(arch="qwen3moe", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 3, 64, 0)),
     "mixtral": dict(arch="llama", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 2, FF, 0)),
     "qwen2moe": dict(arch="qwen2moe", layers=2, base=1000000.0, tied=False, swa=0, moe=(8, 2, 64, 128)),
+    # gpt-oss: biased q/k/v/o, attention sinks, a 16-position window on the even
+    # layers, YaRN (factor 32 over 4096 positions, as its files say), a biased
+    # router with softmax over the chosen 4, biased experts, clamped SwiGLU
+    "gpt-oss": dict(arch="gpt-oss", layers=4, base=150000.0, tied=False, swa=16, moe=(8, 4, 128, 0)),
 }
 
 # The router's weights are drawn this many times larger than a matrix's, so
@@ -174,7 +178,7 @@ def add_weight(w, name, arr, wtype, drop):
     the router (ffn_gate_inp, kept F32 as llama.cpp's quantizer keeps it) stay F32."""
     if name in drop:
         return
-    qt = TYPES[wtype] if arr.ndim >= 2 and "ffn_gate_inp" not in name else QT.F32
+    qt = TYPES[wtype] if arr.ndim >= 2 and "ffn_gate_inp" not in name and not name.endswith(".bias") else QT.F32
     if qt == QT.F32:
         w.add_tensor(name, arr)
     elif qt == QT.F16:
@@ -218,6 +222,10 @@ def build(args):
             w.add_expert_shared_feed_forward_length(ff_sh)
     if args.arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(4096)
+    if args.arch == "gpt-oss":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     if args.rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(args.rope_scaling))
         w.add_rope_scaling_factor(4.0)
@@ -241,7 +249,7 @@ def build(args):
             put(b + "attn_q.weight", g.mat(D, D))
             put(b + "attn_k.weight", g.mat(kv, D))
             put(b + "attn_v.weight", g.mat(kv, D))
-        if args.arch in ("qwen2", "qwen2moe"):
+        if args.arch in ("qwen2", "qwen2moe", "gpt-oss"):
             put(b + "attn_q.bias", g.vec(D, 0.0, 0.5))
             put(b + "attn_k.bias", g.vec(kv, 0.0, 0.5))
             put(b + "attn_v.bias", g.vec(kv, 0.0, 0.5))
@@ -249,13 +257,23 @@ def build(args):
             put(b + "attn_q_norm.weight", g.vec(HD, 1.0, 0.2))
             put(b + "attn_k_norm.weight", g.vec(HD, 1.0, 0.2))
         put(b + "attn_output.weight", g.mat(D, D))
-        put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
+        if args.arch == "gpt-oss":
+            put(b + "attn_output.bias", g.vec(D, 0.0, 0.5))
+            put(b + "attn_sinks.weight", g.vec(N_HEAD, 0.0, 1.0))
+            put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
+        else:
+            put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
         if moe:
             n_exp, n_used, ff_exp, ff_sh = moe
             put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
             put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
             put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
             put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
+            if args.arch == "gpt-oss":
+                put(b + "ffn_gate_inp.bias", g.vec(n_exp, 0.0, 0.5))
+                put(b + "ffn_gate_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
+                put(b + "ffn_up_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
+                put(b + "ffn_down_exps.bias", np.stack([g.vec(D, 0.0, 0.5) for _ in range(n_exp)]))
             if ff_sh:
                 put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
                 put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))

@@ -28,10 +28,12 @@ static const tl_arch_info ARCHS[] = {
     {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1, 0},
     {"qwen3moe", TL_ARCH_QWEN3MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2},
     {"qwen2moe", TL_ARCH_QWEN2MOE, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 2},
+    /* every other layer (the even ones) attends to a sliding window */
+    {"gpt-oss", TL_ARCH_GPTOSS, 1, 0, 0, 0, TL_ACT_SWIGLU_OAI, 0, 2, 1, 0, 2},
 };
 
 const char *tl_supported_architectures(void) {
-    return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe";
+    return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss";
 }
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -86,8 +88,10 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
         (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
-        /* llama.cpp's default when a sliding-window model has no such key */
-        (st = hp_float(m, "rope.freq_base_swa", 0, 10000.0, &hp->rope_base_swa, err)) ||
+        /* llama.cpp's default when a sliding-window model has no such key
+         * (gpt-oss: the global layers' base) */
+        (st = hp_float(m, "rope.freq_base_swa", 0, m->arch->arch == TL_ARCH_GPTOSS ? hp->rope_base : 10000.0,
+                       &hp->rope_base_swa, err)) ||
         (st = hp_int(m, "attention.sliding_window", 0, 0, &hp->n_swa, err)) ||
         (st = hp_float(m, "final_logit_softcapping", 0, 0.0, &hp->logit_softcap, err)))
         return st;
@@ -194,8 +198,11 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
     E->n_expert = hp->n_expert;
     E->n_used = hp->n_expert_used;
     E->act = m->arch->act;
-    E->gating = TL_GATE_SOFTMAX;
-    E->norm_w = m->arch->arch != TL_ARCH_QWEN2MOE; /* qwen2moe keeps the softmax weights as they are */
+    const int oss = m->arch->arch == TL_ARCH_GPTOSS;
+    /* gpt-oss: softmax over the chosen logits alone; qwen2moe keeps the
+     * softmax weights as they are; the others renormalise the chosen ones */
+    E->gating = oss ? TL_GATE_SOFTMAX_CHOSEN : TL_GATE_SOFTMAX;
+    E->norm_w = !oss && m->arch->arch != TL_ARCH_QWEN2MOE;
     E->w_scale = hp->expert_w_scale;
 #define BE(field, nm, a, b)                                           \
     snprintf(n, sizeof n, "blk.%d." nm, il);                          \
@@ -203,9 +210,13 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
 #define BM(field, nm, a, b, req, dot)                                 \
     snprintf(n, sizeof n, "blk.%d." nm, il);                          \
     if ((st = bind(m, n, a, b, req, dot, &field, err))) return st;
-    BM(E->norm, "ffn_norm.weight", d, 0, 1, 0)
+    if (oss) { /* its norm before the experts is named for the attention it follows */
+        BM(E->norm, "post_attention_norm.weight", d, 0, 1, 0)
+    } else {
+        BM(E->norm, "ffn_norm.weight", d, 0, 1, 0)
+    }
     BM(E->router, "ffn_gate_inp.weight", d, hp->n_expert, 1, 1)
-    BM(E->router_b, "ffn_gate_inp.bias", hp->n_expert, 0, 0, 0)
+    BM(E->router_b, "ffn_gate_inp.bias", hp->n_expert, 0, oss, 0)
     BE(E->gate, "ffn_gate_exps.weight", d, ff)
     BE(E->up, "ffn_up_exps.weight", d, ff)
     BE(E->down, "ffn_down_exps.weight", ff, d)
@@ -221,6 +232,9 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
     }
 #undef BE
 #undef BM
+    if (oss && (!E->gate_b || !E->up_b || !E->down_b))
+        return tl_fail(err, TL_ERR_FORMAT, "tensor blk.%d.ffn_%s_exps.bias is missing (architecture gpt-oss)", il,
+                       !E->gate_b ? "gate" : !E->up_b ? "up" : "down");
     if (E->router->type != TL_F32 && E->router->type != TL_F16 && E->router->type != TL_BF16 &&
         !tl_type_info(E->router->type)->can_dot)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "blk.%d.ffn_gate_inp.weight: type %s cannot be a matmul weight", il,
@@ -350,6 +364,12 @@ static int bind_weights(tl_model *m, tl_error *err) {
         }
         if (m->arch->qkv_bias && (st = bind_qkv_bias(m, i, A, err))) return st;
         B(A->wo, "attn_output", hp->n_head * hd, d, 1)
+        if (m->arch->arch == TL_ARCH_GPTOSS) {
+            snprintf(n, sizeof n, "blk.%d.attn_output.bias", i);
+            if ((st = bind(m, n, d, 0, 1, 0, &A->bo, err))) return st;
+            snprintf(n, sizeof n, "blk.%d.attn_sinks.weight", i);
+            if ((st = bind(m, n, hp->n_head, 0, 1, 0, &A->sinks, err))) return st;
+        }
         if (hp->n_expert > 0) {
             if ((st = bind_moe(m, i, &L->block[1].u.moe, err))) return st;
         } else {

@@ -20,6 +20,7 @@ typedef enum tl_arch {
     TL_ARCH_PHI3,
     TL_ARCH_QWEN3MOE,
     TL_ARCH_QWEN2MOE,
+    TL_ARCH_GPTOSS,
 } tl_arch;
 
 #define TL_MAX_EXPERT_USED 32
