@@ -3,7 +3,8 @@ alternatives, a request's tokens and logprob values (compared exactly: the JSON
 carries round-tripping floats) do not change when it runs among 16 other
 prompts (in several slots), when its 1,000-token prefix comes from the prefix
 cache, with --prefill-chunk 7 instead of 256, or with -t 1 instead of 2; the
-same on Gemma 3 through /v1/completions; and seeded sampling (temperature 0.8,
+same on Gemma 3 and on a random mixture of experts (qwen3moe) through
+/v1/completions; and seeded sampling (temperature 0.8,
 seed 42) is reproducible alone vs in a crowd.
 Run: TL_BIN=./tokenloop python3 tests/py/test_server_invariance.py"""
 import concurrent.futures
@@ -163,6 +164,34 @@ def gemma_checks():
         g2.stop()
 
 
+def moe_checks():
+    """A mixture of experts (random qwen3moe, Q8_0): a prompt's tokens and
+    logprobs are the same alone, among 16 streams whose tokens share its
+    experts, and chunked and threaded otherwise."""
+    path = os.path.join(ROOT, "models", "random", "server_qwen3moe.gguf")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "qwen3moe", path, "--seed", "31",
+                        "--type", "q8_0"], capture_output=True, text=True, timeout=300)
+    if not check(p.returncode == 0, f"mkmodel.py qwen3moe: {p.stderr[-300:]}"):
+        return
+    prompt = "The river flows past the old mill and into the sea, where the boats"
+    srv = Server(path, "-np", "16", "-t", "2", "--prefill-chunk", "256", "-c", "256")
+    alone = None
+    try:
+        if not check(srv.wait_ready(), "qwen3moe server ready"):
+            return
+        alone = completion(srv, prompt)
+        for k in (0, N_CROWD - 1):
+            same(alone, in_crowd(completion, srv, prompt, k), f"qwen3moe: alone vs slot {k} of {N_CROWD}")
+    finally:
+        srv.stop()
+    s2 = Server(path, "-np", "4", "-t", "1", "--prefill-chunk", "7", "-c", "256")
+    try:
+        if check(s2.wait_ready(), "qwen3moe -t 1 server ready") and alone:
+            same(alone, completion(s2, prompt), "qwen3moe: -t 1 --prefill-chunk 7 vs -t 2 --prefill-chunk 256")
+    finally:
+        s2.stop()
+
+
 def main():
     for p in (TL_BIN, SMOL, GEMMA):
         check(os.path.exists(p), f"{p} exists")
@@ -172,6 +201,7 @@ def main():
     try:
         smol_checks()
         gemma_checks()
+        moe_checks()
     except Exception as e:  # a failed request is a failed check, not a traceback without summary
         check(False, f"unexpected error: {type(e).__name__}: {e}")
     print(f"  total {time.time() - t0:.1f} s")
