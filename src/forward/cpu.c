@@ -720,9 +720,9 @@ static void moe_worker(void *arg, int ith, int nth) {
     uint8_t *wide = c->wide ? c->wide + (size_t)ith * c->wide_size : NULL;
     const int64_t rows = j->m[0].rows;
     if (j->contiguous) {
-        /* decode: each thread one contiguous share of every chosen expert's
-         * rows, a long stream for the prefetchers and no shared counter
-         * (as mm_worker's decode) */
+        /* each thread one contiguous share of every chosen expert's rows: a
+         * long stream for the prefetchers and no shared counter (as
+         * mm_worker's decode) */
         for (int a = 0; a < j->n_items / j->tiles; a++) {
             int64_t lo, hi;
             tl_split(j->tiles, ith, nth, &lo, &hi);
@@ -741,9 +741,13 @@ static void moe_worker(void *arg, int ith, int nth) {
     }
 }
 
-static void moe_run(tl_cpu *c, moe_job *j, int n_act, int n_tok) {
+static void moe_run(tl_cpu *c, moe_job *j, int n_act, int n_pairs) {
     j->c = c;
-    j->contiguous = n_tok < 4;
+    /* few tokens per expert (decode, a few streams): the weights stream from
+     * memory and a contiguous share per thread keeps each stream long; many
+     * (prompts): claimed tiles, which a thread slowed by a busy core takes
+     * fewer of */
+    j->contiguous = n_pairs < 4 * n_act;
     j->tiles = (int)((j->m[0].rows + MM_ROW_TILE - 1) / MM_ROW_TILE);
     j->n_items = n_act * j->tiles;
     atomic_init(&j->next, 0);
@@ -886,20 +890,20 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
         gather_arg ga = {&mg, k};
         par_tokens(c, n, gather_tokens, &ga);
         moe_job gj = {.n_mat = 2, .m = {mg, mu}, .y = {c->eg, c->eu}};
-        moe_run(c, &gj, n_act, n);
+        moe_run(c, &gj, n_act, n * k);
     } else {
         for (int mi = 0; mi < 2; mi++) {
             gather_arg ga = {mi ? &mu : &mg, k};
             par_tokens(c, n, gather_tokens, &ga);
             moe_job gj = {.n_mat = 1, .m = {*ga.m}, .y = {mi ? c->eu : c->eg}};
-            moe_run(c, &gj, n_act, n);
+            moe_run(c, &gj, n_act, n * k);
         }
     }
     pair_job pj = {c, E, n * k};
     if (n * k < 4 || tl_pool_size(c->pool) == 1) act_pairs(c, 0, n * k, (void *)E);
     else tl_pool_run(c->pool, pair_worker, &pj);
     moe_job dj = {.n_mat = 1, .m = {exp_mat_of(c, E->down)}, .y = {c->ey}};
-    moe_run(c, &dj, n_act, n);
+    moe_run(c, &dj, n_act, n * k);
     /* the shared expert reads xb before the sum overwrites it; its output
      * goes past the pairs' rows in ey */
     float *so = c->ey + (size_t)n * k * d;
