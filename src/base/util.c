@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 
 int tl_fail(tl_error *err, int status, const char *fmt, ...) {
@@ -60,6 +61,22 @@ void *tl_big_alloc(size_t n) {
     memcpy(p - 64, &raw, sizeof raw);
     memcpy(p - 64 + sizeof raw, &len, sizeof len);
     return p;
+}
+
+void tl_release_pages(const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (page > 1 && hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: refused is fine */
+}
+
+void tl_small_pages(void *p, size_t n, size_t first) {
+#ifdef MADV_NOHUGEPAGE
+    const uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(BIG_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)p + (first < n ? first : n) + BIG_PAGE - 1) & ~(uintptr_t)(BIG_PAGE - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE); /* advice: refused is fine */
+#else
+    (void)p, (void)n, (void)first;
+#endif
 }
 
 void tl_big_free(void *p) {

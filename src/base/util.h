@@ -115,5 +115,14 @@ double tl_curve_at(const double *y, const int *seen, int n_max, int n);
  * zeroed lazily, when first touched. NULL when out of memory. */
 void *tl_big_alloc(size_t n);
 void tl_big_free(void *p);
+/* Drops this process's copies of the whole pages inside [p, p + n) of a
+ * read-only file mapping: a later read faults them in from the file again.
+ * For weights whose packed copy is all that is read (packed.c), so that a
+ * model is not resident twice. */
+void tl_release_pages(const void *p, size_t n);
+/* Asks for small pages on the first `first` bytes of [p, p + n) of a
+ * tl_big_alloc buffer (rounded out to whole 2 MiB pages): memory there is
+ * then resident as it is touched, 4 KiB at a time. */
+void tl_small_pages(void *p, size_t n, size_t first);
 
 #endif

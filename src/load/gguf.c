@@ -524,6 +524,7 @@ int tl_gguf_open(const char *path, tl_gguf **out, tl_error *err) {
     gguf_impl *im = (gguf_impl *)g;
     im->map = map;
     im->map_len = (size_t)st.st_size;
+    g->mapped = 1;
     *out = g;
     return TL_OK;
 }

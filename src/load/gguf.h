@@ -68,6 +68,7 @@ typedef struct tl_gguf {
     tl_gguf_tensor *tensors;
     uint64_t alignment; /* general.alignment or 32 */
     uint64_t data_offset;
+    int mapped;         /* 1: base is a read-only private mapping of the file (pages may be dropped) */
 } tl_gguf;
 
 /* Maps and validates path. On failure returns a status, fills err with what is

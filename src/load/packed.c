@@ -81,6 +81,10 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
         tw->t = *w;
         tw->t.data = p->data + off;
         st = tl_kern_pack(k, (tl_type)w->type, w->data, p->data + off, tl_w_rows(w), w->ne[0]);
+        /* the gemm reads the copy from now on: the file's pages need not stay
+         * resident beside it (the embedding rows of a tied output fault back
+         * in one by one) */
+        if (m->gguf->mapped) tl_release_pages(w->data, (size_t)w->nbytes);
         off += sz;
     }
     if (p->n) qsort(p->twin, (size_t)p->n, sizeof *p->twin, twin_cmp);
