@@ -101,7 +101,10 @@ int cmd_info(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop info -m FILE\n\nDescribes a GGUF file: architecture, "
                  "hyperparameters, tensor types, vocabulary,\nspecial tokens, chat template, "
-                 "file size. Corrupt files get an error, exit status 1.");
+                 "file size; then whether this build runs it\n(\"runs: yes\", with the weight bytes a "
+                 "token reads, or \"runs: no\" naming the\narchitecture, tensor, type or metadata key it "
+                 "lacks). Exit status 0 when the file\nis described, whether or not it runs; "
+                 "corrupt files get an error, exit status 1.");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model = cli_arg(&p))) return EXIT_USAGE;
@@ -121,6 +124,22 @@ int cmd_info(int argc, char **argv) {
     }
     printf("this build runs: architectures %s; tokenizers %s; weight types %s\n",
            tl_supported_architectures(), tl_supported_tokenizers(), tl_supported_weight_types());
+    /* the loader's own checks, so the verdict is exactly what run and serve
+     * would find */
+    tl_model *m = NULL;
+    if (tl_model_load(model, &m, &err)) {
+        printf("runs: no: %s\n", err.msg);
+    } else if (!tl_model_can_run(m)) {
+        printf("runs: no: a vocabulary only (no architecture or weights)\n");
+    } else {
+        const double mib = (double)tl_model_decode_bytes(m) / (1024.0 * 1024.0);
+        printf("runs: yes; a token reads %.1f MiB of weights", mib);
+        int used = 0;
+        const int ne = tl_model_n_expert(m, &used);
+        if (ne > 0) printf(" (the chosen %d of %d experts in each layer)", used, ne);
+        putchar('\n');
+    }
+    tl_model_free(m);
     return 0;
 }
 

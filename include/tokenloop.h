@@ -57,11 +57,15 @@ const char *tl_supported_weight_types(void);
 int tl_model_n_vocab(const tl_model *model);
 int tl_model_n_ctx_train(const tl_model *model);
 int tl_model_can_run(const tl_model *model); /* 1 if it has runnable weights */
-/* Bytes of weights one decoded token reads: every tensor of every layer, the
+/* Bytes of weights one decoded token reads: every tensor of every layer (of
+ * a mixture of experts, only the share of the experts a token is routed to), the
  * final norm, the output matrix (and RoPE factors, if any), and one row of the
  * token embedding (the whole matrix, once, when it is also the output). 0 for
  * a vocabulary-only file. */
 size_t tl_model_decode_bytes(const tl_model *model);
+/* Experts per mixture-of-experts layer (0: a dense model); *n_used (if not
+ * NULL) gets how many each token is routed to. */
+int tl_model_n_expert(const tl_model *model, int *n_used);
 /* The chat template from the file's metadata, or NULL. */
 const char *tl_model_chat_template(const tl_model *model);
 

@@ -471,6 +471,10 @@ int tl_model_n_vocab(const tl_model *m) {
 }
 int tl_model_n_ctx_train(const tl_model *m) { return m->arch ? m->hp.n_ctx_train : 0; }
 int tl_model_can_run(const tl_model *m) { return m->arch != NULL; }
+int tl_model_n_expert(const tl_model *m, int *n_used) {
+    if (n_used) *n_used = m && m->arch ? m->hp.n_expert_used : 0;
+    return m && m->arch ? m->hp.n_expert : 0;
+}
 const char *tl_model_chat_template(const tl_model *m) { return m->chat_template; }
 
 int tl_tokenize(const tl_model *m, const char *text, size_t len, int flags, int32_t **ids,

@@ -43,6 +43,26 @@ static const tl_type_traits k_traits[TL_TYPE_COUNT] = {
     T(TL_Q5_K, "Q5_K", QK_K, sizeof(block_q5_K), 1, 1, TL_Q8_K),
     T(TL_Q6_K, "Q6_K", QK_K, sizeof(block_q6_K), 1, 1, TL_Q8_K),
     T(TL_Q8_K, "Q8_K", QK_K, sizeof(block_q8_K), 1, 0, TL_Q8_K),
+    /* ggml's other types: known, so that a file holding them opens and is
+     * described (`tokenloop info`) and the loader can name the tensor and
+     * type it cannot run; no conversion or dot */
+    T(16, "IQ2_XXS", QK_K, 66, 0, 0, 0),
+    T(17, "IQ2_XS", QK_K, 74, 0, 0, 0),
+    T(18, "IQ3_XXS", QK_K, 98, 0, 0, 0),
+    T(19, "IQ1_S", QK_K, 50, 0, 0, 0),
+    T(20, "IQ4_NL", 32, 18, 0, 0, 0),
+    T(21, "IQ3_S", QK_K, 110, 0, 0, 0),
+    T(22, "IQ2_S", QK_K, 82, 0, 0, 0),
+    T(23, "IQ4_XS", QK_K, 136, 0, 0, 0),
+    T(24, "I8", 1, 1, 0, 0, 0),
+    T(25, "I16", 1, 2, 0, 0, 0),
+    T(26, "I32", 1, 4, 0, 0, 0),
+    T(27, "I64", 1, 8, 0, 0, 0),
+    T(28, "F64", 1, 8, 0, 0, 0),
+    T(29, "IQ1_M", QK_K, 56, 0, 0, 0),
+    T(34, "TQ1_0", QK_K, 54, 0, 0, 0),
+    T(35, "TQ2_0", QK_K, 66, 0, 0, 0),
+    T(39, "MXFP4", 32, 17, 0, 0, 0),
 };
 #undef T
 
