@@ -20,8 +20,8 @@ QK-norm), mixtral (llama with 8 experts, 2 used), qwen2moe (8 experts, 2
 used, a shared expert with its sigmoid gate); their routers are drawn 4x
 larger so that routing is decisive. qwen3moe-a3b: Qwen3-30B-A3B's layer at
 8 layers, streamed (benchmarks; see build_big_moe). --vocab FILE overrides the vocabulary file.
---arch-name, --drop, --rope-scaling, --longrope make files tokenloop must
-refuse, for the error tests. --add-token/--add-control/--eos/--template give a
+--arch-name, --drop, --longrope make files tokenloop must refuse, for the
+error tests; --rope-scaling linear|yarn writes a scaled RoPE (factor 4). --add-token/--add-control/--eos/--template give a
 random model a chat format of its own (markers such as <think> as single
 tokens), for the server tests of reasoning and tool calls.
 """
@@ -455,7 +455,7 @@ def main():
     ap.add_argument("--arch-name", help="write this general.architecture instead")
     ap.add_argument("--drop", action="append", help="leave this tensor out (repeatable)")
     ap.add_argument("--rope-scaling", choices=["linear", "yarn"],
-                    help="write <arch>.rope.scaling.type (tokenloop refuses it)")
+                    help="write <arch>.rope.scaling.type with factor 4 (over the 4096-position context)")
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
     ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")

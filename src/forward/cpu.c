@@ -250,18 +250,43 @@ static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
 
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
  * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
+/* ggml's YaRN correction dim: where a rotation makes n_rot turns over the
+ * original context. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
 static void rope_cache_base(tl_cpu *c, float *out, float base, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
+    /* scaling (ggml's rope_yarn): with freq_scale 1, ext_factor 0 and
+     * attn_factor 1 every step below is exact, so plain RoPE's bits stand */
+    const float fs = hp->rope_freq_scale, ext = hp->rope_ext_factor;
+    float lo = 0.0f, hi = 0.0f;
+    if (ext != 0.0f) {
+        const float start = floorf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->yarn_beta_fast, base));
+        const float end = ceilf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->yarn_beta_slow, base));
+        lo = start > 0.0f ? start : 0.0f;
+        hi = end < (float)(hp->n_rot - 1) ? end : (float)(hp->n_rot - 1);
+    }
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)c->tpos[t];
         float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
             /* ggml divides a copy of theta by the frequency factor */
-            float th = ff ? theta / ff[i] : theta;
-            cs[2 * i] = cosf(th);
-            cs[2 * i + 1] = sinf(th);
+            const float extrap = ff ? theta / ff[i] : theta;
+            const float interp = fs * extrap;
+            float th = interp, mscale = hp->rope_attn_factor;
+            if (ext != 0.0f) {
+                const float d = hi - lo > 0.001f ? hi - lo : 0.001f;
+                const float y = ((float)(2 * i / 2) - lo) / d;
+                const float ramp = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * ext;
+                th = interp * (1 - ramp) + extrap * ramp;
+                mscale *= 1.0f + 0.1f * logf(1.0f / fs);
+            }
+            cs[2 * i] = cosf(th) * mscale;
+            cs[2 * i + 1] = sinf(th) * mscale;
             theta *= theta_scale;
         }
     }
@@ -292,6 +317,7 @@ typedef struct att_job {
     tl_cpu *c;
     int layer, n_tok; /* layer: the KV cache's layer the block reads */
     int swa;         /* the block attends to a sliding window */
+    const float *sinks; /* [n_head] the block's sinks, or NULL (exact attention only) */
     int n_runs;      /* fast attention: runs in c->att_run */
     atomic_int next; /* fast attention: the next item to claim */
     int split;       /* items are chunks of chunk (run, KV head, segment)s */
@@ -308,7 +334,7 @@ static inline size_t kv_row(const tl_cpu *c, const int32_t *blk, int j) {
 /* One (token, head): scores over all cached positions <= its own, softmax,
  * weighted sum of V. Keys are visited in position order whatever the batch,
  * the sequence's other tokens or where its blocks lie. */
-static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float *acc) {
+static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *s, float *acc) {
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, pos = c->tpos[t];
     int kvh = h / (hp->n_head / hp->n_head_kv);
@@ -345,8 +371,13 @@ static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float 
         if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
+    /* a sink (gpt-oss) takes part in the max and the sum but weighs no value,
+     * added last by libm's expf as ggml's soft_max does */
+    const float sink = sinks ? sinks[h] : -INFINITY;
+    if (sink > mx) mx = sink;
     const int n = pos + 1 - j0;
     double sum = c->kern.math.softmax_exp(n, s + j0, mx);
+    if (sink != -INFINITY) sum += (double)expf(sink - mx);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
     c->kern.math.attn_pv_paged(n, hd, s + j0, vb, (int64_t)kvs, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
@@ -481,7 +512,7 @@ static void att_worker(void *arg, int ith, int nth) {
     /* Later tokens see more keys: deal (token, head) pairs out round-robin so
      * the threads get equal work. */
     for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth)
-        attend(c, j->layer, j->swa, (int)(i / nh), (int)(i % nh), s, acc);
+        attend(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -563,13 +594,14 @@ static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
     add_bias(c->k, A->bk, n, c->kv_dim);
     add_bias(c->v, A->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, (void *)A);
-    att_job aj = {c, A->kv_layer, n, A->swa, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
+    att_job aj = {c, A->kv_layer, n, A->swa, A->sinks ? A->sinks->data : NULL, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = A->wo;
     float *o = c->xb; /* reuse: [n][d] */
     matmul(c, 1, &wo, &o, c->att, n);
+    add_bias(o, A->bo, n, c->m->hp.n_embd);
     if (A->post_norm) norm_all(c, n, o, o, A->post_norm);
     par_tokens(c, n, add_tokens, NULL);
 }
@@ -1058,7 +1090,13 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     const tl_hparams *hp = &m->hp;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
-    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
+    /* attention sinks (gpt-oss) are in the exact attention only: such a
+     * model takes it in both numerics modes */
+    int sinks = 0;
+    for (int il = 0; il < hp->n_layer; il++)
+        for (int b = 0; b < m->layers[il].n_block; b++)
+            sinks |= m->layers[il].block[b].kind == TL_BLOCK_ATTN && m->layers[il].block[b].u.attn.sinks;
+    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn && !sinks;
     if (!want_fast_attn && !kvf->exact_attn)
         return tl_fail(err, TL_ERR_ARG, "a KV cache of %s needs the fast attention (fast numerics, head_dim %% 8 == 0)",
                        kvf->name);

@@ -299,13 +299,41 @@ static int bind_qkv_bias(tl_model *m, int il, tl_attn_block *A, tl_error *err) {
 
 /* RoPE scalings we do not implement must fail, not run with plain RoPE:
  * linear/YaRN ("<arch>.rope.scaling.type") and Phi-3's LongRoPE factors. */
-static int check_rope_scaling(const tl_model *m, tl_error *err) {
+static int check_rope_scaling(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
     tl_str v;
-    if (tl_gguf_get_str(m->gguf, key, &v) == 1 && !tl_str_eq(v, "none"))
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported",
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_ext_factor = 0.0f;
+    hp->rope_attn_factor = 1.0f;
+    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults; no file we run sets them */
+    hp->yarn_beta_slow = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    const int has = tl_gguf_get_str(m->gguf, key, &v) == 1 && !tl_str_eq(v, "none");
+    const int linear = has && tl_str_eq(v, "linear"), yarn = has && tl_str_eq(v, "yarn");
+    if (has && !linear && !yarn)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported (linear and yarn are)",
                        (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
+    if (has) {
+        float factor = 0.0f, attn = 1.0f;
+        int st;
+        if ((st = hp_float(m, "rope.scaling.factor", 0, 0.0, &factor, err)) ||
+            (st = hp_float(m, "rope.scaling.attn_factor", 0, 1.0, &attn, err)) ||
+            (st = hp_int(m, "rope.scaling.original_context_length", 0, hp->n_ctx_train, &hp->n_ctx_orig, err)))
+            return st;
+        hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+        if (yarn) {
+            /* llama_context's set-up, in its float steps: the mscale for the
+             * factor, cancelled by the one rope_yarn multiplies in again */
+            hp->rope_ext_factor = 1.0f;
+            const float f = 1.0f / hp->rope_freq_scale;
+            float a = f <= 1.0f ? 1.0f : (0.1f * 1.0f * logf(f) + 1.0f);
+            a *= 1.0f / (1.0f + 0.1f * logf(f));
+            hp->rope_attn_factor = a;
+        }
+        hp->rope_attn_factor *= attn;
+    }
     if (tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight"))
         return tl_fail(err, TL_ERR_UNSUPPORTED,
                        "LongRoPE (tensor rope_factors_long.weight) is not supported");

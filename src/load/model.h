@@ -69,6 +69,14 @@ typedef struct tl_hparams {
     int n_rot;        /* RoPE dimensions per head (<= head_dim) */
     float rope_base;
     float rope_base_swa; /* RoPE base of sliding-window layers */
+    /* RoPE scaling (<arch>.rope.scaling.*), as llama.cpp's context sets it up:
+     * none: freq_scale 1, ext_factor 0, attn_factor 1; linear: freq_scale
+     * 1/factor; YaRN: also ext_factor 1, attn_factor (cancelling the mscale
+     * ggml's rope_yarn applies), and the correction dims from beta fast/slow
+     * over the original context */
+    float rope_freq_scale, rope_ext_factor, rope_attn_factor;
+    float yarn_beta_fast, yarn_beta_slow;
+    int n_ctx_orig;
     float norm_eps;
     int n_swa;           /* sliding window in positions (0: none) */
     float attn_scale;    /* multiplies q.k */

@@ -38,6 +38,12 @@ MODELS = {
     "qwen3moe_q8": ["qwen3moe", "--seed", "22", "--type", "q8_0"],
     "mixtral": ["mixtral", "--seed", "23", "--type", "f16"],
     "qwen2moe": ["qwen2moe", "--seed", "24", "--type", "q8_0"],
+    # gpt-oss: sinks, biases, YaRN, windowed even layers, softmax over the chosen
+    "gptoss": ["gpt-oss", "--seed", "25", "--type", "f16"],
+    "gptoss_q8": ["gpt-oss", "--seed", "26", "--type", "q8_0"],
+    # RoPE scaling on dense files
+    "qwen2_yarn": ["qwen2", "--seed", "27", "--type", "f32", "--rope-scaling", "yarn"],
+    "qwen3_linear": ["qwen3", "--seed", "28", "--type", "f32", "--rope-scaling", "linear"],
 }
 
 

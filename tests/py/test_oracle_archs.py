@@ -160,14 +160,13 @@ def check_bf16(tmp):
 
 
 def check_errors(tmp):
-    """Files to refuse: unknown architecture, a tensor left out, RoPE scalings
-    not implemented."""
+    """Files to refuse: unknown architecture, a tensor left out, a RoPE scaling
+    not implemented (LongRoPE)."""
     cases = [
         (["llama3", "--arch-name", "nosucharch"], "nosucharch"),
         (["llama3", "--drop", "blk.1.ffn_down.weight"], "blk.1.ffn_down.weight"),
         (["qwen3", "--drop", "blk.0.attn_k_norm.weight"], "blk.0.attn_k_norm.weight"),
         (["phi3", "--drop", "blk.1.attn_qkv.weight"], "attn_qkv"),
-        (["qwen2", "--rope-scaling", "yarn"], "qwen2.rope.scaling.type"),
         (["phi3", "--longrope"], "rope_factors_long"),
     ]
     for args, needle in cases:
