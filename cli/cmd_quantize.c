@@ -25,7 +25,8 @@
 static const char QUANTIZE_HELP[] =
     "usage: tokenloop quantize [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
     "\n"
-    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K F16 BF16 F32 (any case)\n"
+    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K F16 BF16 F32, or MXFP4_MOE\n"
+    "              (mixture-of-experts tensors MXFP4, the rest Q8_0, as llama.cpp's)\n"
     "  --pure      every quantizable tensor gets TYPE (no Q6_K output matrix,\n"
     "              no Q4_K mixture); shapes a type cannot hold still fall back\n"
     "  -t, --threads N  threads (default: all online CPUs)\n"
@@ -35,7 +36,8 @@ static const char QUANTIZE_HELP[] =
     "tied token embedding) gets Q6_K unless TYPE is Q8_0/F16/BF16/F32, Q4_K\n"
     "means llama.cpp's Q4_K_S, and rows a type cannot hold fall back to a\n"
     "32-element type or F16. Already quantized inputs are dequantized first.\n"
-    "OUT is written to OUT.tmp and renamed when complete.\n";
+    "OUT is written to OUT.tmp and renamed when complete. An importance matrix\n"
+    "(llama-quantize's --imatrix) is out of scope: no type here needs one.\n";
 
 /* TYPE names and llama.cpp's LLAMA_FTYPE for each (K-quants: the _S mix). */
 static const struct qtype_entry {
@@ -46,8 +48,10 @@ static const struct qtype_entry {
     {"F32", TL_F32, 0},   {"F16", TL_F16, 1},   {"Q4_0", TL_Q4_0, 2}, {"Q4_1", TL_Q4_1, 3},
     {"Q8_0", TL_Q8_0, 7}, {"Q5_0", TL_Q5_0, 8}, {"Q5_1", TL_Q5_1, 9}, {"Q4_K", TL_Q4_K, 14},
     {"Q5_K", TL_Q5_K, 16}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
+    {"MXFP4_MOE", TL_MXFP4, 38},
 };
 #define FTYPE_Q4_K_S 14
+#define FTYPE_MXFP4_MOE 38
 
 typedef enum category {
     CAT_OTHER, CAT_TOKEN_EMBD, CAT_OUTPUT, CAT_ATTN_V, CAT_FFN_DOWN,
@@ -120,6 +124,8 @@ typedef struct mix_state {
  * first 4 attn_v and the first n_layer/8 ffn_down to Q5_K. */
 static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t ftype) {
     category c = get_category(p->name);
+    if (ftype == FTYPE_MXFP4_MOE) /* experts (3-D) MXFP4, everything else Q8_0 */
+        return p->t->ne[2] > 1 ? TL_MXFP4 : TL_Q8_0;
     if (c == CAT_OUTPUT || (s->tied && c == CAT_TOKEN_EMBD)) {
         if (p->t->ne[0] % blck(t)) return TL_Q8_0;
         return t == TL_Q8_0 ? t : TL_Q6_K;

@@ -62,7 +62,7 @@ static const tl_type_traits k_traits[TL_TYPE_COUNT] = {
     T(29, "IQ1_M", QK_K, 56, 0, 0, 0),
     T(34, "TQ1_0", QK_K, 54, 0, 0, 0),
     T(35, "TQ2_0", QK_K, 66, 0, 0, 0),
-    T(39, "MXFP4", 32, 17, 0, 0, 0),
+    T(TL_MXFP4, "MXFP4", QK_MXFP4, sizeof(block_mxfp4), 1, 1, TL_Q8_0),
 };
 #undef T
 
@@ -262,6 +262,55 @@ static void dq_q6_K(const block_q6_K *x, float *y, int64_t nb) {
     }
 }
 
+/* ---- MXFP4 (ggml's block_mxfp4) ---------------------------------------------------- */
+
+static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml's e8m0_to_fp32_half: 2^(e-128), the two smallest as subnormals */
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void dq_mxfp4(const block_mxfp4 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = e8m0_half(x[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            y[i * QK_MXFP4 + j] = kvalues_mxfp4[x[i].qs[j] & 0x0F] * d;
+            y[i * QK_MXFP4 + j + QK_MXFP4 / 2] = kvalues_mxfp4[x[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
+/* ggml's quantize_row_mxfp4_ref: the exponent from the largest magnitude,
+ * each value to the nearest table entry (the first on ties) */
+static void q_mxfp4(const float *x, block_mxfp4 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            if (amax < fabsf(x[i * QK_MXFP4 + j])) amax = fabsf(x[i * QK_MXFP4 + j]);
+        const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            uint8_t q[2];
+            for (int h = 0; h < 2; h++) {
+                const float v = x[i * QK_MXFP4 + j + h * QK_MXFP4 / 2];
+                int best = 0;
+                float best_err = fabsf(kvalues_mxfp4[0] * d - v);
+                for (int k = 1; k < 16; k++) {
+                    const float err = fabsf(kvalues_mxfp4[k] * d - v);
+                    if (err < best_err) best = k, best_err = err;
+                }
+                q[h] = (uint8_t)best;
+            }
+            y[i].qs[j] = (uint8_t)(q[0] | q[1] << 4);
+        }
+    }
+}
+
 int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n) {
     const tl_type_traits *t = tl_type_info((uint32_t)type);
     if (!t || !t->can_dequant || n < 0 || n % t->block_size) return -1;
@@ -290,6 +339,7 @@ int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n) {
     case TL_Q5_K: dq_q5_K(src, dst, nb); break;
     case TL_Q6_K: dq_q6_K(src, dst, nb); break;
     case TL_Q8_K: dq_q8_K(src, dst, nb); break;
+    case TL_MXFP4: dq_mxfp4(src, dst, nb); break;
     default: return -1;
     }
     return 0;
@@ -704,6 +754,7 @@ int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n) {
     case TL_Q4_K: q_q4_K(src, dst, nb); return 0;
     case TL_Q5_K: q_q5_K(src, dst, nb); return 0;
     case TL_Q6_K: q_q6_K(src, dst, nb); return 0;
+    case TL_MXFP4: q_mxfp4(src, dst, nb); return 0;
     default: return tl_quantize_row_act(type, src, dst, n);
     }
 }
@@ -937,6 +988,46 @@ static float dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_K *y) {
     return hsum8(acc);
 }
 
+/* ggml_vec_dot_mxfp4_q8_0 on AVX2: blocks in pairs, even ones into one
+ * 8-lane accumulator and odd ones into another, each lane the exact sum of 4
+ * products times (q8's d times the block's scale) by fma; the two added lane
+ * by lane, then the x86 horizontal-sum tree; an odd last block added after. */
+static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
+    float acc[2][8] = {{0}};
+    int64_t ib = 0;
+    for (; ib + 1 < nb; ib += 2)
+        for (int h = 0; h < 2; h++) {
+            const block_mxfp4 *b = &x[ib + h];
+            const block_q8_0 *a = &y[ib + h];
+            const float scale = h2f(a->d) * e8m0_half(b->e);
+            int8_t v[QK_MXFP4];
+            for (int j = 0; j < QK_MXFP4 / 2; j++) {
+                v[j] = kvalues_mxfp4[b->qs[j] & 0x0F];
+                v[j + QK_MXFP4 / 2] = kvalues_mxfp4[b->qs[j] >> 4];
+            }
+            for (int l = 0; l < 8; l++) {
+                int sum = 0;
+                for (int k = 0; k < 4; k++) sum += v[4 * l + k] * a->qs[4 * l + k];
+                acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
+            }
+        }
+    float lane[8];
+    for (int l = 0; l < 8; l++) lane[l] = acc[0][l] + acc[1][l];
+    float r[4];
+    for (int l = 0; l < 4; l++) r[l] = lane[l + 4] + lane[l];
+    float sumf = (r[0] + r[2]) + (r[1] + r[3]);
+    for (; ib < nb; ib++) {
+        const float d = h2f(y[ib].d) * e8m0_half(x[ib].e);
+        int s1 = 0, s2 = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            s1 += y[ib].qs[j] * kvalues_mxfp4[x[ib].qs[j] & 0x0F];
+            s2 += y[ib].qs[j + QK_MXFP4 / 2] * kvalues_mxfp4[x[ib].qs[j] >> 4];
+        }
+        sumf += d * (float)(s1 + s2);
+    }
+    return sumf;
+}
+
 float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     const tl_type_traits *t = tl_type_info((uint32_t)type);
     if (!t || !t->can_dot || n < 0 || n % t->block_size) return NAN;
@@ -955,10 +1046,11 @@ float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     case TL_Q4_K: return dot_q4_K(nb, w, a);
     case TL_Q5_K: return dot_q5_K(nb, w, a);
     case TL_Q6_K: return dot_q6_K(nb, w, a);
+    case TL_MXFP4: return dot_mxfp4(nb, w, a);
     default: return NAN;
     }
 }
 
 const char *tl_supported_weight_types(void) {
-    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4";
 }

@@ -27,6 +27,7 @@ typedef enum tl_type {
     TL_Q6_K = 14,
     TL_Q8_K = 15,
     TL_BF16 = 30,
+    TL_MXFP4 = 39, /* OCP microscaling FP4: E2M1 values, one E8M0 scale per 32 (gpt-oss's experts) */
     TL_TYPE_COUNT = 40 /* table size; ids above are rejected */
 } tl_type;
 
@@ -74,6 +75,10 @@ typedef struct {
     int8_t scales[QK_K / 16];
     uint16_t d;
 } block_q6_K;
+#define QK_MXFP4 32
+/* x = e8m0_half(e) * kvalues_mxfp4[q]: the table holds twice E2M1's values,
+ * the scale half of 2^(e-127) (ggml's convention) */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
 typedef struct {
     float d;                 /* float, not half */
     int8_t qs[QK_K];
@@ -103,6 +108,7 @@ static_assert(sizeof(block_q4_K) == 144, "q4_K");
 static_assert(sizeof(block_q5_K) == 176, "q5_K");
 static_assert(sizeof(block_q6_K) == 210, "q6_K");
 static_assert(sizeof(block_q8_K) == 292, "q8_K");
+static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
 
 typedef struct tl_type_traits {
     const char *name;   /* "Q4_1" */

@@ -45,6 +45,13 @@ MODELS = {
     "qwen2_yarn": ["qwen2", "--seed", "27", "--type", "f32", "--rope-scaling", "yarn"],
     "qwen3_linear": ["qwen3", "--seed", "28", "--type", "f32", "--rope-scaling", "linear"],
 }
+# fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
+# the same file with `tokenloop quantize` and must find llama-quantize's bytes
+# (LLAMA_QUANTIZE: llama.cpp's llama-quantize from the same source, e.g. the one
+# bench/compare-llamacpp builds)
+QUANTIZED = {"gptoss_mxfp4": ("gpt-oss", ["--seed", "25", "--type", "f16"], "MXFP4_MOE")}
+for _n, (_a, _args, _q) in QUANTIZED.items():
+    MODELS[_n] = [_a] + _args
 
 
 def sha256(path):
@@ -56,6 +63,13 @@ def make(name):
     args = MODELS[name]
     path = os.path.join(OUT_DIR, f"archs_{name}.gguf")
     subprocess.run([sys.executable, MKMODEL, args[0], path] + args[1:], check=True)
+    if name in QUANTIZED:
+        quant = os.environ.get("LLAMA_QUANTIZE", os.path.join(
+            ROOT, "bench", ".cache", "llama-cpp-python-0.3.36", "build", "bin", "llama-quantize"))
+        src = path + ".src"
+        os.replace(path, src)
+        subprocess.run([quant, src, path, QUANTIZED[name][2]], check=True, capture_output=True)
+        os.remove(src)
     return path, args
 
 
@@ -89,6 +103,8 @@ def main():
                 "generator": "tests/oracle/make_fixtures_archs.py",
                 "llama_cpp_python_version": llama_cpp.__version__,
                 "mkmodel_args": args,
+                **({"quantize": QUANTIZED[name][2], "quantized_by": "llama-quantize (same llama.cpp source)"}
+                   if name in QUANTIZED else {}),
                 "model_sha256": sha256(path),
                 "n_vocab": llm.n_vocab(),
                 "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_batch": N_CTX,

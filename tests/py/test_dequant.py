@@ -120,12 +120,13 @@ def test_data(rng, rows, ne0):
 
 
 # formats tokenloop reads that gguf can also quantize; gguf's other quantizable
-# formats (TQ1_0, TQ2_0, MXFP4, NVFP4) are not tokenloop formats
-QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+# formats (TQ1_0, TQ2_0, NVFP4) are not tokenloop formats
+QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]
 # byte offsets of the half scale fields, to make random blocks sane
 HALF_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "MXFP4": [],  # its scale is an E8M0 byte at offset 0 (random_blocks sets it)
 }
 
 
@@ -135,6 +136,8 @@ def random_blocks(rng, qtype, rows, ne0):
     for off in HALF_FIELDS[qtype.name]:
         h = rng.uniform(-0.1, 0.1, size=(rows, ne0 // bs)).astype(np.float16)
         b[:, :, off:off + 2] = h.view(np.uint8).reshape(rows, ne0 // bs, 2)
+    if qtype == QT.MXFP4:  # exponents from tiny to large, the subnormal ones included
+        b[:, :, 0] = rng.integers(0, 160, size=(rows, ne0 // bs), dtype=np.uint8)
     return b.reshape(rows, -1)
 
 

@@ -79,7 +79,17 @@ def check_fixture(path, tmp):
     ok, err = mkmodel(meta["mkmodel_args"], model)
     if not check(ok, f"{name}: mkmodel.py failed: {err[-300:]}"):
         return
-    if not check(sha256(model) == meta["model_sha256"], f"{name}: regenerated model differs"):
+    if meta.get("quantize"):
+        # llama-quantize made the fixture's file: ours must write the same bytes
+        src = model + ".src"
+        os.replace(model, src)
+        p = subprocess.run([TL_BIN, "quantize", src, model, meta["quantize"]], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        os.remove(src)
+        if not check(p.returncode == 0, f"{name}: tokenloop quantize {meta['quantize']}: {p.stderr[-300:]}"):
+            return
+    if not check(sha256(model) == meta["model_sha256"],
+                 f"{name}: regenerated model differs" + (" from llama-quantize's" if meta.get("quantize") else "")):
         return
     nv = meta["n_vocab"]
     fast = to.NUMERICS == "fast"
