@@ -25,7 +25,8 @@
 static const char QUANTIZE_HELP[] =
     "usage: tokenloop quantize [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
     "\n"
-    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K F16 BF16 F32, or MXFP4_MOE\n"
+    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K IQ4_NL IQ4_XS F16 BF16 F32,\n"
+    "              or MXFP4_MOE\n"
     "              (mixture-of-experts tensors MXFP4, the rest Q8_0, as llama.cpp's)\n"
     "  --pure      every quantizable tensor gets TYPE (no Q6_K output matrix,\n"
     "              no Q4_K mixture); shapes a type cannot hold still fall back\n"
@@ -48,13 +49,15 @@ static const struct qtype_entry {
     {"F32", TL_F32, 0},   {"F16", TL_F16, 1},   {"Q4_0", TL_Q4_0, 2}, {"Q4_1", TL_Q4_1, 3},
     {"Q8_0", TL_Q8_0, 7}, {"Q5_0", TL_Q5_0, 8}, {"Q5_1", TL_Q5_1, 9}, {"Q4_K", TL_Q4_K, 14},
     {"Q5_K", TL_Q5_K, 16}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
-    {"MXFP4_MOE", TL_MXFP4, 38},
+    {"MXFP4_MOE", TL_MXFP4, 38}, {"IQ4_NL", TL_IQ4_NL, 25}, {"IQ4_XS", TL_IQ4_XS, 30},
 };
+#define FTYPE_IQ4_NL 25
+#define FTYPE_IQ4_XS 30
 #define FTYPE_Q4_K_S 14
 #define FTYPE_MXFP4_MOE 38
 
 typedef enum category {
-    CAT_OTHER, CAT_TOKEN_EMBD, CAT_OUTPUT, CAT_ATTN_V, CAT_FFN_DOWN,
+    CAT_OTHER, CAT_TOKEN_EMBD, CAT_OUTPUT, CAT_ATTN_V, CAT_FFN_DOWN, CAT_ATTN_K, CAT_ATTN_OUT,
 } category;
 
 /* One tensor of the plan, in llama.cpp's processing order. */
@@ -104,10 +107,10 @@ static category get_category(const char *name) {
         return CAT_TOKEN_EMBD;
     if (strstr(name, "attn_qkv.weight") || strstr(name, "attn_kv_b.weight") || strstr(name, "attn_v.weight"))
         return CAT_ATTN_V;
-    /* attn_k/q/output, ffn_up/gate: no rule for the types offered here. */
-    if (strstr(name, "attn_k.weight") || strstr(name, "attn_q.weight") || strstr(name, "attn_output.weight") ||
-        strstr(name, "ffn_up") || strstr(name, "ffn_gate"))
-        return CAT_OTHER;
+    if (strstr(name, "attn_k.weight")) return CAT_ATTN_K;
+    if (strstr(name, "attn_output.weight")) return CAT_ATTN_OUT;
+    /* attn_q, ffn_up/gate: no rule for the types offered here. */
+    if (strstr(name, "attn_q.weight") || strstr(name, "ffn_up") || strstr(name, "ffn_gate")) return CAT_OTHER;
     if (strstr(name, "ffn_down")) return CAT_FFN_DOWN;
     return CAT_OTHER;
 }
@@ -116,6 +119,8 @@ static category get_category(const char *name) {
 typedef struct mix_state {
     int tied;      /* no output.weight: token_embd is the output matrix */
     int n_layer;
+    int n_gqa;     /* query heads per KV head (1 if the metadata does not say) */
+    int n_expert;  /* 8: Mixtral's rules */
     int i_attn_v, i_ffn_down;
 } mix_state;
 
@@ -130,11 +135,19 @@ static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t fty
         if (p->t->ne[0] % blck(t)) return TL_Q8_0;
         return t == TL_Q8_0 ? t : TL_Q6_K;
     }
+    const int iq4 = ftype == FTYPE_IQ4_NL || ftype == FTYPE_IQ4_XS;
     if (c == CAT_ATTN_V) {
-        if (ftype == FTYPE_Q4_K_S && s->i_attn_v < 4) t = TL_Q5_K;
+        if (iq4 && s->n_gqa >= 4) t = TL_Q5_K;
+        else if (ftype == FTYPE_Q4_K_S && s->i_attn_v < 4) t = TL_Q5_K;
+        if (s->n_expert == 8) t = TL_Q8_0;
         s->i_attn_v++;
+    } else if (c == CAT_ATTN_K) {
+        if (s->n_expert == 8) t = TL_Q8_0;
+    } else if (c == CAT_ATTN_OUT) {
+        if (s->n_expert == 8 && (iq4 || ftype == FTYPE_Q4_K_S)) t = TL_Q5_K;
     } else if (c == CAT_FFN_DOWN) {
         if (ftype == FTYPE_Q4_K_S && s->i_ffn_down < s->n_layer / 8) t = TL_Q5_K;
+        else if (iq4 && s->i_ffn_down < s->n_layer / 8) t = TL_Q5_K; /* no importance matrix */
         s->i_ffn_down++;
     }
     return t;
@@ -147,6 +160,7 @@ static tl_type fallback(tl_type t, int64_t ncols) {
     case TL_Q4_K: t = TL_Q5_0; break;
     case TL_Q5_K: t = TL_Q5_1; break;
     case TL_Q6_K: t = TL_Q8_0; break;
+    case TL_IQ4_XS: t = TL_IQ4_NL; break;
     default: break;
     }
     return ncols % blck(t) ? TL_F16 : t;
@@ -177,7 +191,7 @@ static int cmp_item(const void *a, const void *b) {
 static int make_plan(const tl_gguf *g, const qopts *o, plan_item **out, tl_error *err) {
     plan_item *items = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *items);
     if (!items) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
-    mix_state s = {.tied = 1};
+    mix_state s = {.tied = 1, .n_gqa = 1};
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         plan_item *p = &items[i];
         p->t = &g->tensors[i];
@@ -194,6 +208,14 @@ static int make_plan(const tl_gguf *g, const qopts *o, plan_item **out, tl_error
         snprintf(key, sizeof key, "%.*s.block_count", (int)(a.len < 64 ? a.len : 64), a.ptr);
         if (tl_gguf_get_int(g, key, &n_layer) == 1 && n_layer > 0 && n_layer < (1 << 20))
             s.n_layer = (int)n_layer;
+        int64_t nh = 0, nkv = 0, ne = 0;
+        snprintf(key, sizeof key, "%.*s.attention.head_count", (int)(a.len < 64 ? a.len : 64), a.ptr);
+        (void)tl_gguf_get_int(g, key, &nh);
+        snprintf(key, sizeof key, "%.*s.attention.head_count_kv", (int)(a.len < 64 ? a.len : 64), a.ptr);
+        if (tl_gguf_get_int(g, key, &nkv) != 1) nkv = nh;
+        s.n_gqa = nh > 0 && nkv > 0 ? (int)(nh / nkv) : 1;
+        snprintf(key, sizeof key, "%.*s.expert_count", (int)(a.len < 64 ? a.len : 64), a.ptr);
+        if (tl_gguf_get_int(g, key, &ne) == 1 && ne > 0 && ne < (1 << 20)) s.n_expert = (int)ne;
     }
     qsort(items, g->n_tensors, sizeof *items, cmp_item);
     for (uint64_t i = 0; i < g->n_tensors; i++) items[i].dst = choose_type(&s, &items[i], o);

@@ -19,6 +19,8 @@ REF_DOT(Q5_0)
 REF_DOT(Q5_1)
 REF_DOT(Q8_0)
 REF_DOT(MXFP4)
+REF_DOT(IQ4_NL)
+REF_DOT(IQ4_XS)
 REF_DOT(Q2_K)
 REF_DOT(Q3_K)
 REF_DOT(Q4_K)
@@ -89,6 +91,8 @@ void tl_kernels_fill_ref(tl_kernels *k) {
     k->vec_dot[TL_Q5_1] = ref_dot_Q5_1;
     k->vec_dot[TL_Q8_0] = ref_dot_Q8_0;
     k->vec_dot[TL_MXFP4] = ref_dot_MXFP4;
+    k->vec_dot[TL_IQ4_NL] = ref_dot_IQ4_NL;
+    k->vec_dot[TL_IQ4_XS] = ref_dot_IQ4_XS;
     k->vec_dot[TL_Q2_K] = ref_dot_Q2_K;
     k->vec_dot[TL_Q3_K] = ref_dot_Q3_K;
     k->vec_dot[TL_Q4_K] = ref_dot_Q4_K;

@@ -50,10 +50,10 @@ static const tl_type_traits k_traits[TL_TYPE_COUNT] = {
     T(17, "IQ2_XS", QK_K, 74, 0, 0, 0),
     T(18, "IQ3_XXS", QK_K, 98, 0, 0, 0),
     T(19, "IQ1_S", QK_K, 50, 0, 0, 0),
-    T(20, "IQ4_NL", 32, 18, 0, 0, 0),
+    T(TL_IQ4_NL, "IQ4_NL", QK4_NL, sizeof(block_iq4_nl), 1, 1, TL_Q8_0),
     T(21, "IQ3_S", QK_K, 110, 0, 0, 0),
     T(22, "IQ2_S", QK_K, 82, 0, 0, 0),
-    T(23, "IQ4_XS", QK_K, 136, 0, 0, 0),
+    T(TL_IQ4_XS, "IQ4_XS", QK_K, sizeof(block_iq4_xs), 1, 1, TL_Q8_K),
     T(24, "I8", 1, 1, 0, 0, 0),
     T(25, "I16", 1, 2, 0, 0, 0),
     T(26, "I32", 1, 4, 0, 0, 0),
@@ -284,6 +284,147 @@ static void dq_mxfp4(const block_mxfp4 *x, float *y, int64_t nb) {
     }
 }
 
+/* ---- IQ4_NL and IQ4_XS (ggml's block_iq4_nl, block_iq4_xs) -------------------- */
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void dq_iq4_nl(const block_iq4_nl *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = h2f(x[i].d);
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            y[i * QK4_NL + j] = d * kvalues_iq4nl[x[i].qs[j] & 0x0F];
+            y[i * QK4_NL + j + QK4_NL / 2] = d * kvalues_iq4nl[x[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* sub-block ib's 6-bit scale, less 32 */
+static inline int iq4_xs_scale(const block_iq4_xs *x, int ib) {
+    return (((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4)) - 32;
+}
+
+static void dq_iq4_xs(const block_iq4_xs *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = h2f(x[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const float dl = d * (float)iq4_xs_scale(&x[i], ib);
+            const uint8_t *qs = x[i].qs + 16 * ib;
+            for (int j = 0; j < 16; j++) {
+                y[i * QK_K + 32 * ib + j] = dl * kvalues_iq4nl[qs[j] & 0x0F];
+                y[i * QK_K + 32 * ib + j + 16] = dl * kvalues_iq4nl[qs[j] >> 4];
+            }
+        }
+    }
+}
+
+/* ggml's best_index_int8: the nearest of 16 ascending values (the upper
+ * one on a tie) by bisection */
+static int iq4_best(float x) {
+    const int8_t *v = kvalues_iq4nl;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+/* ggml's quantize_row_iq4_nl_impl as llama-quantize runs it without an
+ * importance matrix (weights x^2, 7 tries of the scale either side): per
+ * 32-element block the scale that best fits the table by weighted least
+ * squares; over n > 32 (IQ4_XS) those scales themselves as 6-bit multiples of
+ * one f16 d. Float steps in ggml's order, none fused. */
+static void q_iq4_impl(int n, const float *x, uint16_t *dh, uint8_t *q4, uint16_t *scales_h, uint8_t *scales_l) {
+    enum { NTRY = 7 };
+    const int8_t *values = kvalues_iq4nl;
+    float scales[QK_K / 32], weight[32];
+    uint8_t L[QK_K];
+    memset(q4, 0, (size_t)n / 2);
+    memset(L, 0, sizeof L);
+    *dh = f2h(0.f);
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < n / 32; ib++) {
+        const float *xb = x + ib * 32;
+        uint8_t *Lb = L + ib * 32;
+        for (int j = 0; j < 32; j++) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++) {
+            const float ax = fabsf(xb[j]);
+            if (ax > amax) amax = ax, max = xb[j];
+        }
+        if (amax < 1e-15f) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / values[0];
+        float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            const float al = id * xb[j];
+            const int l = iq4_best(al);
+            Lb[j] = (uint8_t)l;
+            const float q = values[l], w = weight[j];
+            sumqx += w * q * xb[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -NTRY; itry <= NTRY; itry++) {
+            id = (itry + values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; j++) {
+                const float al = id * xb[j];
+                const int l = iq4_best(al);
+                const float q = values[l], w = weight[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        const float abs_d = fabsf(d);
+        if (abs_d > amax_scale) amax_scale = abs_d, max_scale = d;
+    }
+    if (n > 32) {
+        *scales_h = 0;
+        const float d = -max_scale / 32;
+        *dh = f2h(d);
+        const float id = d != 0.0f ? 1 / d : 0.f;
+        for (int ib = 0; ib < n / 32; ib++) {
+            int l = nearest_int(id * scales[ib]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            const float dl = d * (float)l;
+            const float idl = dl != 0.0f ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; j++) L[ib * 32 + j] = (uint8_t)iq4_best(idl * x[ib * 32 + j]);
+            l += 32;
+            const uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
+            if (ib % 2 == 0) scales_l[ib / 2] = l_l;
+            else scales_l[ib / 2] |= (uint8_t)(l_l << 4);
+            *scales_h |= (uint16_t)(l_h << 2 * (ib % 8));
+        }
+    } else {
+        *dh = f2h(scales[0]);
+        const float id = scales[0] != 0.0f ? 1 / scales[0] : 0;
+        for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_best(id * x[j]);
+    }
+    for (int i = 0; i < n / 32; i++)
+        for (int j = 0; j < 16; j++) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+static void q_iq4_nl(const float *x, block_iq4_nl *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) q_iq4_impl(QK4_NL, x + i * QK4_NL, &y[i].d, y[i].qs, NULL, NULL);
+}
+
+static void q_iq4_xs(const float *x, block_iq4_xs *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) q_iq4_impl(QK_K, x + i * QK_K, &y[i].d, y[i].qs, &y[i].scales_h, y[i].scales_l);
+}
+
 /* ggml's quantize_row_mxfp4_ref: the exponent from the largest magnitude,
  * each value to the nearest table entry (the first on ties) */
 static void q_mxfp4(const float *x, block_mxfp4 *y, int64_t nb) {
@@ -340,6 +481,8 @@ int tl_dequantize_row(tl_type type, const void *src, float *dst, int64_t n) {
     case TL_Q6_K: dq_q6_K(src, dst, nb); break;
     case TL_Q8_K: dq_q8_K(src, dst, nb); break;
     case TL_MXFP4: dq_mxfp4(src, dst, nb); break;
+    case TL_IQ4_NL: dq_iq4_nl(src, dst, nb); break;
+    case TL_IQ4_XS: dq_iq4_xs(src, dst, nb); break;
     default: return -1;
     }
     return 0;
@@ -755,6 +898,8 @@ int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n) {
     case TL_Q5_K: q_q5_K(src, dst, nb); return 0;
     case TL_Q6_K: q_q6_K(src, dst, nb); return 0;
     case TL_MXFP4: q_mxfp4(src, dst, nb); return 0;
+    case TL_IQ4_NL: q_iq4_nl(src, dst, nb); return 0;
+    case TL_IQ4_XS: q_iq4_xs(src, dst, nb); return 0;
     default: return tl_quantize_row_act(type, src, dst, n);
     }
 }
@@ -1028,6 +1173,70 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
     return sumf;
 }
 
+/* ggml_vec_dot_iq4_nl_q8_0 on AVX2: MXFP4's order (above) with the f16 scale
+ * and the non-linear table. */
+static float dot_iq4_nl(int64_t nb, const block_iq4_nl *x, const block_q8_0 *y) {
+    float acc[2][8] = {{0}};
+    int64_t ib = 0;
+    for (; ib + 1 < nb; ib += 2)
+        for (int h = 0; h < 2; h++) {
+            const block_iq4_nl *b = &x[ib + h];
+            const block_q8_0 *a = &y[ib + h];
+            const float scale = h2f(a->d) * h2f(b->d);
+            for (int l = 0; l < 8; l++) {
+                int sum = 0;
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * l + k;
+                    const uint8_t q = e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
+                    sum += kvalues_iq4nl[q] * a->qs[e];
+                }
+                acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
+            }
+        }
+    float r[4];
+    for (int l = 0; l < 4; l++) r[l] = (acc[0][l + 4] + acc[1][l + 4]) + (acc[0][l] + acc[1][l]);
+    float sumf = (r[0] + r[2]) + (r[1] + r[3]);
+    for (; ib < nb; ib++) {
+        const float d = h2f(y[ib].d) * h2f(x[ib].d);
+        int s1 = 0, s2 = 0;
+        for (int j = 0; j < QK4_NL / 2; j++) {
+            s1 += y[ib].qs[j] * kvalues_iq4nl[x[ib].qs[j] & 0x0F];
+            s2 += y[ib].qs[j + QK4_NL / 2] * kvalues_iq4nl[x[ib].qs[j] >> 4];
+        }
+        sumf += d * (float)(s1 + s2);
+    }
+    return sumf;
+}
+
+/* ggml_vec_dot_iq4_xs_q8_K on AVX2: per super-block, 8 int32 lanes, lane l
+ * the exact sum over sub-blocks of scale times the 4 products 4l..4l+3 of
+ * each; then one fma per lane with d times q8's d; the horizontal-sum tree. */
+static float dot_iq4_xs(int64_t nb, const block_iq4_xs *x, const block_q8_K *y) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t lane[8] = {0};
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const int ls = iq4_xs_scale(&x[i], ib);
+            const uint8_t *qs = x[i].qs + 16 * ib;
+            const int8_t *q8 = y[i].qs + 32 * ib;
+            for (int l = 0; l < 8; l++) {
+                int sum = 0;
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * l + k;
+                    const uint8_t q = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
+                    sum += kvalues_iq4nl[q] * q8[e];
+                }
+                lane[l] += ls * sum;
+            }
+        }
+        const float d = h2f(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+    }
+    float r[4];
+    for (int l = 0; l < 4; l++) r[l] = acc[l + 4] + acc[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
 float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     const tl_type_traits *t = tl_type_info((uint32_t)type);
     if (!t || !t->can_dot || n < 0 || n % t->block_size) return NAN;
@@ -1047,10 +1256,12 @@ float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     case TL_Q5_K: return dot_q5_K(nb, w, a);
     case TL_Q6_K: return dot_q6_K(nb, w, a);
     case TL_MXFP4: return dot_mxfp4(nb, w, a);
+    case TL_IQ4_NL: return dot_iq4_nl(nb, w, a);
+    case TL_IQ4_XS: return dot_iq4_xs(nb, w, a);
     default: return NAN;
     }
 }
 
 const char *tl_supported_weight_types(void) {
-    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4";
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4";
 }

@@ -27,6 +27,8 @@ typedef enum tl_type {
     TL_Q6_K = 14,
     TL_Q8_K = 15,
     TL_BF16 = 30,
+    TL_IQ4_NL = 20, /* 4-bit indices into a non-linear int8 table, one f16 scale per 32 */
+    TL_IQ4_XS = 23, /* the same table, 256-element super-blocks with 6-bit sub-block scales */
     TL_MXFP4 = 39, /* OCP microscaling FP4: E2M1 values, one E8M0 scale per 32 (gpt-oss's experts) */
     TL_TYPE_COUNT = 40 /* table size; ids above are rejected */
 } tl_type;
@@ -75,6 +77,14 @@ typedef struct {
     int8_t scales[QK_K / 16];
     uint16_t d;
 } block_q6_K;
+#define QK4_NL 32
+typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;  /* x = d*kvalues_iq4nl[q] */
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;          /* the top 2 bits of each sub-block's 6-bit scale */
+    uint8_t scales_l[QK_K / 64];/* the low 4 bits, two per byte */
+    uint8_t qs[QK_K / 2];
+} block_iq4_xs;                 /* x = d*(scale-32)*kvalues_iq4nl[q] */
 #define QK_MXFP4 32
 /* x = e8m0_half(e) * kvalues_mxfp4[q]: the table holds twice E2M1's values,
  * the scale half of 2^(e-127) (ggml's convention) */
@@ -109,6 +119,8 @@ static_assert(sizeof(block_q5_K) == 176, "q5_K");
 static_assert(sizeof(block_q6_K) == 210, "q6_K");
 static_assert(sizeof(block_q8_K) == 292, "q8_K");
 static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
+static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
+static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 
 typedef struct tl_type_traits {
     const char *name;   /* "Q4_1" */

@@ -49,7 +49,14 @@ MODELS = {
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes
 # (LLAMA_QUANTIZE: llama.cpp's llama-quantize from the same source, e.g. the one
 # bench/compare-llamacpp builds)
-QUANTIZED = {"gptoss_mxfp4": ("gpt-oss", ["--seed", "25", "--type", "f16"], "MXFP4_MOE")}
+QUANTIZED = {"gptoss_mxfp4": ("gpt-oss", ["--seed", "25", "--type", "f16"], "MXFP4_MOE"),
+             "qwen3_iq4nl": ("qwen3", ["--seed", "9", "--type", "f16"], "IQ4_NL"),
+             "qwen3_iq4xs": ("qwen3", ["--seed", "9", "--type", "f16"], "IQ4_XS")}
+# Types whose matmul llama.cpp runs another way for a batch of 32+ rows
+# (tinyBLAS's IQ4_NL tiles, repacked IQ4_XS): the exact mode equals its
+# single-row path, so those sequences are held to the fidelity rules, not
+# bits; the logits of these files reach ~80, so the tolerance is relative.
+BATCH_DEPENDENT = {n: {"batch_dependent_from": 32, "tol": 1.0} for n in ("qwen3_iq4nl", "qwen3_iq4xs")}
 for _n, (_a, _args, _q) in QUANTIZED.items():
     MODELS[_n] = [_a] + _args
 
@@ -105,6 +112,7 @@ def main():
                 "mkmodel_args": args,
                 **({"quantize": QUANTIZED[name][2], "quantized_by": "llama-quantize (same llama.cpp source)"}
                    if name in QUANTIZED else {}),
+                **(BATCH_DEPENDENT.get(name, {})),
                 "model_sha256": sha256(path),
                 "n_vocab": llm.n_vocab(),
                 "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_batch": N_CTX,

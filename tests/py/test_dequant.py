@@ -127,6 +127,7 @@ HALF_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
     "MXFP4": [],  # its scale is an E8M0 byte at offset 0 (random_blocks sets it)
+    "IQ4_NL": [0], "IQ4_XS": [0],
 }
 
 

@@ -94,6 +94,12 @@ def check_fixture(path, tmp):
     nv = meta["n_vocab"]
     fast = to.NUMERICS == "fast"
     tol = FAST_TOL if fast else TOL
+    # a type llama.cpp multiplies another way for a batch of batch_dependent_from
+    # rows or more: exact mode bitwise on shorter sequences only, the fidelity
+    # rules (the fixture's relative tolerance, decisive top-1) elsewhere
+    batch_from = meta.get("batch_dependent_from")
+    if fast and meta.get("tol"):
+        tol = meta["tol"]
     worst, total, n_pos, n_exact, top1_bad = 0.0, 0.0, 0, 0, 0
     for ci, case in enumerate(fx["cases"]):
         flat, err = tl_logits(model, case["ids"], tmp)
@@ -108,10 +114,15 @@ def check_fixture(path, tmp):
             again, err = tl_logits(model, case["ids"], tmp, ["-t", "3", "-b", "7"])
             check(again is not None and np.array_equal(again, flat),
                   f"{name} case {ci}: -t 3 -b 7 differs from one batch {err}")
+        loose = not fast and batch_from and len(case["ids"]) >= batch_from
         for pos, top in enumerate(case["top"]):
             idx = np.array([t[0] for t in top])
             ref = np.array([t[1] for t in top], dtype=np.float32)
             d = np.abs(rows[pos, idx] - ref)
+            if loose:
+                check(float(d.max()) <= meta["tol"], f"{name} case {ci} pos {pos}: {float(d.max()):.3g} > {meta['tol']}")
+                top1_bad += int(int(np.argmax(rows[pos])) != top[0][0] and top[0][1] - top[1][1] > FAST_MARGIN)
+                continue
             worst = max(worst, float(d.max()))
             total += float(d.mean())
             n_pos += 1
