@@ -229,28 +229,61 @@ static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
 
 /* -------------------------------------------------------- element-wise */
 
+/* YaRN's correction dimensions (ggml_rope_yarn_corr_dims): the dimensions
+ * whose wavelength spans beta_fast and beta_slow rotations over the original
+ * context, floored and ceiled, clamped to [0, n_rot - 1]. */
+static void rope_corr_dims(const tl_hparams *hp, float base, float dims[2]) {
+    const float beta[2] = {hp->yarn_beta_fast, hp->yarn_beta_slow};
+    for (int k = 0; k < 2; k++) {
+        const float v = (float)hp->n_rot * logf((float)hp->rope_n_ctx_orig / (beta[k] * 2.0f * (float)M_PI)) /
+                        (2.0f * logf(base));
+        dims[k] = k == 0 ? floorf(v) : ceilf(v);
+    }
+    dims[0] = 0.0f > dims[0] ? 0.0f : dims[0];
+    dims[1] = (float)(hp->n_rot - 1) < dims[1] ? (float)(hp->n_rot - 1) : dims[1];
+}
+
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
- * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
-static void rope_cache_base(tl_cpu *c, float *out, float base, int n_tok) {
+ * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float; then
+ * ggml's rope_yarn: theta scaled by freq_scale, with YaRN mixed back toward
+ * the unscaled theta by the corr dims' ramp, and cos and sin times mscale.
+ * ggml's CPU build fuses two of those steps (the fmaf calls). Without
+ * scaling every extra step is exact (x*1, x*0 + y), so plain RoPE keeps its
+ * bits. */
+static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
+    const float ext = hp->yarn_ext_factor;
+    float corr[2] = {0.0f, 0.0f}, mscale = hp->yarn_attn_factor;
+    if (ext != 0.0f) {
+        rope_corr_dims(hp, base, corr);
+        mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
+    }
+    const float span = 0.001f > corr[1] - corr[0] ? 0.001f : corr[1] - corr[0];
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)c->tpos[t];
         float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
             /* ggml divides a copy of theta by the frequency factor */
-            float th = ff ? theta / ff[i] : theta;
-            cs[2 * i] = cosf(th);
-            cs[2 * i + 1] = sinf(th);
+            const float th = ff ? theta / ff[i] : theta;
+            float tv = freq_scale * th;
+            if (ext != 0.0f) {
+                const float y = ((float)i - corr[0]) / span;
+                const float mix = (1.0f - (1.0f < (0.0f > y ? 0.0f : y) ? 1.0f : (0.0f > y ? 0.0f : y))) * ext;
+                tv = fmaf(tv, 1.0f - mix, th * mix);
+            }
+            cs[2 * i] = cosf(tv) * mscale;
+            cs[2 * i + 1] = sinf(tv) * mscale;
             theta *= theta_scale;
         }
     }
 }
 
 static void rope_cache(tl_cpu *c, int n_tok) {
-    rope_cache_base(c, c->rope_cs, c->m->hp.rope_base, n_tok);
-    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, c->m->hp.rope_base_swa, n_tok);
+    const tl_hparams *hp = &c->m->hp;
+    rope_cache_base(c, c->rope_cs, hp->rope_base, hp->rope_freq_scale, n_tok);
+    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, hp->rope_base_swa, hp->rope_freq_scale_swa, n_tok);
 }
 
 static void rope_apply(const tl_cpu *c, const float *cs_all, float *v, int n_heads, int t) {
@@ -273,6 +306,7 @@ typedef struct att_job {
     tl_cpu *c;
     int layer, n_tok; /* layer: the KV cache's layer the block reads */
     int swa;         /* the block attends to a sliding window */
+    const float *sinks; /* [n_head] logits every softmax also counts (tl_attn_block.sinks), or NULL */
     int n_runs;      /* fast attention: runs in c->att_run */
     atomic_int next; /* fast attention: the next item to claim */
     int split;       /* items are chunks of chunk (run, KV head, segment)s */
@@ -288,8 +322,10 @@ static inline size_t kv_row(const tl_cpu *c, const int32_t *blk, int j) {
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
  * weighted sum of V. Keys are visited in position order whatever the batch,
- * the sequence's other tokens or where its blocks lie. */
-static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float *acc) {
+ * the sequence's other tokens or where its blocks lie. A sink (sinks[h])
+ * joins the softmax as ggml's soft_max with sinks does: in the max, and
+ * expf(sink - max) added to the double sum; it weighs no value. */
+static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *s, float *acc) {
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, pos = c->tpos[t];
     int kvh = h / (hp->n_head / hp->n_head_kv);
@@ -326,8 +362,10 @@ static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float 
         if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
+    if (sinks) mx = mx > sinks[h] ? mx : sinks[h];
     const int n = pos + 1 - j0;
     double sum = c->kern.math.softmax_exp(n, s + j0, mx);
+    if (sinks) sum += (double)expf(sinks[h] - mx);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
     c->kern.math.attn_pv_paged(n, hd, s + j0, vb, (int64_t)kvs, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
@@ -341,8 +379,8 @@ static void attend(tl_cpu *c, int layer, int swa, int t, int h, float *s, float 
 
 /* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens;
  * seg > 0: segment seg - 1's keys alone, the state into out and part. */
-static void attend_fast(tl_cpu *c, int layer, int swa, int t, int nt, int h0, int nh, float *scratch, int seg, float *out,
-                        float *part) {
+static void attend_fast(tl_cpu *c, int layer, int swa, const float *sinks, int t, int nt, int h0, int nh, float *scratch,
+                        int seg, float *out, float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
     const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
@@ -357,7 +395,8 @@ static void attend_fast(tl_cpu *c, int layer, int swa, int t, int nt, int h0, in
         .blk = c->tblk[t], .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
-        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part};
+        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part,
+        .sinks = sinks ? sinks + h0 : NULL};
     if (seg > 0) a.out = out, a.out_tok = (size_t)nh * hd;
     c->kern.math.attn_online(&a);
 }
@@ -375,7 +414,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
     const size_t slot = (size_t)T * G * (hd + 2);
     float *base = c->apart + j->base[r] + (size_t)g * j->nseg[r] * slot;
     float *o = base + (size_t)si * slot;
-    attend_fast(c, j->layer, j->swa, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
+    attend_fast(c, j->layer, j->swa, NULL, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
     if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
     for (int row = 0; row < T * G; row++) { /* row = token * G + head */
         float ma = -INFINITY, la = 0.0f, *oa = scr;
@@ -383,6 +422,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
             const float *os = base + (size_t)s * slot, *ml = os + (size_t)T * G * hd + 2 * row;
             if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)row * hd);
         }
+        if (j->sinks) tl_attn_sink(hd, &ma, &la, oa, j->sinks[g * G + row % G]); /* once, after every segment */
         tl_attn_divide(hd, oa, la, c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd);
     }
 }
@@ -452,8 +492,8 @@ static void att_worker(void *arg, int ith, int nth) {
             const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
             if (i >= (int64_t)j->n_runs * nper) return;
             const int r = j->n_runs - 1 - (int)(i / nper);
-            attend_fast(c, j->layer, j->swa, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
-                        scr, 0, NULL, NULL);
+            attend_fast(c, j->layer, j->swa, j->sinks, c->att_run[r], c->att_run[r + 1] - c->att_run[r],
+                        (int)(i % nper) * per, per, scr, 0, NULL, NULL);
         }
     }
     int nh = c->m->hp.n_head;
@@ -462,7 +502,7 @@ static void att_worker(void *arg, int ith, int nth) {
     /* Later tokens see more keys: deal (token, head) pairs out round-robin so
      * the threads get equal work. */
     for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth)
-        attend(c, j->layer, j->swa, (int)(i / nh), (int)(i % nh), s, acc);
+        attend(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -544,13 +584,14 @@ static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
     add_bias(c->k, A->bk, n, c->kv_dim);
     add_bias(c->v, A->bv, n, c->kv_dim);
     par_tokens(c, n, attn_prep_tokens, (void *)A);
-    att_job aj = {c, A->kv_layer, n, A->swa, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
+    att_job aj = {c, A->kv_layer, n, A->swa, A->sinks ? A->sinks->data : NULL, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
     tl_w wo = A->wo;
     float *o = c->xb; /* reuse: [n][d] */
     matmul(c, 1, &wo, &o, c->att, n);
+    add_bias(o, A->bo, n, c->m->hp.n_embd);
     if (A->post_norm) norm_all(c, n, o, o, A->post_norm);
     par_tokens(c, n, add_tokens, NULL);
 }

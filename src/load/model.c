@@ -73,6 +73,57 @@ static int hp_float(const tl_model *m, const char *key, int required, double def
     return TL_OK;
 }
 
+/* Whether sliding-window layers take the global RoPE base and scaling unless
+ * rope.freq_base_swa says otherwise, as llama.cpp sets gpt-oss up; other
+ * families (Gemma 3) default to base 10000, unscaled. By name, so the table's
+ * row needs no column for one family. */
+static int swa_rope_global(const tl_arch_info *a) { return strcmp(a->name, "gpt-oss") == 0; }
+
+/* RoPE scaling as llama.cpp reads it (llama-model.cpp, llama-context.cpp):
+ * the type defaults to linear, so a factor alone scales; "none" never does.
+ * YaRN's beta_fast/slow stay at llama.cpp's 32 and 1 (it reads
+ * rope.scaling.yarn_beta_* for other families only), and its cos/sin
+ * multiplier is computed here in llama.cpp's float steps (unfused: that
+ * library is built without FMA), before the rope cache multiplies in YaRN's
+ * own 1 + 0.1 ln(1/freq_scale). */
+static int read_rope_scaling(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    tl_str v;
+    const int r = tl_gguf_get_str(m->gguf, key, &v);
+    if (r < 0) return tl_fail(err, TL_ERR_FORMAT, "metadata %s has a non-string type", key);
+    hp->rope_scaling = TL_ROPE_SCALING_LINEAR;
+    if (r == 1 && tl_str_eq(v, "none")) hp->rope_scaling = TL_ROPE_SCALING_NONE;
+    else if (r == 1 && tl_str_eq(v, "yarn")) hp->rope_scaling = TL_ROPE_SCALING_YARN;
+    else if (r == 1 && !tl_str_eq(v, "linear"))
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported",
+                       (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
+    float factor = 0.0f, attn = 1.0f;
+    int st;
+    if ((st = hp_float(m, "rope.scaling.factor", 0, 0.0, &factor, err))) return st;
+    if (factor == 0.0f && (st = hp_float(m, "rope.scale_linear", 0, 0.0, &factor, err))) return st;
+    if ((st = hp_int(m, "rope.scaling.original_context_length", 0, 0, &hp->rope_n_ctx_orig, err)) ||
+        (st = hp_float(m, "rope.scaling.attn_factor", 0, 1.0, &attn, err)))
+        return st;
+    if (hp->rope_n_ctx_orig == 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
+    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (hp->rope_scaling == TL_ROPE_SCALING_NONE) hp->rope_freq_scale = 1.0f;
+    hp->rope_freq_scale_swa = swa_rope_global(m->arch) ? hp->rope_freq_scale : 1.0f;
+    hp->yarn_ext_factor = hp->rope_scaling == TL_ROPE_SCALING_YARN ? 1.0f : 0.0f;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    hp->yarn_attn_factor = 1.0f;
+    if (hp->yarn_ext_factor != 0.0f) {
+        const float f = 1.0f / hp->rope_freq_scale;
+        const float mscale = f <= 1.0f ? 1.0f : 0.1f * logf(f) + 1.0f;
+        /* llama.cpp cancels the factor YaRN's cos/sin scaling adds again */
+        hp->yarn_attn_factor = mscale * (1.0f / (1.0f + 0.1f * logf(f)));
+    }
+    hp->yarn_attn_factor *= attn;
+    return TL_OK;
+}
+
 static int read_hparams(tl_model *m, tl_error *err) {
     tl_hparams *hp = &m->hp;
     int st;
@@ -85,7 +136,8 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
         (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
         /* llama.cpp's default when a sliding-window model has no such key */
-        (st = hp_float(m, "rope.freq_base_swa", 0, 10000.0, &hp->rope_base_swa, err)) ||
+        (st = hp_float(m, "rope.freq_base_swa", 0, swa_rope_global(m->arch) ? hp->rope_base : 10000.0,
+                       &hp->rope_base_swa, err)) ||
         (st = hp_int(m, "attention.sliding_window", 0, 0, &hp->n_swa, err)) ||
         (st = hp_float(m, "final_logit_softcapping", 0, 0.0, &hp->logit_softcap, err)))
         return st;
@@ -107,7 +159,7 @@ static int read_hparams(tl_model *m, tl_error *err) {
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_fail(err, TL_ERR_FORMAT, "rope.dimension_count %d invalid for head size %d",
                        hp->n_rot, hp->head_dim);
-    return TL_OK;
+    return read_rope_scaling(m, err);
 }
 
 /* Binds tensor `name` and checks its shape [ne0, ne1] (ne1 = 0: 1-D). */
@@ -195,14 +247,8 @@ static int bind_qkv_bias(tl_model *m, int il, tl_attn_block *A, tl_error *err) {
 }
 
 /* RoPE scalings we do not implement must fail, not run with plain RoPE:
- * linear/YaRN ("<arch>.rope.scaling.type") and Phi-3's LongRoPE factors. */
+ * Phi-3's LongRoPE factors (the scaling types are read by read_rope_scaling). */
 static int check_rope_scaling(const tl_model *m, tl_error *err) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
-    tl_str v;
-    if (tl_gguf_get_str(m->gguf, key, &v) == 1 && !tl_str_eq(v, "none"))
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported",
-                       (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
     if (tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight"))
         return tl_fail(err, TL_ERR_UNSUPPORTED,
                        "LongRoPE (tensor rope_factors_long.weight) is not supported");
