@@ -6,7 +6,8 @@ The vocabulary (tokenizer.ggml.*) is copied from a shared vocab file so both
 loaders accept it. Same arguments, same bytes.
 
 Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied] [--vocab FILE]
-                  [--arch-name NAME] [--drop TENSOR] [--rope-scaling linear|yarn] [--longrope]
+                  [--arch-name NAME] [--drop TENSOR] [--longrope]
+                  [--rope-scaling linear|yarn|longrope] [--rope-factor F] [--rope-orig-ctx N] [--rope-attn-factor F]
                   [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
@@ -17,11 +18,16 @@ to the file one tensor at a time, so memory stays near one tensor; for the
 quantized variants run `tokenloop quantize` on the F16 file, see
 scripts/mkmodel-1b.sh). Mixtures of experts: qwen3moe (8 experts, 3 used,
 QK-norm), mixtral (llama with 8 experts, 2 used), qwen2moe (8 experts, 2
-used, a shared expert with its sigmoid gate); their routers are drawn 4x
-larger so that routing is decisive. qwen3moe-a3b: Qwen3-30B-A3B's layer at
-8 layers, streamed (benchmarks; see build_big_moe). --vocab FILE overrides the vocabulary file.
---arch-name, --drop, --longrope make files tokenloop must refuse, for the
-error tests; --rope-scaling linear|yarn writes a scaled RoPE (factor 4). --add-token/--add-control/--eos/--template give a
+used, a shared expert with its sigmoid gate), gpt-oss (sinks, biases, YaRN,
+windowed even layers, 4 of 8 experts); their routers are drawn 4x larger so
+that routing is decisive. qwen3moe-a3b: Qwen3-30B-A3B's layer at 8 layers,
+streamed (benchmarks; see build_big_moe). --vocab FILE overrides the vocabulary file.
+--arch-name, --drop, --longrope, --rope-scaling longrope make files tokenloop
+must refuse, for the error tests. --rope-scaling linear|yarn writes the keys
+llama.cpp's converter writes for a rope_scaling of that type: the factor
+(--rope-factor, default 4), and for YaRN the original context
+(--rope-orig-ctx, default the context length) and beta_fast 32, beta_slow 1
+(gpt-oss's config); --rope-attn-factor adds rope.scaling.attn_factor. --add-token/--add-control/--eos/--template give a
 random model a chat format of its own (markers such as <think> as single
 tokens), for the server tests of reasoning and tool calls.
 """
@@ -228,7 +234,13 @@ def build(args):
         w.add_rope_scaling_orig_ctx_len(4096)
     if args.rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(args.rope_scaling))
-        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_factor(args.rope_factor)
+        if args.rope_scaling == "yarn":
+            w.add_rope_scaling_orig_ctx_len(args.rope_orig_ctx or 4096)
+            w.add_rope_scaling_yarn_beta_fast(32.0)
+            w.add_rope_scaling_yarn_beta_slow(1.0)
+    if args.rope_attn_factor is not None:
+        w.add_rope_scaling_attn_factors(args.rope_attn_factor)
 
     g = Gen(args.seed, args.type)
     drop = set(args.drop or [])
@@ -454,8 +466,11 @@ def main():
     t.add_argument("--untied", dest="tied", action="store_false")
     ap.add_argument("--arch-name", help="write this general.architecture instead")
     ap.add_argument("--drop", action="append", help="leave this tensor out (repeatable)")
-    ap.add_argument("--rope-scaling", choices=["linear", "yarn"],
-                    help="write <arch>.rope.scaling.type with factor 4 (over the 4096-position context)")
+    ap.add_argument("--rope-scaling", choices=["linear", "yarn", "longrope"],
+                    help="write <arch>.rope.scaling.type and its keys (tokenloop refuses longrope)")
+    ap.add_argument("--rope-factor", type=float, default=4.0, help="rope.scaling.factor (default 4)")
+    ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
+    ap.add_argument("--rope-attn-factor", type=float, help="rope.scaling.attn_factor")
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
     ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")

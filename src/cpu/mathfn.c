@@ -689,6 +689,17 @@ void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, co
     for (int d = 0; d < hd; d++) oa[d] = oa[d] * ea + o[d] * eb;
 }
 
+void tl_attn_sink(int hd, float *m, float *l, float *o, float s) {
+    if (s > *m) {
+        const float e = tl_expf_fast(*m - s);
+        *m = s;
+        *l = *l * e + 1.0f;
+        for (int d = 0; d < hd; d++) o[d] = o[d] * e;
+    } else {
+        *l = *l + tl_expf_fast(s - *m);
+    }
+}
+
 void tl_attn_divide(int hd, const float *o, float l, float *out) {
     const float inv = 1.0f / l;
     for (int d = 0; d < hd; d++) out[d] = o[d] * inv;
@@ -741,11 +752,13 @@ void tl_attn_finish(const tl_attn_rows *a, float *m, int folded) {
         return;
     }
     if (folded) tl_attn_fold(a, m);
+    float *ma = la - n;
     for (int i = 0; i < a->T; i++)
         for (int h = 0; h < a->G; h++) {
             const int k = i * a->G + h;
-            float *o = attn_out(a, i, h);
-            tl_attn_divide(hd, folded ? oa + (size_t)k * hd : o, folded ? la[k] : l[k], o);
+            float *o = attn_out(a, i, h), *os = folded ? oa + (size_t)k * hd : o, *ls = folded ? &la[k] : &l[k];
+            if (a->sinks) tl_attn_sink(hd, folded ? &ma[k] : &m[k], ls, os, a->sinks[h]);
+            tl_attn_divide(hd, os, *ls, o);
         }
 }
 

@@ -82,6 +82,8 @@ typedef struct tl_attn_rows {
                               * left as it is: o (not divided by l) in out, and m, l of
                               * token i, head h in part[2*(i*G + h)], part[2*(i*G + h) + 1] */
     float *part;
+    const float *sinks;      /* [G]: head h's sink logit (tl_attn_sink) before the division,
+                              * or NULL; left out of a segment's state (seg > 0) */
 } tl_attn_rows;
 /* Whole blocks a level's multi-block function takes at once (tl_attn_drive). */
 #define TL_ATTN_NB 4
@@ -99,6 +101,12 @@ void tl_attn_keys(const tl_attn_rows *a, int i, int *lo, int *hi);
  * l = la*exp(ma - m') + l*exp(m - m'), o_d = oa_d*exp(ma - m') + o_d*exp(m - m').
  * Empty segment states (m = -inf) are the caller's to skip. */
 void tl_attn_merge(int hd, float *ma, float *la, float *oa, float m, float l, const float *o);
+/* A sink (gpt-oss): a logit s in the softmax that weighs no value, folded
+ * into a finished row's state (m, l, o) as tl_attn_merge folds a state of
+ * m = s, l = 1, o = 0: the larger side's factor is exactly 1, so with
+ * m' = max(m, s), l = l*exp(m - m') + exp(s - m') and o_d = o_d*exp(m - m').
+ * Once per row, after all its segments, before the division. */
+void tl_attn_sink(int hd, float *m, float *l, float *o, float s);
 /* out = o * (1/l): a row's last step, whether its segments were folded here
  * or by the thread that finished its last one. */
 void tl_attn_divide(int hd, const float *o, float l, float *out);

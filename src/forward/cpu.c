@@ -248,53 +248,61 @@ static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
 
 /* -------------------------------------------------------- element-wise */
 
-/* cos/sin per position and rotary pair, with theta built as ggml builds it:
- * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float. */
-/* ggml's YaRN correction dim: where a rotation makes n_rot turns over the
- * original context. */
-static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
-    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+/* YaRN's correction dimensions (ggml_rope_yarn_corr_dims): the dimensions
+ * whose wavelength spans beta_fast and beta_slow rotations over the original
+ * context, floored and ceiled, clamped to [0, n_rot - 1]. */
+static void rope_corr_dims(const tl_hparams *hp, float base, float dims[2]) {
+    const float beta[2] = {hp->yarn_beta_fast, hp->yarn_beta_slow};
+    for (int k = 0; k < 2; k++) {
+        const float v = (float)hp->n_rot * logf((float)hp->rope_n_ctx_orig / (beta[k] * 2.0f * (float)M_PI)) /
+                        (2.0f * logf(base));
+        dims[k] = k == 0 ? floorf(v) : ceilf(v);
+    }
+    dims[0] = 0.0f > dims[0] ? 0.0f : dims[0];
+    dims[1] = (float)(hp->n_rot - 1) < dims[1] ? (float)(hp->n_rot - 1) : dims[1];
 }
 
-static void rope_cache_base(tl_cpu *c, float *out, float base, int n_tok) {
+/* cos/sin per position and rotary pair, with theta built as ggml builds it:
+ * theta_0 = pos, theta_{i+1} = theta_i * base^(-2/n_rot), in float; then
+ * ggml's rope_yarn: theta scaled by freq_scale, with YaRN mixed back toward
+ * the unscaled theta by the corr dims' ramp, and cos and sin times mscale.
+ * ggml's CPU build fuses two of those steps (the fmaf calls). Without
+ * scaling every extra step is exact (x*1, x*0 + y), so plain RoPE keeps its
+ * bits. */
+static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
-    /* scaling (ggml's rope_yarn): with freq_scale 1, ext_factor 0 and
-     * attn_factor 1 every step below is exact, so plain RoPE's bits stand */
-    const float fs = hp->rope_freq_scale, ext = hp->rope_ext_factor;
-    float lo = 0.0f, hi = 0.0f;
+    const float ext = hp->yarn_ext_factor;
+    float corr[2] = {0.0f, 0.0f}, mscale = hp->yarn_attn_factor;
     if (ext != 0.0f) {
-        const float start = floorf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->yarn_beta_fast, base));
-        const float end = ceilf(yarn_corr_dim(hp->n_rot, hp->n_ctx_orig, hp->yarn_beta_slow, base));
-        lo = start > 0.0f ? start : 0.0f;
-        hi = end < (float)(hp->n_rot - 1) ? end : (float)(hp->n_rot - 1);
+        rope_corr_dims(hp, base, corr);
+        mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
     }
+    const float span = 0.001f > corr[1] - corr[0] ? 0.001f : corr[1] - corr[0];
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)c->tpos[t];
         float *cs = out + (size_t)t * hp->n_rot;
         for (int i = 0; i < hp->n_rot / 2; i++) {
             /* ggml divides a copy of theta by the frequency factor */
-            const float extrap = ff ? theta / ff[i] : theta;
-            const float interp = fs * extrap;
-            float th = interp, mscale = hp->rope_attn_factor;
+            const float th = ff ? theta / ff[i] : theta;
+            float tv = freq_scale * th;
             if (ext != 0.0f) {
-                const float d = hi - lo > 0.001f ? hi - lo : 0.001f;
-                const float y = ((float)(2 * i / 2) - lo) / d;
-                const float ramp = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * ext;
-                th = interp * (1 - ramp) + extrap * ramp;
-                mscale *= 1.0f + 0.1f * logf(1.0f / fs);
+                const float y = ((float)i - corr[0]) / span;
+                const float mix = (1.0f - (1.0f < (0.0f > y ? 0.0f : y) ? 1.0f : (0.0f > y ? 0.0f : y))) * ext;
+                tv = fmaf(tv, 1.0f - mix, th * mix);
             }
-            cs[2 * i] = cosf(th) * mscale;
-            cs[2 * i + 1] = sinf(th) * mscale;
+            cs[2 * i] = cosf(tv) * mscale;
+            cs[2 * i + 1] = sinf(tv) * mscale;
             theta *= theta_scale;
         }
     }
 }
 
 static void rope_cache(tl_cpu *c, int n_tok) {
-    rope_cache_base(c, c->rope_cs, c->m->hp.rope_base, n_tok);
-    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, c->m->hp.rope_base_swa, n_tok);
+    const tl_hparams *hp = &c->m->hp;
+    rope_cache_base(c, c->rope_cs, hp->rope_base, hp->rope_freq_scale, n_tok);
+    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, hp->rope_base_swa, hp->rope_freq_scale_swa, n_tok);
 }
 
 static void rope_apply(const tl_cpu *c, const float *cs_all, float *v, int n_heads, int t) {
@@ -317,7 +325,7 @@ typedef struct att_job {
     tl_cpu *c;
     int layer, n_tok; /* layer: the KV cache's layer the block reads */
     int swa;         /* the block attends to a sliding window */
-    const float *sinks; /* [n_head] the block's sinks, or NULL (exact attention only) */
+    const float *sinks; /* [n_head] logits every softmax also counts (tl_attn_block.sinks), or NULL */
     int n_runs;      /* fast attention: runs in c->att_run */
     atomic_int next; /* fast attention: the next item to claim */
     int split;       /* items are chunks of chunk (run, KV head, segment)s */
@@ -333,7 +341,9 @@ static inline size_t kv_row(const tl_cpu *c, const int32_t *blk, int j) {
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
  * weighted sum of V. Keys are visited in position order whatever the batch,
- * the sequence's other tokens or where its blocks lie. */
+ * the sequence's other tokens or where its blocks lie. A sink (sinks[h])
+ * joins the softmax as ggml's soft_max with sinks does: in the max, and
+ * expf(sink - max) added to the double sum; it weighs no value. */
 static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *s, float *acc) {
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, pos = c->tpos[t];
@@ -371,13 +381,10 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
         if (!prescaled) s[j] *= scale;
         if (s[j] > mx) mx = s[j];
     }
-    /* a sink (gpt-oss) takes part in the max and the sum but weighs no value,
-     * added last by libm's expf as ggml's soft_max does */
-    const float sink = sinks ? sinks[h] : -INFINITY;
-    if (sink > mx) mx = sink;
+    if (sinks) mx = mx > sinks[h] ? mx : sinks[h];
     const int n = pos + 1 - j0;
     double sum = c->kern.math.softmax_exp(n, s + j0, mx);
-    if (sink != -INFINITY) sum += (double)expf(sink - mx);
+    if (sinks) sum += (double)expf(sinks[h] - mx);
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
     c->kern.math.attn_pv_paged(n, hd, s + j0, vb, (int64_t)kvs, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
@@ -391,8 +398,8 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
 
 /* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens;
  * seg > 0: segment seg - 1's keys alone, the state into out and part. */
-static void attend_fast(tl_cpu *c, int layer, int swa, int t, int nt, int h0, int nh, float *scratch, int seg, float *out,
-                        float *part) {
+static void attend_fast(tl_cpu *c, int layer, int swa, const float *sinks, int t, int nt, int h0, int nh, float *scratch,
+                        int seg, float *out, float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
     const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
@@ -407,7 +414,8 @@ static void attend_fast(tl_cpu *c, int layer, int swa, int t, int nt, int h0, in
         .blk = c->tblk[t], .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
-        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part};
+        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part,
+        .sinks = sinks ? sinks + h0 : NULL};
     if (seg > 0) a.out = out, a.out_tok = (size_t)nh * hd;
     c->kern.math.attn_online(&a);
 }
@@ -425,7 +433,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
     const size_t slot = (size_t)T * G * (hd + 2);
     float *base = c->apart + j->base[r] + (size_t)g * j->nseg[r] * slot;
     float *o = base + (size_t)si * slot;
-    attend_fast(c, j->layer, j->swa, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
+    attend_fast(c, j->layer, j->swa, NULL, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
     if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
     for (int row = 0; row < T * G; row++) { /* row = token * G + head */
         float ma = -INFINITY, la = 0.0f, *oa = scr;
@@ -433,6 +441,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
             const float *os = base + (size_t)s * slot, *ml = os + (size_t)T * G * hd + 2 * row;
             if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)row * hd);
         }
+        if (j->sinks) tl_attn_sink(hd, &ma, &la, oa, j->sinks[g * G + row % G]); /* once, after every segment */
         tl_attn_divide(hd, oa, la, c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd);
     }
 }
@@ -502,8 +511,8 @@ static void att_worker(void *arg, int ith, int nth) {
             const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
             if (i >= (int64_t)j->n_runs * nper) return;
             const int r = j->n_runs - 1 - (int)(i / nper);
-            attend_fast(c, j->layer, j->swa, c->att_run[r], c->att_run[r + 1] - c->att_run[r], (int)(i % nper) * per, per,
-                        scr, 0, NULL, NULL);
+            attend_fast(c, j->layer, j->swa, j->sinks, c->att_run[r], c->att_run[r + 1] - c->att_run[r],
+                        (int)(i % nper) * per, per, scr, 0, NULL, NULL);
         }
     }
     int nh = c->m->hp.n_head;
@@ -1090,13 +1099,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     const tl_hparams *hp = &m->hp;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
-    /* attention sinks (gpt-oss) are in the exact attention only: such a
-     * model takes it in both numerics modes */
-    int sinks = 0;
-    for (int il = 0; il < hp->n_layer; il++)
-        for (int b = 0; b < m->layers[il].n_block; b++)
-            sinks |= m->layers[il].block[b].kind == TL_BLOCK_ATTN && m->layers[il].block[b].u.attn.sinks;
-    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn && !sinks;
+    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
     if (!want_fast_attn && !kvf->exact_attn)
         return tl_fail(err, TL_ERR_ARG, "a KV cache of %s needs the fast attention (fast numerics, head_dim %% 8 == 0)",
                        kvf->name);

@@ -77,6 +77,56 @@ static int hp_float(const tl_model *m, const char *key, int required, double def
     return TL_OK;
 }
 
+/* Whether sliding-window layers take the global RoPE base and scaling unless
+ * rope.freq_base_swa says otherwise, as llama.cpp sets gpt-oss up; other
+ * families (Gemma 3) default to base 10000, unscaled. */
+static int swa_rope_global(const tl_arch_info *a) { return a->arch == TL_ARCH_GPTOSS; }
+
+/* RoPE scaling as llama.cpp reads it (llama-model.cpp, llama-context.cpp):
+ * the type defaults to linear, so a factor alone scales; "none" never does.
+ * YaRN's beta_fast/slow stay at llama.cpp's 32 and 1 (it reads
+ * rope.scaling.yarn_beta_* for other families only), and its cos/sin
+ * multiplier is computed here in llama.cpp's float steps (unfused: that
+ * library is built without FMA), before the rope cache multiplies in YaRN's
+ * own 1 + 0.1 ln(1/freq_scale). */
+static int read_rope_scaling(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    tl_str v;
+    const int r = tl_gguf_get_str(m->gguf, key, &v);
+    if (r < 0) return tl_fail(err, TL_ERR_FORMAT, "metadata %s has a non-string type", key);
+    hp->rope_scaling = TL_ROPE_SCALING_LINEAR;
+    if (r == 1 && tl_str_eq(v, "none")) hp->rope_scaling = TL_ROPE_SCALING_NONE;
+    else if (r == 1 && tl_str_eq(v, "yarn")) hp->rope_scaling = TL_ROPE_SCALING_YARN;
+    else if (r == 1 && !tl_str_eq(v, "linear"))
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported",
+                       (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
+    float factor = 0.0f, attn = 1.0f;
+    int st;
+    if ((st = hp_float(m, "rope.scaling.factor", 0, 0.0, &factor, err))) return st;
+    if (factor == 0.0f && (st = hp_float(m, "rope.scale_linear", 0, 0.0, &factor, err))) return st;
+    if ((st = hp_int(m, "rope.scaling.original_context_length", 0, 0, &hp->rope_n_ctx_orig, err)) ||
+        (st = hp_float(m, "rope.scaling.attn_factor", 0, 1.0, &attn, err)))
+        return st;
+    if (hp->rope_n_ctx_orig == 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
+    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (hp->rope_scaling == TL_ROPE_SCALING_NONE) hp->rope_freq_scale = 1.0f;
+    hp->rope_freq_scale_swa = swa_rope_global(m->arch) ? hp->rope_freq_scale : 1.0f;
+    hp->yarn_ext_factor = hp->rope_scaling == TL_ROPE_SCALING_YARN ? 1.0f : 0.0f;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    hp->yarn_attn_factor = 1.0f;
+    if (hp->yarn_ext_factor != 0.0f) {
+        const float f = 1.0f / hp->rope_freq_scale;
+        const float mscale = f <= 1.0f ? 1.0f : 0.1f * logf(f) + 1.0f;
+        /* llama.cpp cancels the factor YaRN's cos/sin scaling adds again */
+        hp->yarn_attn_factor = mscale * (1.0f / (1.0f + 0.1f * logf(f)));
+    }
+    hp->yarn_attn_factor *= attn;
+    return TL_OK;
+}
+
 static int read_hparams(tl_model *m, tl_error *err) {
     tl_hparams *hp = &m->hp;
     int st;
@@ -88,9 +138,8 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
         (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
-        /* llama.cpp's default when a sliding-window model has no such key
-         * (gpt-oss: the global layers' base) */
-        (st = hp_float(m, "rope.freq_base_swa", 0, m->arch->arch == TL_ARCH_GPTOSS ? hp->rope_base : 10000.0,
+        /* llama.cpp's default when a sliding-window model has no such key */
+        (st = hp_float(m, "rope.freq_base_swa", 0, swa_rope_global(m->arch) ? hp->rope_base : 10000.0,
                        &hp->rope_base_swa, err)) ||
         (st = hp_int(m, "attention.sliding_window", 0, 0, &hp->n_swa, err)) ||
         (st = hp_float(m, "final_logit_softcapping", 0, 0.0, &hp->logit_softcap, err)))
@@ -134,7 +183,7 @@ static int read_hparams(tl_model *m, tl_error *err) {
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_fail(err, TL_ERR_FORMAT, "rope.dimension_count %d invalid for head size %d",
                        hp->n_rot, hp->head_dim);
-    return TL_OK;
+    return read_rope_scaling(m, err);
 }
 
 /* Binds tensor `name` and checks its shape [ne0, ne1] (ne1 = 0: 1-D). */
@@ -298,42 +347,8 @@ static int bind_qkv_bias(tl_model *m, int il, tl_attn_block *A, tl_error *err) {
 }
 
 /* RoPE scalings we do not implement must fail, not run with plain RoPE:
- * linear/YaRN ("<arch>.rope.scaling.type") and Phi-3's LongRoPE factors. */
-static int check_rope_scaling(tl_model *m, tl_error *err) {
-    tl_hparams *hp = &m->hp;
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
-    tl_str v;
-    hp->rope_freq_scale = 1.0f;
-    hp->rope_ext_factor = 0.0f;
-    hp->rope_attn_factor = 1.0f;
-    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults; no file we run sets them */
-    hp->yarn_beta_slow = 1.0f;
-    hp->n_ctx_orig = hp->n_ctx_train;
-    const int has = tl_gguf_get_str(m->gguf, key, &v) == 1 && !tl_str_eq(v, "none");
-    const int linear = has && tl_str_eq(v, "linear"), yarn = has && tl_str_eq(v, "yarn");
-    if (has && !linear && !yarn)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "RoPE scaling '%.*s' (%s) is not supported (linear and yarn are)",
-                       (int)(v.len > 32 ? 32 : v.len), v.ptr, key);
-    if (has) {
-        float factor = 0.0f, attn = 1.0f;
-        int st;
-        if ((st = hp_float(m, "rope.scaling.factor", 0, 0.0, &factor, err)) ||
-            (st = hp_float(m, "rope.scaling.attn_factor", 0, 1.0, &attn, err)) ||
-            (st = hp_int(m, "rope.scaling.original_context_length", 0, hp->n_ctx_train, &hp->n_ctx_orig, err)))
-            return st;
-        hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
-        if (yarn) {
-            /* llama_context's set-up, in its float steps: the mscale for the
-             * factor, cancelled by the one rope_yarn multiplies in again */
-            hp->rope_ext_factor = 1.0f;
-            const float f = 1.0f / hp->rope_freq_scale;
-            float a = f <= 1.0f ? 1.0f : (0.1f * 1.0f * logf(f) + 1.0f);
-            a *= 1.0f / (1.0f + 0.1f * logf(f));
-            hp->rope_attn_factor = a;
-        }
-        hp->rope_attn_factor *= attn;
-    }
+ * Phi-3's LongRoPE factors (the scaling types are read by read_rope_scaling). */
+static int check_rope_scaling(const tl_model *m, tl_error *err) {
     if (tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight"))
         return tl_fail(err, TL_ERR_UNSUPPORTED,
                        "LongRoPE (tensor rope_factors_long.weight) is not supported");

@@ -57,6 +57,13 @@ typedef struct tl_arch_info {
                        * (llama: Mixtral); 2: always experts */
 } tl_arch_info;
 
+/* RoPE scaling (<arch>.rope.scaling.type), as llama.cpp reads it. */
+typedef enum tl_rope_scaling {
+    TL_ROPE_SCALING_NONE = 0,
+    TL_ROPE_SCALING_LINEAR, /* positions times freq_scale (the default type when a factor is given) */
+    TL_ROPE_SCALING_YARN,   /* YaRN: interpolation and extrapolation mixed by dimension, cos/sin scaled */
+} tl_rope_scaling;
+
 typedef struct tl_hparams {
     int n_embd;       /* d: width of the residual stream */
     int n_layer;
@@ -69,14 +76,14 @@ typedef struct tl_hparams {
     int n_rot;        /* RoPE dimensions per head (<= head_dim) */
     float rope_base;
     float rope_base_swa; /* RoPE base of sliding-window layers */
-    /* RoPE scaling (<arch>.rope.scaling.*), as llama.cpp's context sets it up:
-     * none: freq_scale 1, ext_factor 0, attn_factor 1; linear: freq_scale
-     * 1/factor; YaRN: also ext_factor 1, attn_factor (cancelling the mscale
-     * ggml's rope_yarn applies), and the correction dims from beta fast/slow
-     * over the original context */
-    float rope_freq_scale, rope_ext_factor, rope_attn_factor;
-    float yarn_beta_fast, yarn_beta_slow;
-    int n_ctx_orig;
+    tl_rope_scaling rope_scaling;
+    float rope_freq_scale;     /* theta multiplier: 1/rope.scaling.factor (1: none) */
+    float rope_freq_scale_swa; /* the same for sliding-window layers */
+    int rope_n_ctx_orig;       /* rope.scaling.original_context_length (YaRN's corr dims) */
+    float yarn_ext_factor;     /* 1 with YaRN, else 0 (no extrapolation mix) */
+    float yarn_attn_factor;    /* cos and sin multiplied by this (llama.cpp's cparams
+                                * value: its mscale over YaRN's own, times rope.scaling.attn_factor) */
+    float yarn_beta_fast, yarn_beta_slow; /* the corr dims' rotations: 32 and 1 */
     float norm_eps;
     int n_swa;           /* sliding window in positions (0: none) */
     float attn_scale;    /* multiplies q.k */

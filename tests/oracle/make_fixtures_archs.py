@@ -5,6 +5,10 @@ scripts/mkmodel.py, one file per model. Each stores the generator arguments
 and the model's sha256 (the test regenerates the identical file), the token
 id sequences, and the top-20 (id, logit) per position, logits kept exact.
 Run by hand: python3 tests/oracle/make_fixtures_archs.py [NAME...]
+with the llama-cpp-python whose kernels the exact mode mirrors: built with
+GGML_NATIVE=OFF for AVX2 (docs/NUMERICS.md; here PYTHONPATH=
+/work/lcp-avx2/lib/python3.11/site-packages). A native build on an AVX-512
+machine takes other float orders, and its logits differ from the fixtures.
 """
 import hashlib
 import json
@@ -41,9 +45,15 @@ MODELS = {
     # gpt-oss: sinks, biases, YaRN, windowed even layers, softmax over the chosen
     "gptoss": ["gpt-oss", "--seed", "25", "--type", "f16"],
     "gptoss_q8": ["gpt-oss", "--seed", "26", "--type", "q8_0"],
-    # RoPE scaling on dense files
-    "qwen2_yarn": ["qwen2", "--seed", "27", "--type", "f32", "--rope-scaling", "yarn"],
-    "qwen3_linear": ["qwen3", "--seed", "28", "--type", "f32", "--rope-scaling", "linear"],
+    # RoPE scaling with an original context of 32: the longer sequences run
+    # past it. YaRN on NeoX pairs (the corr dims' ramp at one dimension), on
+    # adjacent pairs (three ramp dimensions) with rope.scaling.attn_factor;
+    # linear on top of Llama 3's frequency factors.
+    "qwen2_yarn": ["qwen2", "--seed", "7", "--type", "f16", "--rope-scaling", "yarn", "--rope-factor", "4",
+                   "--rope-orig-ctx", "32"],
+    "mistral_yarn": ["mistral", "--seed", "9", "--type", "f32", "--rope-scaling", "yarn", "--rope-factor", "8",
+                     "--rope-orig-ctx", "32", "--rope-attn-factor", "1.25"],
+    "llama3_linear": ["llama3", "--seed", "8", "--type", "f32", "--rope-scaling", "linear"],
 }
 # fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes

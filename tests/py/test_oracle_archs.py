@@ -188,6 +188,7 @@ def check_errors(tmp):
         (["llama3", "--drop", "blk.1.ffn_down.weight"], "blk.1.ffn_down.weight"),
         (["qwen3", "--drop", "blk.0.attn_k_norm.weight"], "blk.0.attn_k_norm.weight"),
         (["phi3", "--drop", "blk.1.attn_qkv.weight"], "attn_qkv"),
+        (["qwen2", "--rope-scaling", "longrope"], "qwen2.rope.scaling.type"),
         (["phi3", "--longrope"], "rope_factors_long"),
     ]
     for args, needle in cases:

@@ -706,6 +706,26 @@ static void check_attn(const tl_kernels *k, rng *r) {
             k->math.attn_online(&a);
             CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention hd=%d G=%d T=%d pos0=%d swa=%d scale=%g: "
                   "not the reference's bits", k->name, hd, G, T, pos0, swa, (double)a.scale);
+            /* per-head sinks (gpt-oss), above and below the scores */
+            float sk[16];
+            for (int h = 0; h < 16; h++) sk[h] = 6.0f * frand(r) + (h % 2 ? 3.0f : -3.0f);
+            if (G <= 16) {
+                float *o3 = malloc((size_t)T * G * hd * 4);
+                CHECK(o3 != NULL, "alloc");
+                if (o3) {
+                    a.sinks = sk;
+                    tl_attn_online(&a, 0);
+                    a.out = o3;
+                    k->math.attn_online(&a);
+                    /* (with scale 40 the scores dwarf the sinks: they may change nothing) */
+                    CHECK(memcmp(o2, o3, (size_t)T * G * hd * 4) == 0 &&
+                              (ci % 2 || memcmp(o2, o1, (size_t)T * G * hd * 4) != 0),
+                          "%s attention with sinks hd=%d G=%d T=%d pos0=%d swa=%d: not the reference's bits", k->name, hd,
+                          G, T, pos0, swa);
+                    a.sinks = NULL, a.out = o2;
+                    free(o3);
+                }
+            }
             /* the same keys kept transposed per block (the fast path's cache layout) */
             uint16_t *ktr = malloc((size_t)NB * BS * kvd * 2);
             CHECK(ktr != NULL, "alloc");

@@ -74,8 +74,11 @@ static void check_pv(void) {
 /* The fast attention (tl_attn_online): AVX2 equals scalar bitwise; a token's
  * output is the same alone as in a run of any length (batch invariance);
  * against softmax attention in double within float noise; with a sliding
- * window and a block table that is not in order. */
-static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
+ * window and a block table that is not in order. sinks: each head's softmax
+ * also counts a sink logit (gpt-oss), some above every score and some below,
+ * once per row however its keys are split into segments. */
+static void attn_case_s(int hd, int G, int T, int pos0, int n_swa, int sinks) {
+    if (G > 16) return; /* sk below */
     enum { BS = 16, NB = 64 };
     const int kvd = 2 * hd; /* two KV heads in a row; this case uses the second */
     uint16_t *kc = malloc((size_t)NB * BS * kvd * 2), *vc = malloc((size_t)NB * BS * kvd * 2);
@@ -90,10 +93,12 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
         vc[i] = tl_fp32_to_fp16(frand());
     }
     for (int i = 0; i < T * G * hd; i++) q[i] = 3.0f * frand();
+    float sk[16];
+    for (int h = 0; h < 16; h++) sk[h] = h % 3 == 0 ? 4.0f + 2.0f * frand() : 2.0f * frand() - (float)(h % 3);
     tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd, .q_tok = (size_t)G * hd,
                       .scale = 0.125f, .k = kc + hd, .v = vc + hd, .kv_stride = (size_t)kvd, .blk = blk,
                       .pos0 = pos0, .n_swa = n_swa, .out = o1, .out_stride = (size_t)hd,
-                      .out_tok = (size_t)G * hd, .scratch = scr};
+                      .out_tok = (size_t)G * hd, .scratch = scr, .sinks = sinks ? sk : NULL};
     tl_attn_online(&a, 0);
     a.out = o2;
     tl_attn_online(&a, 1);
@@ -120,8 +125,10 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
                     if (ml[2 * h] != -INFINITY)
                         tl_attn_merge(hd, &ma[h], &la[h], oa + (size_t)h * hd, ml[2 * h], ml[2 * h + 1], so + (size_t)h * hd);
             }
-            for (int h = 0; h < G; h++)
+            for (int h = 0; h < G; h++) {
+                if (sinks) tl_attn_sink(hd, &ma[h], &la[h], oa + (size_t)h * hd, sk[h]);
                 for (int d = 0; d < hd; d++) so[h * hd + d] = oa[h * hd + d] * (1.0f / la[h]);
+            }
             split_ok &= same(so, o3, G * hd);
             free(so), free(oa);
         }
@@ -136,7 +143,9 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
                 w[p] = sc * 0.125;
                 if (w[p] > mx) mx = w[p];
             }
+            if (sinks && sk[h] > mx) mx = sk[h];
             for (int p = lo; p <= pos; p++) sum += (w[p] = exp(w[p] - mx));
+            if (sinks) sum += exp(sk[h] - mx); /* in the denominator, weighing no value */
             for (int d = 0; d < hd; d++) {
                 double r = 0;
                 for (int p = lo; p <= pos; p++)
@@ -147,8 +156,8 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
             free(w);
         }
     }
-    CHECK(alone_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: each token alone gives its bits in the run", hd, G, T,
-          pos0, n_swa);
+    CHECK(alone_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d sinks=%d: each token alone gives its bits in the run", hd, G,
+          T, pos0, n_swa, sinks);
     {   /* the whole run segment by segment (a verification step split between threads) */
         float *so = malloc((size_t)T * G * hd * 4), *oa = malloc((size_t)T * G * hd * 4);
         float *ma = malloc((size_t)T * G * 4), *la = malloc((size_t)T * G * 4), *ml = malloc((size_t)T * G * 8);
@@ -163,18 +172,43 @@ static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
                 if (ml[2 * k] != -INFINITY)
                     tl_attn_merge(hd, &ma[k], &la[k], oa + (size_t)k * hd, ml[2 * k], ml[2 * k + 1], so + (size_t)k * hd);
         }
-        for (int k = 0; k < T * G; k++)
+        for (int k = 0; k < T * G; k++) {
+            if (sinks) tl_attn_sink(hd, &ma[k], &la[k], oa + (size_t)k * hd, sk[k % G]);
             for (int d = 0; d < hd; d++) so[k * hd + d] = oa[k * hd + d] * (1.0f / la[k]);
+        }
         split_ok &= same(so, o1, T * G * hd);
         free(so), free(oa), free(ma), free(la), free(ml);
     }
-    CHECK(split_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d: the segments folded give the whole pass's bits", hd, G, T,
-          pos0, n_swa);
-    CHECK(worst < 1e-5, "attn hd=%d G=%d T=%d pos0=%d swa=%d: max error %g vs double", hd, G, T, pos0, n_swa, worst);
+    CHECK(split_ok, "attn hd=%d G=%d T=%d pos0=%d swa=%d sinks=%d: the segments folded give the whole pass's bits", hd,
+          G, T, pos0, n_swa, sinks);
+    CHECK(worst < 1e-5, "attn hd=%d G=%d T=%d pos0=%d swa=%d sinks=%d: max error %g vs double", hd, G, T, pos0, n_swa,
+          sinks, worst);
     free(kc), free(vc), free(q), free(o1), free(o2), free(o3), free(scr);
 }
 
+static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
+    attn_case_s(hd, G, T, pos0, n_swa, 0);
+    attn_case_s(hd, G, T, pos0, n_swa, 1);
+}
+
+/* tl_attn_sink is tl_attn_merge of the state (s, 1, 0), bit for bit, on both
+ * sides of the maximum and at a tie; a sink of -inf changes nothing. */
+static void check_sink(void) {
+    enum { HD = 24 };
+    float o[HD], oa[HD], zero[HD] = {0};
+    const float ss[] = {-3.0f, 0.5f, 2.0f, 2.0f + 1e-6f, 7.0f, -INFINITY};
+    for (size_t i = 0; i < sizeof ss / sizeof *ss; i++) {
+        for (int d = 0; d < HD; d++) o[d] = oa[d] = frand();
+        float m = 2.0f, l = 3.7f, ma = 2.0f, la = 3.7f;
+        tl_attn_sink(HD, &m, &l, o, ss[i]);
+        if (ss[i] != -INFINITY) tl_attn_merge(HD, &ma, &la, oa, ss[i], 1.0f, zero);
+        CHECK(m == ma && l == la && same(o, oa, HD), "sink %g: tl_attn_merge's bits (l %.9g vs %.9g)", (double)ss[i],
+              (double)l, (double)la);
+    }
+}
+
 static void check_attn(void) {
+    check_sink();
     attn_case(64, 3, 16, 0, 0);    /* SmolLM2's heads, a prompt's first run */
     attn_case(64, 3, 7, 250, 0);   /* a run across blocks, mid-context */
     attn_case(64, 1, 1, 1000, 0);  /* decode, one head per KV head */
