@@ -629,6 +629,31 @@ int tl_chat_think_started(const char *rendered, size_t len);
  * proper prefix of the tag, which more text may complete. */
 size_t tl_chat_call_lead(const char *text, size_t n, int *partial);
 
+/* Harmony, gpt-oss's format (src/chat/harmony.c): the reply is a run of
+ * messages on channels; `analysis` is reasoning, `final` (and `commentary`
+ * without a recipient) content, a message to=functions.NAME a tool call
+ * whose body is its JSON arguments. tl_chat_harmony: whether tmpl (may be
+ * NULL) writes harmony's headers. The markers that open and close the
+ * reasoning, for the loop's count of reasoning tokens (tl_gen_params). */
+int tl_chat_harmony(const char *tmpl);
+#define TL_HARMONY_THINK_OPEN "<|channel|>analysis<|message|>"
+#define TL_HARMONY_THINK_CLOSE "<|end|>"
+enum { TL_HARMONY_REASONING = 1, TL_HARMONY_CONTENT = 2, TL_HARMONY_CALL = 3 };
+/* One piece of the reply: kind TL_HARMONY_*; name: a call's function (else
+ * NULL); text: reasoning or content as it streams, or a call's whole
+ * arguments. Returns 0 to go on; anything else stops tl_harmony_feed, which
+ * returns it. */
+typedef int (*tl_harmony_fn)(void *user, int kind, const char *name, const char *text, size_t n);
+/* A reply's parser: text in as it comes (split anywhere, even inside a
+ * control token's text), pieces out as soon as they are sure; last: the
+ * reply ended (held text goes out; a call cut short by <|call|>, an
+ * end-of-generation token that shows no text, goes out here). A reply with
+ * no headers at all is content. */
+typedef struct tl_harmony tl_harmony;
+int tl_harmony_new(tl_harmony **out, tl_error *err);
+void tl_harmony_free(tl_harmony *h);
+int tl_harmony_feed(tl_harmony *h, const char *text, size_t n, int last, tl_harmony_fn fn, void *user);
+
 typedef struct tl_chat_msg {
     const char *role, *content;
 } tl_chat_msg;

@@ -76,6 +76,8 @@ typedef struct api_stream {
     int think_opening; /* the reasoning's start: its open marker (the reply's own) is still to drop */
     api_buf think_hold; /* reasoning text that may be the start of the close marker; before any, what may open it */
     void *ds;           /* the dialect's stream state (server/dialect.h), or NULL */
+    tl_harmony *harmony; /* a harmony reply's parser (made at its first text), or NULL */
+    int harmony_calls;   /* the calls it has sent */
 } api_stream;
 void api_stream_free(api_stream *st);
 

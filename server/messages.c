@@ -259,7 +259,8 @@ static json_t *to_chat(const api_ctx *a, json_t *root, msg_dx *d, int count_only
         if (api_jset(chat, "stop", json_incref(ss))) goto oom;
         d->stop = json_incref(ss);
     }
-    static const char *const SAME[] = {"temperature", "top_p", "top_k", "stream", "model", NULL};
+    /* grammar: llama.cpp's GBNF, as on chat */
+    static const char *const SAME[] = {"temperature", "top_p", "top_k", "stream", "model", "grammar", NULL};
     for (int k = 0; SAME[k]; k++) {
         json_t *v = api_field(root, SAME[k]);
         if (v && !count_only && api_jset(chat, SAME[k], json_incref(v))) goto oom;

@@ -305,6 +305,7 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
      * else as the tagged blocks, whether or not this request offers tools */
     const int tmpl_tools = strstr(tl_model_chat_template(a->m), "tools") != NULL;
     const int native = with_tools && tmpl_tools;
+    const int harmony = tl_chat_harmony(tl_model_chat_template(a->m));
     json_t *arr = json_array();
     if (!arr) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < nm; i++) {
@@ -312,6 +313,14 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
         if (!o || json_array_append_new(arr, o)) {
             json_decref(arr);
             return -1;
+        }
+        /* gpt-oss's template reads an earlier turn's reasoning as `thinking`,
+         * and refuses it beside content on a call (llama.cpp drops the content) */
+        json_t *reas = json_object_get(o, "reasoning_content");
+        if (harmony && reas && (json_object_set(o, "thinking", reas) ||
+                                (json_object_get(o, "tool_calls") && json_object_del(o, "content")))) {
+            json_decref(arr);
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
     if (with_tools && !native) {
@@ -357,7 +366,7 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return BAD("messages", "chat template: %s", err.msg);
     }
-    if (think_started && a->reasoning) {
+    if (think_started && a->reasoning && !harmony) {
         /* the reasoning starts in the prompt when the generation prompt ends
          * with the open marker; with --reasoning on the server writes it there */
         *think_started = tl_chat_think_started(out, ol);

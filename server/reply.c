@@ -175,7 +175,7 @@ static json_t *usage_json(const srv_req *r) {
         json_decref(u);
         return NULL;
     }
-    if (r->think && json_object_set_new(u, "completion_tokens_details",
+    if ((r->think || r->harmony) && json_object_set_new(u, "completion_tokens_details",
                                         json_pack("{s:i}", "reasoning_tokens", r->reasoning_tokens))) {
         json_decref(u);
         return NULL;
@@ -197,6 +197,45 @@ static json_t *reply_head(const api_ctx *a, const srv_req *r, const char *object
 
 static int skip_lp(const api_ctx *a, const srv_event *ev) {
     return ev->kind == SRV_EV_TOKEN && tl_token_is_eog(a->m, ev->token);
+}
+
+/* ---- harmony (gpt-oss): the reply's channels, by the chat core's parser ---- */
+
+typedef struct hm_whole {
+    const srv_req *r;
+    api_buf think, content;
+    json_t *calls; /* NULL until one comes */
+} hm_whole;
+
+static int hm_whole_piece(void *user, int kind, const char *name, const char *text, size_t n) {
+    hm_whole *w = user;
+    if (kind == TL_HARMONY_REASONING) return api_buf_add(&w->think, text, n) ? -1 : 0;
+    if (kind == TL_HARMONY_CONTENT) return api_buf_add(&w->content, text, n) ? -1 : 0;
+    if (!w->r->tool_mode) return 0; /* calls nobody offered: not shown */
+    if (!w->calls && !(w->calls = json_array())) return -1;
+    const int k = (int)json_array_size(w->calls);
+    return api_jpush(w->calls, tools_harmony_call(name, text, n, k, -1, w->r->id)) ? -1 : 0;
+}
+
+/* A whole reply's text split: *reasoning (NULL if none), content, *calls (NULL if none). */
+static int harmony_whole(const srv_req *r, const char *s, size_t n, api_buf *content, json_t **reasoning,
+                         json_t **calls) {
+    hm_whole w = {r, {0}, {0}, NULL};
+    tl_harmony *h = NULL;
+    tl_error err = {0};
+    int rc = tl_harmony_new(&h, &err) || tl_harmony_feed(h, s, n, 1, hm_whole_piece, &w) ||
+             api_buf_add(&w.content, "", 0);
+    tl_harmony_free(h);
+    *reasoning = !rc && w.think.n ? api_jstr_bytes(w.think.p, w.think.n) : NULL;
+    *calls = w.calls;
+    *content = w.content;
+    api_buf_free(&w.think);
+    if (rc) {
+        json_decref(*calls);
+        json_decref(*reasoning);
+        *calls = *reasoning = NULL;
+    }
+    return rc ? -1 : 0;
 }
 
 /* Collects text, finish reason and logprobs over all events. */
@@ -251,8 +290,14 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
      * one only if the reply wrote it); the content, without leading blanks */
     const char *body = text.p ? text.p : "";
     size_t blen = text.n;
-    json_t *reasoning = NULL;
+    json_t *reasoning = NULL, *calls = NULL;
     api_buf joined = {0};
+    const int harmony = r->kind == SRV_CHAT && r->harmony;
+    if (!bad && harmony) {
+        bad = harmony_whole(r, body, blen, &joined, &reasoning, &calls);
+        body = joined.p ? joined.p : "";
+        blen = joined.n;
+    }
     if (!bad && r->kind == SRV_CHAT && r->think && (saw_think || r->think_started)) {
         const char *rs = think.p ? think.p : "";
         size_t rn = think.n, k = 0;
@@ -269,9 +314,9 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
         while (blen && (*body == '\n' || *body == ' ')) body++, blen--;
     }
     /* tool calls: the content before them, the calls parsed out */
-    json_t *calls = NULL;
     size_t clen = blen;
-    if (!bad && r->kind == SRV_CHAT && r->tool_mode) calls = tools_split(r->tool_fmt, body, blen, r->id, &clen);
+    if (!bad && !harmony && r->kind == SRV_CHAT && r->tool_mode)
+        calls = tools_split(r->tool_fmt, body, blen, r->id, &clen);
     if (calls) finish = "tool_calls";
     json_t *txt = bad ? NULL : calls && !clen ? json_null() : api_jstr_bytes(body, clen);
     api_buf_free(&text);
@@ -328,6 +373,8 @@ void api_stream_free(api_stream *st) {
     api_buf_free(&st->think_hold);
     if (st->ds) ((dialect_stream *)st->ds)->free(st->ds);
     st->ds = NULL;
+    tl_harmony_free(st->harmony);
+    st->harmony = NULL;
 }
 
 /* ---- streams ----------------------------------------------------------------- */
@@ -558,6 +605,35 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
     return rc;
 }
 
+/* A harmony reply streamed: reasoning_content and content deltas as the
+ * parser lets them go, each call whole as its message ends. */
+typedef struct hm_stream {
+    const api_ctx *a;
+    const srv_req *r;
+    api_stream *st;
+    api_buf *out;
+} hm_stream;
+
+static int hm_stream_piece(void *user, int kind, const char *name, const char *text, size_t n) {
+    hm_stream *s = user;
+    if (kind == TL_HARMONY_REASONING)
+        return chunk_delta(s->a, s->r, s->st, s->out, "reasoning_content", api_jstr_bytes(text, n));
+    if (kind == TL_HARMONY_CONTENT) return chunk(s->a, s->r, s->st, s->out, NULL, text, n, NULL, NULL);
+    if (!s->r->tool_mode) return 0;
+    const int k = s->st->harmony_calls++;
+    json_t *c = tools_harmony_call(name, text, n, k, k, s->r->id);
+    return chunk_delta(s->a, s->r, s->st, s->out, "tool_calls", c ? json_pack("[o]", c) : NULL);
+}
+
+static int stream_harmony(const api_ctx *a, const srv_req *r, api_stream *st, const char *t, size_t n, json_t *lp,
+                          int last, api_buf *out) {
+    if (lp && chunk(a, r, st, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
+    tl_error err = {0};
+    if (!st->harmony && tl_harmony_new(&st->harmony, &err)) return -1;
+    hm_stream s = {a, r, st, out};
+    return tl_harmony_feed(st->harmony, t, n, last, hm_stream_piece, &s) ? -1 : 0;
+}
+
 int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const srv_event *ev,
                      api_buf *out) {
     if (st->ended) return 0;
@@ -573,13 +649,16 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
         const char *t = ev->kind == SRV_EV_TOKEN ? ev->text : "";
         size_t n = ev->kind == SRV_EV_TOKEN ? ev->text_len : 0;
         if (!n && !lp) return 0;
+        if (r->kind == SRV_CHAT && r->harmony) return stream_harmony(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         if (r->kind == SRV_CHAT && r->think)
             return stream_think(a, r, st, t ? t : "", t ? n : 0, lp, ev->kind == SRV_EV_TOKEN && ev->reasoning, 0, out);
         if (tools) return stream_tools(a, r, st, t ? t : "", t ? n : 0, lp, 0, out);
         return chunk(a, r, st, out, NULL, t ? t : "", t ? n : 0, lp, NULL);
     }
     case SRV_EV_DONE:
-        if (r->kind == SRV_CHAT && r->think) {
+        if (r->kind == SRV_CHAT && r->harmony) {
+            if (stream_harmony(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, 1, out)) return -1;
+        } else if (r->kind == SRV_CHAT && r->think) {
             /* the text held back to the end belongs with the last token */
             if (stream_think(a, r, st, ev->text ? ev->text : "", ev->text_len, NULL, st->think == 1, 1, out)) return -1;
         } else if (tools) {
@@ -588,7 +667,9 @@ int api_stream_event(const api_ctx *a, const srv_req *r, api_stream *st, const s
             return -1;
         }
         if (chunk(a, r, st, out, NULL, NULL, 0, NULL,
-                  tools && st->tools.n_calls ? "tool_calls" : ev->finish_reason ? ev->finish_reason : "stop"))
+                  (tools && st->tools.n_calls) || st->harmony_calls ? "tool_calls"
+                  : ev->finish_reason                            ? ev->finish_reason
+                                                                 : "stop"))
             return -1;
         if ((r->include_usage || r->dialect) && usage_chunk(a, r, st, out)) return -1;
         break;

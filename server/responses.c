@@ -403,7 +403,7 @@ static const char *const KNOWN[] = {
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
     "max_output_tokens", "temperature", "top_p", "stream", "store", "previous_response_id", "metadata", "user",
     "prompt_cache_key", "truncation", "include", "service_tier", "top_logprobs", "safety_identifier",
-    "stream_options", "background", "max_tool_calls", "prompt_cache_retention", NULL};
+    "stream_options", "background", "max_tool_calls", "prompt_cache_retention", "grammar", NULL};
 
 static int known(const char *k) {
     for (int i = 0; KNOWN[i]; i++)
@@ -502,7 +502,8 @@ static json_t *to_chat(const api_ctx *a, json_t *root, resp_dx *d, api_err *e) {
     }
     if (copy_if(root, "temperature", chat, "temperature") || copy_if(root, "top_p", chat, "top_p") ||
         copy_if(root, "stream", chat, "stream") || copy_if(root, "prompt_cache_key", chat, "prompt_cache_key") ||
-        copy_if(root, "user", chat, "user") || copy_if(root, "model", chat, "model"))
+        copy_if(root, "user", chat, "user") || copy_if(root, "model", chat, "model") ||
+        copy_if(root, "grammar", chat, "grammar")) /* llama.cpp's GBNF, as on chat */
         goto oom;
     return chat;
 oom:

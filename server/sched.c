@@ -237,6 +237,10 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
         tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
         gp.think_started = r->think_started;
         gp.think_budget = r->think_budget;
+    } else if (r->harmony) { /* the analysis message, counted as reasoning; no budget */
+        gp.think_open = TL_HARMONY_THINK_OPEN;
+        gp.think_close = TL_HARMONY_THINK_CLOSE;
+        gp.think_budget = -1;
     }
     if (r->grammar) {
         if (!s->trie && (rc = tl_vocab_trie_new(s->m, &s->trie, err))) return rc;

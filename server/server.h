@@ -102,6 +102,8 @@ typedef struct srv_req {
     int think;                       /* the reply may reason (tl_chat_think_markers) */
     int think_started;               /* the prompt opened the reasoning */
     int think_budget;                /* reasoning tokens before the close is forced; -1: none */
+    int harmony;                     /* the reply is harmony's channels (gpt-oss, tl_chat_harmony):
+                                      * split by its parser, not by think or the tool formats */
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;                 /* unix seconds */
     double t_arrival;                /* monotonic seconds, for time-to-first-token */

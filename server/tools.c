@@ -39,10 +39,13 @@ static const fmt_def FMT[] = {
     /* a JSON object may well appear in an answer: a call is the whole reply */
     [TOOLS_LLAMA3] = {"{\"name\"", 1, NULL, 0, "parameters", 0, 1},
     [TOOLS_MISTRAL] = {"[TOOL_CALLS]", 0, NULL, 1, "arguments", 1, 0},
+    /* harmony's calls are messages (src/chat/harmony.c); the trigger is the recipient's */
+    [TOOLS_HARMONY] = {" to=functions.", 0, NULL, 0, "arguments", 0, 0},
 };
 
 int tools_format(const char *tmpl, int native) {
     if (!native || !tmpl) return TOOLS_HERMES;
+    if (tl_chat_harmony(tmpl)) return TOOLS_HARMONY;
     if (strstr(tmpl, "[TOOL_CALLS]")) return TOOLS_MISTRAL;
     if (strstr(tmpl, "<|python_tag|>") || strstr(tmpl, "\"parameters\": dictionary")) return TOOLS_LLAMA3;
     return TOOLS_HERMES;
@@ -134,8 +137,86 @@ char *tools_system_text(json_t *tools) {
     return s;
 }
 
+/* GBNF text g with every rule name prefixed (p: "h3-"), appended to b: one
+ * grammar per function beside the others. Strings, classes and comments are
+ * copied as they are. */
+static int gbnf_prefixed(api_buf *b, const char *g, const char *p) {
+    const size_t pl = strlen(p);
+    for (const char *c = g; *c;) {
+        const char *s = c;
+        if (*c == '"' || *c == '[') {
+            const char close = *c == '"' ? '"' : ']';
+            for (c++; *c && *c != close; c++)
+                if (*c == '\\' && c[1]) c++;
+            if (*c) c++;
+        } else if (*c == '#') {
+            while (*c && *c != '\n') c++;
+        } else if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || *c == '_') {
+            while ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' ||
+                   *c == '-')
+                c++;
+            if (api_buf_add(b, p, pl)) return -1;
+        } else {
+            c++;
+        }
+        if (api_buf_add(b, s, (size_t)(c - s))) return -1;
+    }
+    return api_buf_add(b, "\n", 1);
+}
+
+/* Harmony's calls: a message to=functions.NAME whose body is the arguments,
+ * the recipient before or after the channel. Under auto the grammar starts
+ * at the recipient (the trigger); otherwise an analysis message may come
+ * first. The control tokens it names (<|channel|>, <|message|>, <|start|>,
+ * <|constrain|>, <|end|>) render as text (src/tokenize), so the grammar
+ * matches the tokens themselves; <|call|> ends generation, as a grammar's end
+ * allows. */
+static int harmony_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
+    static const char LAZY[] = "root ::= hcall\n",
+                      EAGER[] = "root ::= (\"<|channel|>analysis<|message|>\" hthink \"<|end|><|start|>assistant\")? "
+                                "\"<|channel|>commentary\"? hcall\n"
+                                "hthink ::= ([^<] | \"<\" [^|])*\n",
+                      HDR[] = "hhdr ::= \"<|channel|>commentary\"? (\" \" \"<|constrain|>\"? \"json\")? \"<|message|>\"\n"
+                              "hcall ::= \" to=functions.\" (";
+    api_buf b = {0};
+    const char *root = t->mode == TOOLS_AUTO ? LAZY : EAGER;
+    int bad = api_buf_add(&b, root, strlen(root)) || api_buf_add(&b, HDR, sizeof HDR - 1);
+    size_t i;
+    json_t *tool;
+    int k = 0, rc = 0;
+    json_array_foreach(t->tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (bad || rc || (t->only && strcmp(name, t->only))) continue;
+        char head[128];
+        snprintf(head, sizeof head, "%s\"%s\" hhdr h%d-root", k ? " | " : "", name, k);
+        bad = api_buf_add(&b, head, strlen(head));
+        k++;
+    }
+    bad = bad || api_buf_add(&b, ")\n", 2);
+    k = 0;
+    json_array_foreach(t->tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (bad || rc || (t->only && strcmp(name, t->only))) continue;
+        json_t *params = json_object_get(fn, "parameters");
+        char *text = params && json_is_object(params) ? json_dumps(params, JSON_COMPACT) : NULL;
+        char *gbnf = NULL, pre[16];
+        rc = tl_json_schema_to_gbnf(text ? text : "{\"type\":\"object\"}", text ? strlen(text) : 17, &gbnf, err);
+        snprintf(pre, sizeof pre, "h%d-", k++);
+        if (!rc) bad = gbnf_prefixed(&b, gbnf, pre);
+        free(text);
+        tl_free(gbnf);
+    }
+    if (!rc && bad) rc = tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    if (!rc) rc = tl_grammar_parse(b.p, b.n, out, err);
+    api_buf_free(&b);
+    return rc;
+}
+
 int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err) {
     *out = NULL;
+    if (fmt == TOOLS_HARMONY) return harmony_grammar(t, out, err);
     json_t *alts = json_array(), *schema = json_object();
     size_t i;
     json_t *tool;
@@ -289,6 +370,25 @@ json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, siz
         return NULL;
     }
     return calls;
+}
+
+json_t *tools_harmony_call(const char *name, const char *args, size_t n, int k, int index, const char *req_id) {
+    while (n && (*args == ' ' || *args == '\n')) args++, n--;
+    while (n && (args[n - 1] == ' ' || args[n - 1] == '\n')) n--;
+    json_t *v = n ? json_loadb(args, n, JSON_DECODE_ANY, NULL) : json_object();
+    char *a = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(v);
+    const char *rid = req_id + (strncmp(req_id, "chatcmpl-", 9) ? 0 : 9);
+    char id[96];
+    snprintf(id, sizeof id, "call_%.60s_%d", rid, k);
+    json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s%}}", "id", id, "type", "function", "function", "name", name,
+                          "arguments", a ? a : args, a ? strlen(a) : n);
+    free(a);
+    if (c && index >= 0 && json_object_set_new(c, "index", json_integer(index))) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }
 
 const char *tools_lost_open(int fmt) { return FMT[fmt].keep_open ? "" : FMT[fmt].open; }

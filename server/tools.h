@@ -9,7 +9,7 @@
 
 enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
 /* Call formats (see tools.c). */
-enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2 };
+enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2, TOOLS_HARMONY = 3 };
 
 /* A request's tools (borrowed from its JSON body). */
 typedef struct tools_req {
@@ -38,6 +38,10 @@ char *tools_system_text(json_t *tools);
 /* The grammar of the calls t allows: the tags around JSON whose arguments
  * validate against each function's parameters. */
 int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err);
+/* One harmony call (tl_harmony_feed's piece) as OpenAI's {id, type, function}
+ * (with "index" if index >= 0): the arguments compacted when they parse as
+ * JSON, "{}" when empty, else as written. */
+json_t *tools_harmony_call(const char *name, const char *args, size_t n, int k, int index, const char *req_id);
 /* A whole reply: the calls in it (NULL if none) and the length of the
  * content before them. */
 json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, size_t *content_len);

@@ -218,6 +218,7 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     r->top_logprobs = rc ? (int)x : 0;
     tools_req t;
     if (tools_parse(root, &t, e)) return -1;
+    r->harmony = tl_chat_harmony(tl_model_chat_template(a->m));
     if (t.tools && t.mode != TOOLS_NONE) {
         if (r->grammar) return BAD("tools", "tool calls and a JSON response_format or grammar in one request are not supported");
         tl_error err = {0};
@@ -228,6 +229,8 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
         if (rc) return BAD("tools", "%s", err.msg);
         r->grammar_lazy = t.mode == TOOLS_AUTO;
         r->tool_mode = t.mode;
+        if (r->harmony != (r->tool_fmt == TOOLS_HARMONY)) r->harmony = 0; /* a template that speaks of
+                                                                              * no tools: Hermes */
     }
     /* reasoning: its budget (max_thinking_tokens, or reasoning_effort's) */
     r->think_budget = -1;
@@ -246,9 +249,25 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     }
     if ((rc = api_get_int(root, "max_thinking_tokens", 0, a->n_ctx, &x, e)) < 0) return -1;
     if (rc) r->think_budget = (int)x;
-    r->think = a->reasoning != 0;
-    return api_chat_prompt(a, api_field(root, "messages"), &t, api_field(root, "chat_template_kwargs"), 1, &r->think_started,
-                       &r->prompt, &r->n_prompt, e);
+    r->think = a->reasoning != 0 && !r->harmony; /* harmony's reasoning is a channel */
+    if (r->harmony) r->think_budget = -1;
+    json_t *kw = api_field(root, "chat_template_kwargs");
+    if (!r->harmony || !effort || (kw && !json_is_object(kw)))
+        return api_chat_prompt(a, api_field(root, "messages"), &t, kw, 1, &r->think_started, &r->prompt,
+                               &r->n_prompt, e);
+    /* harmony: the effort is the template's reasoning_effort (low, medium or
+     * high), as llama.cpp passes it; the reasoning has no budget */
+    const char *ev = json_string_value(effort);
+    json_t *kw2 = kw ? json_deep_copy(kw) : json_object();
+    if (!kw2 || (!json_object_get(kw2, "reasoning_effort") &&
+                 json_object_set_new(kw2, "reasoning_effort",
+                                     json_string(!strcmp(ev, "none") || !strcmp(ev, "minimal") ? "low" : ev)))) {
+        json_decref(kw2);
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw2, 1, &r->think_started, &r->prompt, &r->n_prompt, e);
+    json_decref(kw2);
+    return rc;
 }
 
 static int parse_completion(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {

@@ -533,6 +533,13 @@ static void detect_special(tl_tokenizer *t) {
     mark_eog(t, t->eos);
     mark_eog(t, t->eot);
     mark_eog(t, t->eom);
+    /* harmony (gpt-oss): <|end|> closes a message, not the reply, which ends
+     * at <|return|> or <|call|>; where both end generation, <|end|> renders
+     * like <|channel|> (llama.cpp's rule) */
+    const int32_t ret = vocab_find(t, "<|return|>", 10), call = vocab_find(t, "<|call|>", 8),
+                  end = vocab_find(t, "<|end|>", 7);
+    if (ret >= 0 && call >= 0 && end >= 0 && (t->attr[ret] & ATTR_EOG) && (t->attr[call] & ATTR_EOG))
+        t->attr[end] = ATTR_USER_DEFINED;
 }
 
 typedef struct len_id {
