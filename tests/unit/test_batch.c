@@ -245,8 +245,10 @@ static void gemma(void) {
  * how many did. */
 static void experts(void) {
     static const char *files[] = {MOE_QWEN3, MOE_QWEN2};
-    const char *texts[NS] = {"The river flows past the old mill and into the sea, where the boats of the fishermen wait "
-                             "for the tide to turn, and the gulls circle over the harbour wall until evening comes",
+    static const char river[] = "The river flows past the old mill and into the sea, where the boats of the "
+                                "fishermen wait for the tide to turn, and the gulls circle over the harbour "
+                                "wall until evening comes";
+    const char *texts[NS] = {river,
                              "Seven apples, three pears and a basket of plums were on the table",
                              "In the beginning the town had one road, one bridge and one well"};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
