@@ -1144,13 +1144,14 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->kc = tl_big_alloc(kvn);
     c->vc = tl_big_alloc(kvn);
     if (!c->kc || !c->vc) fail = 1;
-    /* The pool hands out low blocks first, so a short request touches the
+    /* The cache is laid out layer by layer, so a short request touches the
      * start of every layer's K and V: on 2 MiB pages that alone made 4 MiB a
-     * layer resident (120 MiB for SmolLM2's 30). Those starts stay on small
-     * pages; the blocks of long contexts beyond them keep the large ones. */
-    for (int il = 0; !fail && il < hp->n_layer; il++) {
-        tl_small_pages(c->kc + (size_t)il * c->layer_stride, c->layer_stride, (size_t)2 << 20);
-        tl_small_pages(c->vc + (size_t)il * c->layer_stride, c->layer_stride, (size_t)2 << 20);
+     * layer resident (120 MiB for SmolLM2's 30), and a stream's growth went
+     * 2 MiB at a time per layer. Small pages keep it resident as written; a
+     * block-major layout would let it have large pages again. */
+    if (!fail) {
+        tl_small_pages(c->kc, kvn, kvn);
+        tl_small_pages(c->vc, kvn, kvn);
     }
     c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
     c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
