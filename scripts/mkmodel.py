@@ -384,9 +384,14 @@ def build_llama1b(args):
 # of width 768, 8 used) at 8 of its 48 layers, with SmolLM2's vocabulary
 # (--vocab FILE: any GGUF whose tokenizer.* keys to copy; default the
 # SmolLM2 file `make models` fetches). Weights N(0, 0.02), the router 4x.
+# gptoss-20b: gpt-oss-20b's layer (2880 wide, 64/8 heads of 64, sinks and
+# biases, 128-position windows on the even layers, YaRN 32x over 4096, 32
+# experts of width 2880, 4 used) at 8 of its 24 layers, the same vocabulary.
 BIG_MOE = {
     "qwen3moe-a3b": dict(arch="qwen3moe", d=2048, layers=8, heads=32, heads_kv=4, hd=128, n_exp=128, used=8,
                          ff_exp=768, base=1000000.0, ctx=40960, std=0.02),
+    "gptoss-20b": dict(arch="gpt-oss", d=2880, layers=8, heads=64, heads_kv=8, hd=64, n_exp=32, used=4,
+                       ff_exp=2880, base=150000.0, ctx=131072, std=0.02, swa=128),
 }
 SMOLLM2 = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -404,7 +409,7 @@ def build_big_moe(args):
     w.add_context_length(p["ctx"])
     w.add_embedding_length(d)
     w.add_block_count(p["layers"])
-    w.add_feed_forward_length(ff * 8)
+    w.add_feed_forward_length(ff if p["arch"] == "gpt-oss" else ff * 8)
     w.add_expert_feed_forward_length(ff)
     w.add_expert_count(ne)
     w.add_expert_used_count(p["used"])
@@ -416,9 +421,27 @@ def build_big_moe(args):
     w.add_rope_freq_base(p["base"])
     w.add_rope_dimension_count(hd)
     w.add_vocab_size(n_vocab)
+    oss = p["arch"] == "gpt-oss"
+    if oss:
+        w.add_sliding_window(p["swa"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     plan = [("token_embd.weight", (n_vocab, d), "mat")]
     for i in range(p["layers"]):
         b = f"blk.{i}."
+        if oss:
+            plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (q, d), "mat"),
+                     (b + "attn_q.bias", (q,), "bias"), (b + "attn_k.weight", (kv, d), "mat"),
+                     (b + "attn_k.bias", (kv,), "bias"), (b + "attn_v.weight", (kv, d), "mat"),
+                     (b + "attn_v.bias", (kv,), "bias"), (b + "attn_output.weight", (d, q), "mat"),
+                     (b + "attn_output.bias", (d,), "bias"), (b + "attn_sinks.weight", (p["heads"],), "bias"),
+                     (b + "post_attention_norm.weight", (d,), "norm"),
+                     (b + "ffn_gate_inp.weight", (ne, d), "router"), (b + "ffn_gate_inp.bias", (ne,), "bias"),
+                     (b + "ffn_gate_exps.weight", (ne, ff, d), "mat"), (b + "ffn_gate_exps.bias", (ne, ff), "bias"),
+                     (b + "ffn_up_exps.weight", (ne, ff, d), "mat"), (b + "ffn_up_exps.bias", (ne, ff), "bias"),
+                     (b + "ffn_down_exps.weight", (ne, d, ff), "mat"), (b + "ffn_down_exps.bias", (ne, d), "bias")]
+            continue
         plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (q, d), "mat"),
                  (b + "attn_k.weight", (kv, d), "mat"), (b + "attn_v.weight", (kv, d), "mat"),
                  (b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm"),
@@ -433,6 +456,8 @@ def build_big_moe(args):
             return (1.0 + rng.standard_normal(shape, dtype=np.float32) * p["std"]).astype(np.float32)
         if kind == "router":
             return rng.standard_normal(shape, dtype=np.float32) * (4 * p["std"])
+        if kind == "bias":
+            return rng.standard_normal(shape, dtype=np.float32) * 0.1
         out = np.empty(shape, dtype=np.float16 if args.type == "f16" else np.float32)
         flat = out.reshape(-1, shape[-1])
         for r in range(0, flat.shape[0], 8192):  # bounded float32 temporaries
@@ -440,7 +465,7 @@ def build_big_moe(args):
         return out if args.type in ("f16", "f32") else to_type(out, args.type)[0]
 
     for name, shape, kind in plan:
-        qt = QT.F32 if kind in ("norm", "router") else TYPES[args.type]
+        qt = QT.F32 if kind in ("norm", "router", "bias") else TYPES[args.type]
         byte_shape = gguf.quant_shape_to_byte_shape(shape, qt)
         nbytes = int(np.prod(byte_shape))
         if qt in (QT.F32, QT.F16):

@@ -103,6 +103,7 @@ int tl_kern_row_align(const tl_kernels *k, tl_type t) { return grouped(k, t) ? 8
 
 size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
     if (r8h(k, t)) return tl_r8h_row_bytes(t, n);
+    if (r8(k, t)) return tl_r8_row_bytes(t, n);
     return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);
 }
 

@@ -227,6 +227,76 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     return hsum_f8(acc);
 }
 
+/* Q2_K and Q3_K: the reference's exact integer sums per super-block (scale x
+ * (q . q8) and, Q2_K, min x bsum), then its scalar float steps, so the same
+ * bits (see quant.c; neither is ggml's float order). A 32-byte quant vector is
+ * elements 128h + 32j .. +31: 16-element groups 8h + 2j and 8h + 2j + 1, whose
+ * int16 pair sums madd with their two scales. */
+AI __m256i k2_group_scales(const int8_t *sc, int g) {
+    return _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+}
+
+static float dot_q2_K(int64_t n, const void *vw, const void *va) {
+    const block_q2_K *x = vw;
+    const block_q8_K *y = va;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int8_t sc[16];
+        int summs = 0;
+        for (int g = 0; g < 16; g++) {
+            sc[g] = (int8_t)(x[i].scales[g] & 0xF);
+            summs += y[i].bsums[g] * (x[i].scales[g] >> 4);
+        }
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = load32(x[i].qs + 32 * h);
+            for (int j = 0; j < 4; j++) {
+                const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+                const __m256i p = _mm256_maddubs_epi16(u, load32(y[i].qs + 128 * h + 32 * j));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, k2_group_scales(sc, 8 * h + 2 * j)));
+            }
+        }
+        const int isum = hsum_i8x32(acc);
+        const float dall = y[i].d * h2f(x[i].d), dmin = y[i].d * h2f(x[i].dmin);
+        s += dall * (float)isum - dmin * (float)summs;
+    }
+    return s;
+}
+
+/* Q3_K's value is its 2 low bits, less 4 where the high bit is clear: two
+ * maddubs (2 x 3 x 128 and 2 x 4 x 128 fit int16), one subtract. */
+static float dot_q3_K(int64_t n, const void *vw, const void *va) {
+    const block_q3_K *x = vw;
+    const block_q8_K *y = va;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int8_t sc[16];
+        for (int g = 0; g < 16; g++) {
+            const int lo = g < 8 ? x[i].scales[g] & 0xF : x[i].scales[g - 8] >> 4;
+            const int hi = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+            sc[g] = (int8_t)((lo | (hi << 4)) - 32);
+        }
+        const __m256i hm = load32(x[i].hmask);
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = load32(x[i].qs + 32 * h);
+            for (int j = 0; j < 4; j++) {
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+                const __m256i neg = _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2); /* 4: high bit clear */
+                const __m256i a = load32(y[i].qs + 128 * h + 32 * j);
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a), _mm256_maddubs_epi16(neg, a));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, k2_group_scales(sc, 8 * h + 2 * j)));
+            }
+        }
+        const int isum = hsum_i8x32(acc);
+        s += h2f(x[i].d) * y[i].d * (float)isum;
+    }
+    return s;
+}
+
 /* ---- K-quant gemm: one weight row x up to 4 tokens, unpacked once ------------------ */
 
 /* Q4_K: the superblock's quants and scales are unpacked once for N tokens; each
@@ -509,6 +579,8 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_Q4_K] = dot_q4_K;
     k->vec_dot[TL_Q5_K] = dot_q5_K;
     k->vec_dot[TL_Q6_K] = dot_q6_K;
+    k->vec_dot[TL_Q2_K] = dot_q2_K;
+    k->vec_dot[TL_Q3_K] = dot_q3_K;
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;

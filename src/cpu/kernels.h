@@ -95,6 +95,14 @@ void tl_act_add_scales(tl_type vt, void *row, int64_t n);
  * Q8_1 rounds it) and the int32 sum. Its float order is in cpu/r8.c. */
 int tl_r8_supported(tl_type type);
 int64_t tl_r8_rows(int64_t nrows); /* rows in the packed copy: nrows rounded up to 8 */
+/* The table formats' groups (cpu/r8.c): IQ4_NL as Q4_0; MXFP4 per block e[8]
+ * then the quants (17 bytes per row and block, as GGUF); IQ4_XS per superblock
+ * d[8] f16, then per sub-block sc[8] (int8) and the quants: 138 bytes per row
+ * and superblock (GGUF: 136). */
+#define R8_XS_BLK 136
+#define R8_XS_SB 138
+size_t tl_r8_row_bytes(tl_type type, int64_t n); /* bytes per packed row (a group is 8) */
+float tl_r8_e8m0(uint8_t e); /* MXFP4's scale as the fast mode takes it: 2^(e-128), 0 for e < 2 */
 int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 size_t tl_r8_act_row_size(int64_t n);
 void tl_r8_act_make(tl_quantize_fn q8_1, const float *x, void *row, int64_t n);

@@ -12,7 +12,12 @@
  * with their -8/-16 offsets) and s_a is Q8_1's s: d_a * sum(q_a) from the
  * unrounded d_a, rounded to f16 (the activation llama.cpp gives these two
  * formats, so that their min terms match the exact mode's). The SIMD levels
- * compute exactly this, so every level gives the bits of the reference here. */
+ * compute exactly this, so every level gives the bits of the reference here.
+ *
+ * The table formats (IQ4_NL, MXFP4, IQ4_XS) take the same layout and order
+ * with their 4-bit indices looked up in a signed int8 table (no offset): d_w
+ * is IQ4_NL's f16 d, MXFP4's E8M0 scale halved (its table holds twice E2M1's
+ * values), IQ4_XS's superblock d times the sub-block's scale (exact in f32). */
 #include <math.h>
 #include <string.h>
 
@@ -31,13 +36,66 @@ static int fields(tl_type t, r8_fields *f) {
     case TL_Q5_0: *f = (r8_fields){sizeof(block_q5_0), 0, 4, 16}; return 0;
     case TL_Q5_1: *f = (r8_fields){sizeof(block_q5_1), 2, 4, 16}; return 0;
     case TL_Q8_0: *f = (r8_fields){sizeof(block_q8_0), 0, 0, 32}; return 0;
+    case TL_IQ4_NL: *f = (r8_fields){sizeof(block_iq4_nl), 0, 0, 16}; return 0;
     default: return -1;
     }
 }
 
+static int lut_type(tl_type t) { return t == TL_IQ4_NL || t == TL_MXFP4 || t == TL_IQ4_XS; }
+
 int tl_r8_supported(tl_type type) {
     r8_fields f;
-    return fields(type, &f) == 0;
+    return fields(type, &f) == 0 || lut_type(type);
+}
+
+size_t tl_r8_row_bytes(tl_type type, int64_t n) {
+    return type == TL_IQ4_XS ? (size_t)(n / QK_K) * R8_XS_SB : tl_row_size(type, n);
+}
+
+/* The MXFP4 and IQ4_XS groups: MXFP4 per block e[8], then the quants as
+ * IQ4_NL's; IQ4_XS per superblock d[8] f16, then per sub-block sc[8] (int8,
+ * the 6-bit scale less 32) and the quants. */
+static int pack_lut(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
+    const int xs = type == TL_IQ4_XS;
+    if (n % (xs ? QK_K : 32) || nrows < 0) return -1;
+    const int64_t nb = n / 32, ng = tl_r8_rows(nrows) / 8;
+    const size_t rowb = tl_r8_row_bytes(type, n);
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    memset(d, 0, (size_t)ng * 8 * rowb);
+    for (int64_t g = 0; g < ng; g++)
+        for (int r = 0; r < 8 && g * 8 + r < nrows; r++) {
+            const uint8_t *row = s + (size_t)(g * 8 + r) * tl_row_size(type, n);
+            uint8_t *grp = d + (size_t)g * 8 * rowb;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *qs;
+                uint8_t *o;
+                if (xs) {
+                    const block_iq4_xs *x = (const block_iq4_xs *)(const void *)row + b / 8;
+                    const int ib = (int)(b % 8);
+                    uint8_t *sb = grp + (size_t)(b / 8) * 8 * R8_XS_SB;
+                    memcpy(sb + 2 * r, &x->d, 2);
+                    o = sb + 16 + (size_t)ib * R8_XS_BLK;
+                    const int ls = ((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4);
+                    o[r] = (uint8_t)(int8_t)(ls - 32);
+                    qs = x->qs + 16 * ib;
+                } else {
+                    const block_mxfp4 *x = (const block_mxfp4 *)(const void *)row + b;
+                    o = grp + (size_t)b * 8 * sizeof(block_mxfp4);
+                    o[r] = x->e;
+                    qs = x->qs;
+                }
+                for (int k = 0; k < 4; k++) memcpy(o + 8 + 32 * k + 4 * r, qs + 4 * k, 4);
+            }
+        }
+    return 0;
+}
+
+float tl_r8_e8m0(uint8_t e) {
+    const uint32_t bits = (uint32_t)(e > 1 ? e - 1 : 0) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 int64_t tl_r8_rows(int64_t nrows) { return (nrows + 7) & ~(int64_t)7; }
@@ -50,6 +108,7 @@ int64_t tl_r8_rows(int64_t nrows) { return (nrows + 7) & ~(int64_t)7; }
  * one shift of the 32 bytes and a mask give any vector's fifth bits in place. */
 int tl_r8_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n) {
     r8_fields f;
+    if (type == TL_MXFP4 || type == TL_IQ4_XS) return pack_lut(type, src, dst, nrows, n);
     if (fields(type, &f) || n % 32 || nrows < 0) return -1;
     const int64_t nb = n / 32, ng = tl_r8_rows(nrows) / 8;
     const size_t gblk = 8 * f.block; /* one block of a group */
@@ -118,6 +177,11 @@ static float h2f_at(const uint8_t *p, int i) {
 static int quant_at(tl_type type, const uint8_t *blk, int r, int j) {
     r8_fields f = {0, 0, 0, 0};
     fields(type, &f);
+    if (lut_type(type)) {
+        const uint8_t byte = blk[(type == TL_IQ4_NL ? 16 : 8) + 32 * (j % 16 / 4) + 4 * r + j % 4];
+        const int u = j >= 16 ? byte >> 4 : byte & 15;
+        return type == TL_MXFP4 ? tl_kvalues_mxfp4[u] : tl_kvalues_iq4nl[u];
+    }
     const uint8_t *qh = blk + 16 + 8 * f.m, *qs = qh + 8 * f.qh;
     if (type == TL_Q8_0) return (int8_t)qs[32 * (j / 4) + 4 * r + j % 4];
     const int hi = j >= 16, jj = j % 16;
@@ -143,10 +207,21 @@ static void gemm_ref(tl_type type, int64_t n, const void *vw, size_t ws, int nr,
                 float acc = 0.0f;
                 for (int64_t b = 0; b < nb; b++) {
                     const uint8_t *blk = grp + (size_t)b * 8 * f.block;
+                    float dw;
+                    if (type == TL_MXFP4) {
+                        blk = grp + (size_t)b * 8 * sizeof(block_mxfp4);
+                        dw = tl_r8_e8m0(blk[r]);
+                    } else if (type == TL_IQ4_XS) {
+                        const uint8_t *sb = grp + (size_t)(b / 8) * 8 * R8_XS_SB;
+                        blk = sb + 16 + (size_t)(b % 8) * R8_XS_BLK;
+                        dw = h2f_at(sb, r) * (float)(int8_t)blk[r];
+                    } else {
+                        dw = h2f_at(blk, r);
+                    }
                     int32_t isum = 0;
                     for (int j = 0; j < 32; j++) isum += quant_at(type, blk, r, j) * (int8_t)a[32 * b + j];
                     isum -= off * asum[b];
-                    acc = fmaf((float)isum, h2f_at(blk, r) * ad[b], acc);
+                    acc = fmaf((float)isum, dw * ad[b], acc);
                     if (f.m) acc = fmaf(h2f_at(blk + 16, r), asf[b], acc);
                 }
                 y[(size_t)t * ys + r0 + r] = acc;
@@ -165,8 +240,14 @@ REF_GEMM(Q4_1)
 REF_GEMM(Q5_0)
 REF_GEMM(Q5_1)
 REF_GEMM(Q8_0)
+REF_GEMM(IQ4_NL)
+REF_GEMM(MXFP4)
+REF_GEMM(IQ4_XS)
 
 void tl_kernels_fill_r8_ref(tl_kernels *k) {
+    k->gemm[TL_IQ4_NL] = r8_ref_IQ4_NL;
+    k->gemm[TL_MXFP4] = r8_ref_MXFP4;
+    k->gemm[TL_IQ4_XS] = r8_ref_IQ4_XS;
     k->gemm[TL_Q4_0] = r8_ref_Q4_0;
     k->gemm[TL_Q4_1] = r8_ref_Q4_1;
     k->gemm[TL_Q5_0] = r8_ref_Q5_0;

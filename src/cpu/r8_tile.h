@@ -58,14 +58,52 @@ _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below m
 #define R8_PF(p) _mm_prefetch((const char *)(p), R8_HINT)
 #endif
 
-enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0 };
+enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0, R_IQ4NL, R_MXFP4, R_IQ4XS };
 
 AI int r_biased(int f) { return f == R_Q4_1 || f == R_Q5_1; }
 AI int r_q5(int f) { return f == R_Q5_0 || f == R_Q5_1; }
-/* one block of a group: 8 rows' d, m, qh and quants */
-AI size_t r_blk(int f) { return 16 + (r_biased(f) ? 16 : 0) + (r_q5(f) ? 32 : 0) + (f == R_Q8_0 ? 256 : 128); }
+/* the table formats: 4-bit indices into a signed int8 table */
+AI int r_lut(int f) { return f == R_IQ4NL || f == R_MXFP4 || f == R_IQ4XS; }
+/* signed 8-bit weights in the integer dot (Q8_0's, or a table's values) */
+AI int r_s8(int f) { return f == R_Q8_0 || r_lut(f); }
+/* one block of a group: 8 rows' d (e for MXFP4, sc for IQ4_XS), m, qh and quants */
+AI size_t r_blk(int f) {
+    if (f == R_MXFP4 || f == R_IQ4XS) return 8 + 128;
+    return 16 + (r_biased(f) ? 16 : 0) + (r_q5(f) ? 32 : 0) + (f == R_Q8_0 ? 256 : 128);
+}
 AI size_t r_qh_off(int f) { return 16 + (r_biased(f) ? 16 : 0); }
-AI size_t r_qs_off(int f) { return r_qh_off(f) + (r_q5(f) ? 32 : 0); }
+AI size_t r_qs_off(int f) { return f == R_MXFP4 || f == R_IQ4XS ? 8 : r_qh_off(f) + (r_q5(f) ? 32 : 0); }
+/* block b within a group (IQ4_XS: after its superblock's d[8]) */
+AI size_t r_boff(int f, int64_t b) {
+    if (f == R_IQ4XS) return (size_t)(b >> 3) * 8 * R8_XS_SB + 16 + (size_t)(b & 7) * R8_XS_BLK;
+    return (size_t)b * r_blk(f);
+}
+/* A table in both 128-bit lanes, for vpshufb: with VNNI plus 128 (unsigned
+ * operands; the offset goes through the activation sums as Q8_0's does). */
+AI __m256i r_table(int f) {
+    const __m256i t = f == R_MXFP4
+        ? _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+        : _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return R8_VNNI ? _mm256_xor_si256(t, _mm256_set1_epi8((char)0x80)) : t;
+}
+/* MXFP4's 8 E8M0 bytes -> 2^(e-128) (0 for e < 2), as tl_r8_e8m0 */
+AI __m256 r_e8m0(const uint8_t *e) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)e));
+    const __m256i m = _mm256_sub_epi32(_mm256_max_epu32(v, _mm256_set1_epi32(1)), _mm256_set1_epi32(1));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(m, 23));
+}
+/* The 8 rows' weight scales of block b (blk: its address, grp: the group's). */
+AI __m256 r_dw(int f, const uint8_t *grp, int64_t b, const uint8_t *blk) {
+    if (f == R_MXFP4) return r_e8m0(blk);
+    if (f == R_IQ4XS) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + (size_t)(b >> 3) * 8 * R8_XS_SB)));
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)blk));
+        return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+}
 
 /* Full unrolling: the k loops run 8 times and their vectors must stay in registers. */
 #ifndef UNROLL8
@@ -84,6 +122,7 @@ AI __m256i r_wvec(int f, const uint8_t *blk, int k) {
     }
     const __m256i v = load32(qs + 32 * (k & 3)), m4 = _mm256_set1_epi8(0x0F);
     __m256i u = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), m4);
+    if (r_lut(f)) return _mm256_shuffle_epi8(r_table(f), u);
     if (r_q5(f)) { /* bit k of each qh byte to bit 4 (within the byte: see cpu/r8.c) */
         const __m256i h = load32(blk + r_qh_off(f));
         const __m256i hk = k < 4 ? _mm256_slli_epi16(h, 4 - k) : k > 4 ? _mm256_srli_epi16(h, k - 4) : h;
@@ -93,7 +132,7 @@ AI __m256i r_wvec(int f, const uint8_t *blk, int k) {
 }
 
 /* How much each activation sum is taken away: the quants' offset. */
-AI int r_off(int f) { return f == R_Q4_0 ? 8 : f == R_Q5_0 ? 16 : (f == R_Q8_0 && R8_VNNI) ? 128 : 0; }
+AI int r_off(int f) { return f == R_Q4_0 ? 8 : f == R_Q5_0 ? 16 : (r_s8(f) && R8_VNNI) ? 128 : 0; }
 
 AI __m256i bcast4(const uint8_t *p) {
     int32_t v;
@@ -110,7 +149,7 @@ AI __m256i r_dot(int f, __m256i acc, __m256i wv, __m256i a) {
     (void)f;
     return _mm256_dpbusd_epi32(acc, wv, a);
 #else
-    if (f == R_Q8_0)
+    if (r_s8(f))
         return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv),
                                                                             _mm256_sign_epi8(a, wv)),
                                                        _mm256_set1_epi16(1)));
@@ -124,7 +163,7 @@ AI int r_widen_at(int f, int k) {
     (void)f, (void)k;
     return 0;
 #else
-    return f != R_Q8_0 && (k == 7 || (r_q5(f) && k == 3));
+    return !r_s8(f) && (k == 7 || (r_q5(f) && k == 3));
 #endif
 }
 
@@ -145,7 +184,7 @@ AI void r8_store8(float *y, __m256 v, int nr) {
 AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
                 size_t as, float *y, size_t ys) {
     const int64_t nb = n / 32;
-    const int avx2_16 = !R8_VNNI && f != R_Q8_0; /* int16 partial sums (see r_dot) */
+    const int avx2_16 = !R8_VNNI && !r_s8(f); /* int16 partial sums (see r_dot) */
     __m256 acc[4][8];
     UNROLL
     for (int g = 0; g < M; g++)
@@ -155,7 +194,7 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         __m256i is[4][8], h[4][8];
         UNROLL
         for (int g = 0; g < M; g++) {
-            const uint8_t *blk = w + (size_t)g * gs + (size_t)b * r_blk(f);
+            const uint8_t *blk = w + (size_t)g * gs + r_boff(f, b);
             R8_PF(blk + R8_PREFETCH);
             R8_PF(blk + R8_PREFETCH + 64);
             R8_PF(blk + R8_PREFETCH + 128);
@@ -172,7 +211,7 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         for (int k = 0; k < 8; k++)
             UNROLL
             for (int g = 0; g < M; g++) {
-                const __m256i wv = r_wvec(f, w + (size_t)g * gs + (size_t)b * r_blk(f), k);
+                const __m256i wv = r_wvec(f, w + (size_t)g * gs + r_boff(f, b), k);
                 UNROLL8
                 for (int t = 0; t < N; t++) {
                     const __m256i av = bcast4(a + (size_t)t * as + 32 * (size_t)b + 4 * (size_t)k);
@@ -194,8 +233,8 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
             for (int g = 0; g < M; g++) is[g][0] = _mm256_add_epi32(is[g][0], h[g][0]);
         UNROLL
         for (int g = 0; g < M; g++) {
-            const uint8_t *blk = w + (size_t)g * gs + (size_t)b * r_blk(f);
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const uint8_t *grp = w + (size_t)g * gs, *blk = grp + r_boff(f, b);
+            const __m256 dw = r_dw(f, grp, b, blk);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
@@ -228,6 +267,10 @@ AI __m512i rz_wvec(int f, const uint8_t *b0, const uint8_t *b1, int k) {
     const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + off)), load32(b1 + off), 1);
     if (f == R_Q8_0) return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     __m512i u = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+    if (r_lut(f)) {
+        const __m256i t = r_table(f);
+        return _mm512_shuffle_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(t), t, 1), u);
+    }
     if (r_q5(f)) {
         const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + r_qh_off(f))), load32(b1 + r_qh_off(f)), 1);
         const __m512i hk = k < 4 ? _mm512_slli_epi16(h, 4 - k) : k > 4 ? _mm512_srli_epi16(h, k - 4) : h;
@@ -245,6 +288,13 @@ AI __m256i rz_pair16(const void *g0, const void *g1) {
 /* The pair's 16 half floats at offset off of their blocks (d, or m). */
 AI __m512 rz_halves(const uint8_t *b0, const uint8_t *b1, int off) {
     return _mm512_cvtph_ps(rz_pair16(b0 + off, b1 + off));
+}
+
+/* The pair's 16 weight scales of block b (g0, g1: the groups' starts), as r_dw. */
+AI __m512 rz_dw(int f, const uint8_t *g0, const uint8_t *g1, int64_t b, const uint8_t *b0, const uint8_t *b1) {
+    if (f == R_MXFP4 || f == R_IQ4XS)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(r_dw(f, g0, b, b0)), r_dw(f, g1, b, b1), 1);
+    return rz_halves(b0, b1, 0);
 }
 
 /* A pair's 16 outputs: rows past nr (a padded last group) are not stored. */
@@ -272,7 +322,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         const uint8_t *b0[2], *b1[2];
         UNROLL
         for (int p = 0; p < M; p++) {
-            b0[p] = w + (size_t)(2 * p) * gs + (size_t)b * r_blk(f);
+            b0[p] = w + (size_t)(2 * p) * gs + r_boff(f, b);
             b1[p] = b0[p] + gs;
             for (size_t o = 0; o < r_blk(f); o += 64) {
                 R8_PF(b0[p] + R8_PREFETCH + o);
@@ -301,7 +351,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         UNROLL
         for (int p = 0; p < M; p++) {
             if (N == 1) is[p][0] = _mm512_add_epi32(is[p][0], h[p]);
-            const __m512 dw = rz_halves(b0[p], b1[p], 0);
+            const __m512 dw = rz_dw(f, w + (size_t)(2 * p) * gs, w + (size_t)(2 * p + 1) * gs, b, b0[p], b1[p]);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
@@ -389,6 +439,9 @@ R8_GEMM(r8_gemm_q4_1, R_Q4_1)
 R8_GEMM(r8_gemm_q5_0, R_Q5_0)
 R8_GEMM(r8_gemm_q5_1, R_Q5_1)
 R8_GEMM(r8_gemm_q8_0, R_Q8_0)
+R8_GEMM(r8_gemm_iq4_nl, R_IQ4NL)
+R8_GEMM(r8_gemm_mxfp4, R_MXFP4)
+R8_GEMM(r8_gemm_iq4_xs, R_IQ4XS)
 
 /* ---- Q4_K and Q5_K on r8k rows (cpu/r8.c): per superblock and sub-block j
  * the 8 rows' exact dots, times their scales (vpmulld), the mins against the
@@ -998,6 +1051,9 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_Q5_0] = r8_gemm_q5_0;
     k->gemm[TL_Q5_1] = r8_gemm_q5_1;
     k->gemm[TL_Q8_0] = r8_gemm_q8_0;
+    k->gemm[TL_IQ4_NL] = r8_gemm_iq4_nl;
+    k->gemm[TL_MXFP4] = r8_gemm_mxfp4;
+    k->gemm[TL_IQ4_XS] = r8_gemm_iq4_xs;
     k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
     k->gemm[TL_Q5_K] = r8k_gemm_q5_K;
     k->gemm[TL_Q6_K] = r8q6_gemm;

@@ -264,7 +264,7 @@ static void dq_q6_K(const block_q6_K *x, float *y, int64_t nb) {
 
 /* ---- MXFP4 (ggml's block_mxfp4) ---------------------------------------------------- */
 
-static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t tl_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* ggml's e8m0_to_fp32_half: 2^(e-128), the two smallest as subnormals */
 static inline float e8m0_half(uint8_t e) {
@@ -278,22 +278,22 @@ static void dq_mxfp4(const block_mxfp4 *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = e8m0_half(x[i].e);
         for (int j = 0; j < QK_MXFP4 / 2; j++) {
-            y[i * QK_MXFP4 + j] = kvalues_mxfp4[x[i].qs[j] & 0x0F] * d;
-            y[i * QK_MXFP4 + j + QK_MXFP4 / 2] = kvalues_mxfp4[x[i].qs[j] >> 4] * d;
+            y[i * QK_MXFP4 + j] = tl_kvalues_mxfp4[x[i].qs[j] & 0x0F] * d;
+            y[i * QK_MXFP4 + j + QK_MXFP4 / 2] = tl_kvalues_mxfp4[x[i].qs[j] >> 4] * d;
         }
     }
 }
 
 /* ---- IQ4_NL and IQ4_XS (ggml's block_iq4_nl, block_iq4_xs) -------------------- */
 
-static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t tl_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static void dq_iq4_nl(const block_iq4_nl *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d);
         for (int j = 0; j < QK4_NL / 2; j++) {
-            y[i * QK4_NL + j] = d * kvalues_iq4nl[x[i].qs[j] & 0x0F];
-            y[i * QK4_NL + j + QK4_NL / 2] = d * kvalues_iq4nl[x[i].qs[j] >> 4];
+            y[i * QK4_NL + j] = d * tl_kvalues_iq4nl[x[i].qs[j] & 0x0F];
+            y[i * QK4_NL + j + QK4_NL / 2] = d * tl_kvalues_iq4nl[x[i].qs[j] >> 4];
         }
     }
 }
@@ -310,8 +310,8 @@ static void dq_iq4_xs(const block_iq4_xs *x, float *y, int64_t nb) {
             const float dl = d * (float)iq4_xs_scale(&x[i], ib);
             const uint8_t *qs = x[i].qs + 16 * ib;
             for (int j = 0; j < 16; j++) {
-                y[i * QK_K + 32 * ib + j] = dl * kvalues_iq4nl[qs[j] & 0x0F];
-                y[i * QK_K + 32 * ib + j + 16] = dl * kvalues_iq4nl[qs[j] >> 4];
+                y[i * QK_K + 32 * ib + j] = dl * tl_kvalues_iq4nl[qs[j] & 0x0F];
+                y[i * QK_K + 32 * ib + j + 16] = dl * tl_kvalues_iq4nl[qs[j] >> 4];
             }
         }
     }
@@ -320,7 +320,7 @@ static void dq_iq4_xs(const block_iq4_xs *x, float *y, int64_t nb) {
 /* ggml's best_index_int8: the nearest of 16 ascending values (the upper
  * one on a tie) by bisection */
 static int iq4_best(float x) {
-    const int8_t *v = kvalues_iq4nl;
+    const int8_t *v = tl_kvalues_iq4nl;
     if (x <= v[0]) return 0;
     if (x >= v[15]) return 15;
     int lo = 0, hi = 15;
@@ -339,7 +339,7 @@ static int iq4_best(float x) {
  * one f16 d. Float steps in ggml's order, none fused. */
 static void q_iq4_impl(int n, const float *x, uint16_t *dh, uint8_t *q4, uint16_t *scales_h, uint8_t *scales_l) {
     enum { NTRY = 7 };
-    const int8_t *values = kvalues_iq4nl;
+    const int8_t *values = tl_kvalues_iq4nl;
     float scales[QK_K / 32], weight[32];
     uint8_t L[QK_K];
     memset(q4, 0, (size_t)n / 2);
@@ -440,9 +440,9 @@ static void q_mxfp4(const float *x, block_mxfp4 *y, int64_t nb) {
             for (int h = 0; h < 2; h++) {
                 const float v = x[i * QK_MXFP4 + j + h * QK_MXFP4 / 2];
                 int best = 0;
-                float best_err = fabsf(kvalues_mxfp4[0] * d - v);
+                float best_err = fabsf(tl_kvalues_mxfp4[0] * d - v);
                 for (int k = 1; k < 16; k++) {
-                    const float err = fabsf(kvalues_mxfp4[k] * d - v);
+                    const float err = fabsf(tl_kvalues_mxfp4[k] * d - v);
                     if (err < best_err) best = k, best_err = err;
                 }
                 q[h] = (uint8_t)best;
@@ -1027,9 +1027,9 @@ static float dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) {
     return s;
 }
 
-/* Q2_K, Q3_K (no SIMD level has them, so every level runs these): per
- * super-block an integer sum of scale * (q . q8) and, with mins, of min * bsum;
- * one float update per block. Not ggml's float order. */
+/* Q2_K, Q3_K: per super-block an integer sum of scale * (q . q8) and, with
+ * mins, of min * bsum; one float update per block. Not ggml's float order.
+ * The AVX2 level (kern_avx2.c) computes the same integers, so the same bits. */
 static float dot_q2_K(int64_t nb, const block_q2_K *x, const block_q8_K *y) {
     float s = 0;
     for (int64_t i = 0; i < nb; i++) {
@@ -1147,8 +1147,8 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
             const float scale = h2f(a->d) * e8m0_half(b->e);
             int8_t v[QK_MXFP4];
             for (int j = 0; j < QK_MXFP4 / 2; j++) {
-                v[j] = kvalues_mxfp4[b->qs[j] & 0x0F];
-                v[j + QK_MXFP4 / 2] = kvalues_mxfp4[b->qs[j] >> 4];
+                v[j] = tl_kvalues_mxfp4[b->qs[j] & 0x0F];
+                v[j + QK_MXFP4 / 2] = tl_kvalues_mxfp4[b->qs[j] >> 4];
             }
             for (int l = 0; l < 8; l++) {
                 int sum = 0;
@@ -1165,8 +1165,8 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
         const float d = h2f(y[ib].d) * e8m0_half(x[ib].e);
         int s1 = 0, s2 = 0;
         for (int j = 0; j < QK_MXFP4 / 2; j++) {
-            s1 += y[ib].qs[j] * kvalues_mxfp4[x[ib].qs[j] & 0x0F];
-            s2 += y[ib].qs[j + QK_MXFP4 / 2] * kvalues_mxfp4[x[ib].qs[j] >> 4];
+            s1 += y[ib].qs[j] * tl_kvalues_mxfp4[x[ib].qs[j] & 0x0F];
+            s2 += y[ib].qs[j + QK_MXFP4 / 2] * tl_kvalues_mxfp4[x[ib].qs[j] >> 4];
         }
         sumf += d * (float)(s1 + s2);
     }
@@ -1188,7 +1188,7 @@ static float dot_iq4_nl(int64_t nb, const block_iq4_nl *x, const block_q8_0 *y) 
                 for (int k = 0; k < 4; k++) {
                     const int e = 4 * l + k;
                     const uint8_t q = e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
-                    sum += kvalues_iq4nl[q] * a->qs[e];
+                    sum += tl_kvalues_iq4nl[q] * a->qs[e];
                 }
                 acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
             }
@@ -1200,8 +1200,8 @@ static float dot_iq4_nl(int64_t nb, const block_iq4_nl *x, const block_q8_0 *y) 
         const float d = h2f(y[ib].d) * h2f(x[ib].d);
         int s1 = 0, s2 = 0;
         for (int j = 0; j < QK4_NL / 2; j++) {
-            s1 += y[ib].qs[j] * kvalues_iq4nl[x[ib].qs[j] & 0x0F];
-            s2 += y[ib].qs[j + QK4_NL / 2] * kvalues_iq4nl[x[ib].qs[j] >> 4];
+            s1 += y[ib].qs[j] * tl_kvalues_iq4nl[x[ib].qs[j] & 0x0F];
+            s2 += y[ib].qs[j + QK4_NL / 2] * tl_kvalues_iq4nl[x[ib].qs[j] >> 4];
         }
         sumf += d * (float)(s1 + s2);
     }
@@ -1224,7 +1224,7 @@ static float dot_iq4_xs(int64_t nb, const block_iq4_xs *x, const block_q8_K *y) 
                 for (int k = 0; k < 4; k++) {
                     const int e = 4 * l + k;
                     const uint8_t q = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
-                    sum += kvalues_iq4nl[q] * q8[e];
+                    sum += tl_kvalues_iq4nl[q] * q8[e];
                 }
                 lane[l] += ls * sum;
             }

@@ -89,6 +89,8 @@ typedef struct {
 /* x = e8m0_half(e) * kvalues_mxfp4[q]: the table holds twice E2M1's values,
  * the scale half of 2^(e-127) (ggml's convention) */
 typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+extern const int8_t tl_kvalues_iq4nl[16]; /* IQ4_NL's and IQ4_XS's values */
+extern const int8_t tl_kvalues_mxfp4[16]; /* twice E2M1's values */
 typedef struct {
     float d;                 /* float, not half */
     int8_t qs[QK_K];

@@ -29,16 +29,18 @@ static uint32_t rnd(rng *r) {
 static float frand(rng *r) { return (float)rnd(r) / 2147483648.0f - 1.0f; } /* [-1, 1) */
 
 static const tl_type wtypes[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0,
-                                 TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_F16};
+                                 TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_Q2_K, TL_Q3_K, TL_F16};
 /* the model widths asked for, plus odd block counts that reach every tail path */
 static const int64_t sizes[] = {576, 1536, 2048, 4096, 640, 1024, 160, 224, 256, 768, 96, 288};
 
 /* Where each block keeps its half-float scales (d, then m/dmin if any). */
 static int scale_offsets(tl_type t, size_t off[2]) {
     switch (t) {
-    case TL_Q4_0: case TL_Q5_0: case TL_Q8_0: off[0] = 0; return 1;
+    case TL_Q4_0: case TL_Q5_0: case TL_Q8_0: case TL_IQ4_NL: case TL_IQ4_XS: off[0] = 0; return 1;
     case TL_Q4_1: case TL_Q5_1: case TL_Q4_K: case TL_Q5_K: off[0] = 0; off[1] = 2; return 2;
     case TL_Q6_K: off[0] = offsetof(block_q6_K, d); return 1;
+    case TL_Q2_K: off[0] = offsetof(block_q2_K, d); off[1] = offsetof(block_q2_K, dmin); return 2;
+    case TL_Q3_K: off[0] = offsetof(block_q3_K, d); return 1;
     default: return 0;
     }
 }
@@ -61,6 +63,8 @@ static void make_weights(tl_type t, void *w, int64_t n, rng *r) {
             const uint16_t h = tl_fp32_to_fp16(0.05f * frand(r));
             memcpy(p + b * tt->type_size + off[s], &h, 2);
         }
+    if (t == TL_MXFP4) /* E8M0 scales of a realistic size: 2^-10 .. 2^0, and the two smallest */
+        for (size_t b = 0; b < bytes / tt->type_size; b++) p[b * tt->type_size] = (uint8_t)(b % 13 == 5 ? b % 2 : 118 + rnd(r) % 12);
 }
 
 static void make_acts(float *x, int64_t n, rng *r) {
@@ -304,6 +308,72 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
     free(wf);
     free(y);
     free(yr);
+}
+
+/* The table formats (IQ4_NL, MXFP4, IQ4_XS) in the r8 layout: the level's
+ * tiles bitwise the scalar reference's, for every tile shape and padded last
+ * group; the reference within its order's bound of a double sum of the
+ * dequantized products (each weight rounded once, d_w * d_a once per block, a
+ * chain of nb fmas), and close to the exact mode's dot (llama.cpp's order). */
+static const tl_type r8luts[] = {TL_IQ4_NL, TL_MXFP4, TL_IQ4_XS};
+
+static void check_r8lut_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, rng *r) {
+    const char *tn = tl_type_info(t)->name;
+    const tl_type at = tl_type_info((uint32_t)t)->vec_dot_type; /* Q8_0; IQ4_XS: Q8_K */
+    const size_t wb = tl_row_size(t, n), pb = tl_r8_row_bytes(t, n), ab = tl_row_size(at, n);
+    const size_t gb = tl_r8_act_row_size(n);
+    const int64_t nb = n / 32, prow = tl_r8_rows(nr);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow);
+    uint8_t *a = malloc(ab * (size_t)nt), *ga = malloc(gb * (size_t)nt);
+    float *x = malloc((size_t)(n * nt) * sizeof(float)), *wf = malloc((size_t)n * sizeof(float));
+    const size_t ys = (size_t)nr + 3;
+    float *y = malloc(sizeof(float) * ys * (size_t)nt), *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && a && ga && x && wf && y && yr, "alloc");
+    if (w && wp && a && ga && x && wf && y && yr) {
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_r8_pack(t, w, wp, nr, n) == 0, "r8 pack %s", tn);
+        for (int i = 0; i < nt; i++) {
+            make_acts(x + i * n, n, r);
+            tl_quantize_row_act(at, x + i * n, a + (size_t)i * ab, n);
+            tl_r8_act_make(ref->quantize[TL_Q8_1], x + i * n, ga + (size_t)i * gb, n);
+        }
+        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f; /* rows past nr stay untouched */
+        k->gemm[t](n, wp, pb, nr, ga, gb, nt, y, ys);
+        ref->gemm[t](n, wp, pb, nr, ga, gb, nt, yr, ys);
+        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 %s n=%lld %dx%d: not the reference's bits",
+              k->name, tn, (long long)n, nr, nt);
+        int bad = 0, bad_exact = 0;
+        for (int ti = 0; ti < nt; ti++) {
+            const uint8_t *gr = ga + (size_t)ti * gb;
+            const int8_t *q = (const int8_t *)gr;
+            const float *ad = (const float *)(const void *)(gr + n);
+            for (int ri = 0; ri < nr; ri++) {
+                const uint8_t *row = w + (size_t)ri * wb;
+                tl_dequantize_row(t, row, wf, n);
+                double want = 0, mag = 0, qerr = 0; /* qerr: Q8_K's per-256 activation rounding against Q8_1's */
+                const float *xt = x + ti * n;
+                for (int64_t e = 0; e < n; e++) {
+                    const double p = (double)wf[e] * q[e] * ad[e / 32];
+                    want += p;
+                    mag += fabs(p);
+                }
+                if (at == TL_Q8_K)
+                    for (int64_t e0 = 0; e0 < n; e0 += QK_K) {
+                        float amax = 0;
+                        for (int e = 0; e < QK_K; e++) amax = fmaxf(amax, fabsf(xt[e0 + e]));
+                        for (int e = 0; e < QK_K; e++) qerr += fabs((double)wf[e0 + e]) * (amax / 127.0 + ad[(e0 + e) / 32]);
+                    }
+                const double got = y[(size_t)ti * ys + ri];
+                if (fabs(got - want) > (double)(nb + 4) * 0x1p-23 * mag + 1e-30) bad++;
+                const double ex = ref->vec_dot[t](n, row, a + (size_t)ti * ab);
+                if (fabs(got - ex) > (double)(2 * nb + 16) * 0x1p-23 * mag + qerr + 1e-30) bad_exact++;
+            }
+        }
+        CHECK(!bad, "%s r8 %s n=%lld %dx%d: %d outputs outside the order's bound", k->name, tn, (long long)n, nr, nt, bad);
+        CHECK(!bad_exact, "%s r8 %s n=%lld %dx%d: %d outputs too far from the exact mode's dot", k->name, tn,
+              (long long)n, nr, nt, bad_exact);
+    }
+    free(w), free(wp), free(a), free(ga), free(x), free(wf), free(y), free(yr);
 }
 
 /* Q4_K and Q5_K in the r8k layout: the level's tiles bitwise the scalar reference's;
@@ -576,6 +646,12 @@ static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
         for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
             for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
                 check_r8_case(k, ref, r8types[ti], ns[si], shapes[sh][0], shapes[sh][1], r);
+    static const int64_t lns[] = {256, 768, 2048};
+    for (size_t ti = 0; ti < sizeof r8luts / sizeof *r8luts; ti++)
+        for (size_t si = 0; si < sizeof lns / sizeof *lns; si++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+                check_r8lut_case(k, ref, r8luts[ti], r8luts[ti] == TL_IQ4_XS ? lns[si] : lns[si] - 64 * (int64_t)si,
+                                 shapes[sh][0], shapes[sh][1], r);
 }
 
 /* dot_f16_x4 (four keys against one query) must equal dot_f16 key by key, bitwise. */
