@@ -57,8 +57,10 @@ static const char RUN_HELP[] =
     "      --system TEXT       system message for --chat and chat\n"
     "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
     "      --hide-thinking     do not print the model's reasoning (<think>...</think>, for\n"
-    "                          models whose chat template uses it; shown dimmed otherwise)\n"
+    "                          models whose chat template uses it, and gpt-oss's analysis\n"
+    "                          channel; shown dimmed otherwise)\n"
     "      --thinking-budget N the most reasoning tokens; then </think> is written for the model\n"
+    "                          (not for gpt-oss, whose reasoning is a channel)\n"
     "      --show-probs        show each token's probability and the top 5 alternatives\n"
     "                          on stderr\n"
     "      --ids               print the generated token ids as a JSON array instead of text\n"
@@ -208,6 +210,8 @@ typedef struct out_state {
     int oom;
     int tty;            /* stdout is a terminal (reasoning shown dimmed) */
     int think, think_started; /* the model reasons in <think>...</think>; the prompt opened it */
+    int harmony;        /* gpt-oss: the reply's channels go through the harmony parser */
+    tl_harmony *hm;
 } out_state;
 
 /* Reasoning markers for a model whose template speaks of <think>; whether
@@ -216,8 +220,36 @@ static void think_setup(out_state *os, const char *prompt, size_t len) {
     const char *tmpl = tl_model_chat_template(os->m);
     os->tty = isatty(1);
     const char *open, *close;
-    os->think = tl_chat_think_markers(tmpl, &open, &close);
+    os->harmony = tl_chat_harmony(tmpl);
+    os->think = !os->harmony && tl_chat_think_markers(tmpl, &open, &close);
     os->think_started = os->think && tl_chat_think_started(prompt, len);
+}
+
+/* Text shown as it comes: reasoning dimmed on a terminal (or hidden), the
+ * answer as is. */
+static void show_text(const out_state *os, const char *t, size_t n, int reasoning) {
+    if (!n || (reasoning && os->o->hide_thinking)) return;
+    const int dim = reasoning && os->tty;
+    if (dim) fputs("\033[2m", stdout);
+    fwrite(t, 1, n, stdout);
+    if (dim) fputs("\033[0m", stdout);
+    fflush(stdout);
+}
+
+/* A harmony reply's pieces: analysis as reasoning, final as the answer (all
+ * chat keeps of the turn), a tool call as a line naming it. */
+static int harmony_piece(void *user, int kind, const char *name, const char *piece, size_t n) {
+    out_state *os = user;
+    if (kind == TL_HARMONY_REASONING) {
+        show_text(os, piece, n, 1);
+    } else if (kind == TL_HARMONY_CONTENT) {
+        show_text(os, piece, n, 0);
+        if (os->answer && text_add(os->answer, piece, n)) os->oom = 1;
+    } else {
+        printf("\n[tool call %s: %.*s]\n", name ? name : "?", (int)n, piece);
+        fflush(stdout);
+    }
+    return 0;
 }
 
 static void show_probs(const out_state *os, const tl_gen_event *ev) {
@@ -246,7 +278,7 @@ static int on_token(const tl_gen_event *ev, void *user) {
         return 0;
     }
     if (os->o->show_probs && ev->token >= 0) show_probs(os, ev);
-    if (os->answer && ev->text_len && text_add(os->answer, ev->text, ev->text_len)) os->oom = 1;
+    if (os->answer && !os->harmony && ev->text_len && text_add(os->answer, ev->text, ev->text_len)) os->oom = 1;
     if (os->answer && ev->token >= 0) {
         if (os->n_gen == os->cap_gen) {
             size_t nc = os->cap_gen ? os->cap_gen * 2 : 256;
@@ -260,14 +292,17 @@ static int on_token(const tl_gen_event *ev, void *user) {
         }
         os->gen[os->n_gen++] = ev->token;
     }
-    if (ev->text_len && !(ev->reasoning && os->o->hide_thinking)) {
-        /* reasoning dimmed on a terminal; the answer as is */
-        const int dim = ev->reasoning && os->tty;
-        if (dim) fputs("\033[2m", stdout);
-        fwrite(ev->text, 1, ev->text_len, stdout);
-        if (dim) fputs("\033[0m", stdout);
-        fflush(stdout);
+    if (os->harmony) {
+        if (!os->hm) {
+            tl_error err = {0};
+            if (tl_harmony_new(&os->hm, &err)) {
+                os->oom = 1;
+                return 1;
+            }
+        }
+        return ev->text_len ? tl_harmony_feed(os->hm, ev->text, ev->text_len, 0, harmony_piece, os) : 0;
     }
+    show_text(os, ev->text, ev->text_len, ev->reasoning);
     return 0;
 }
 
@@ -412,9 +447,18 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
     if (os->think) {
         tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
         gp.think_started = os->think_started;
+    } else if (os->harmony) { /* the analysis message, counted as reasoning; no budget */
+        gp.think_open = TL_HARMONY_THINK_OPEN;
+        gp.think_close = TL_HARMONY_THINK_CLOSE;
+        gp.think_budget = -1;
     }
     int rc = s->matcher ? tl_matcher_reset(s->matcher, &err) : 0; /* each reply starts the grammar over */
     if (!rc) rc = tl_generate(s->ctx, s->smp, ids, n, &gp, st, &err);
+    if (os->hm) { /* what the parser held goes out (a call cut short by <|call|>) */
+        if (!rc && !os->oom) tl_harmony_feed(os->hm, "", 0, 1, harmony_piece, os);
+        tl_harmony_free(os->hm);
+        os->hm = NULL;
+    }
     if (o->print_ids) printf("%s]\n", os->n_ids ? "" : "[");
     if (os->oom) {
         fflush(stdout);
@@ -444,7 +488,7 @@ static int generate_text(session *s, const run_opts *o, const char *prompt, size
         cli_error("the prompt is empty");
         return -1;
     }
-    out_state os = {s->m, o, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
+    out_state os = {.m = s->m, .o = o};
     think_setup(&os, prompt, len);
     int rc = generate_ids(s, o, ids, n, 0, &os, st);
     tl_free(ids);
@@ -558,7 +602,8 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
         tl_free(ids);
         return -1;
     }
-    out_state os = {s->m, o, 0, answer, NULL, 0, 0, 0, probe.tty, probe.think, probe.think_started};
+    out_state os = {.m = s->m, .o = o, .answer = answer, .tty = probe.tty, .think = probe.think,
+                    .think_started = probe.think_started, .harmony = probe.harmony};
     rc = generate_ids(s, o, ids + keep, n - keep, (int)keep, &os, st);
     /* What the cache holds now: the prompt, then the generated tokens it evaluated. */
     size_t past = (size_t)tl_ctx_n_past(s->ctx), total = n + os.n_gen;
