@@ -227,6 +227,73 @@ static float dot_q6_K(int64_t n, const void *vw, const void *va) {
     return hsum_f8(acc);
 }
 
+/* IQ4_NL, MXFP4 and IQ4_XS in ggml's AVX2 orders (quant.c's references, the
+ * same bits): the table lookup by vpshufb, each int32 lane the exact sum of 4
+ * products (|w| x a with w's sign through maddubs, then madd). */
+AI __m256i lut_dot32(__m256i table, const uint8_t *qs, const int8_t *a) {
+    const __m256i w = _mm256_shuffle_epi8(table, nibbles32(qs)), q = load32(a);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
+}
+
+AI __m256i lut_table(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
+
+/* IQ4_NL and MXFP4 (ggml_vec_dot_*_q8_0): blocks in pairs, even ones into one
+ * accumulator and odd ones into another, added lane by lane, the tree; an odd
+ * last block after, as a scalar. */
+AI float dot_lut32(int mx, int64_t n, const void *vw, const void *va) {
+    const int64_t nb = n / 32;
+    const uint8_t *x = vw;
+    const block_q8_0 *y = va;
+    const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const __m256i table = lut_table(mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl), one = _mm256_set1_epi16(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t ib = 0;
+    for (; ib + 1 < nb; ib += 2)
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *b = x + (size_t)(ib + h) * bs;
+            const block_q8_0 *a = &y[ib + h];
+            const float scale = h2f(a->d) * (mx ? tl_e8m0_half(b[0]) : h2f_at(b, 0));
+            const __m256i sum = _mm256_madd_epi16(lut_dot32(table, b + (mx ? 1 : 2), a->qs), one);
+            acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sum), acc[h]);
+        }
+    float sumf = hsum_f8(_mm256_add_ps(acc[0], acc[1]));
+    for (; ib < nb; ib++) {
+        const uint8_t *b = x + (size_t)ib * bs, *qs = b + (mx ? 1 : 2);
+        const int8_t *tv = mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl;
+        const float d = h2f(y[ib].d) * (mx ? tl_e8m0_half(b[0]) : h2f_at(b, 0));
+        int s1 = 0, s2 = 0;
+        for (int j = 0; j < 16; j++) {
+            s1 += y[ib].qs[j] * tv[qs[j] & 0x0F];
+            s2 += y[ib].qs[j + 16] * tv[qs[j] >> 4];
+        }
+        sumf += d * (float)(s1 + s2);
+    }
+    return sumf;
+}
+
+static float dot_iq4_nl(int64_t n, const void *w, const void *a) { return dot_lut32(0, n, w, a); }
+static float dot_mxfp4(int64_t n, const void *w, const void *a) { return dot_lut32(1, n, w, a); }
+
+/* IQ4_XS (ggml_vec_dot_iq4_xs_q8_K): per super-block 8 int32 lanes summing
+ * scale x (4 products) over the sub-blocks, one fma per lane, the tree. */
+static float dot_iq4_xs(int64_t n, const void *vw, const void *va) {
+    const block_iq4_xs *x = vw;
+    const block_q8_K *y = va;
+    const __m256i table = lut_table(tl_kvalues_iq4nl);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i lane = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / 32; ib++) {
+            const int ls = (((x[i].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x[i].scales_h >> 2 * ib) & 3) << 4)) - 32;
+            const __m256i p = lut_dot32(table, x[i].qs + 16 * ib, y[i].qs + 32 * ib);
+            lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+        }
+        const float d = h2f(x[i].d) * y[i].d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lane), acc);
+    }
+    return hsum_f8(acc);
+}
+
 /* Q2_K and Q3_K: the reference's exact integer sums per super-block (scale x
  * (q . q8) and, Q2_K, min x bsum), then its scalar float steps, so the same
  * bits (see quant.c; neither is ggml's float order). A 32-byte quant vector is
@@ -581,6 +648,9 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_Q6_K] = dot_q6_K;
     k->vec_dot[TL_Q2_K] = dot_q2_K;
     k->vec_dot[TL_Q3_K] = dot_q3_K;
+    k->vec_dot[TL_IQ4_NL] = dot_iq4_nl;
+    k->vec_dot[TL_MXFP4] = dot_mxfp4;
+    k->vec_dot[TL_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;

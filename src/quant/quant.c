@@ -266,17 +266,9 @@ static void dq_q6_K(const block_q6_K *x, float *y, int64_t nb) {
 
 const int8_t tl_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* ggml's e8m0_to_fp32_half: 2^(e-128), the two smallest as subnormals */
-static inline float e8m0_half(uint8_t e) {
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static void dq_mxfp4(const block_mxfp4 *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
-        const float d = e8m0_half(x[i].e);
+        const float d = tl_e8m0_half(x[i].e);
         for (int j = 0; j < QK_MXFP4 / 2; j++) {
             y[i * QK_MXFP4 + j] = tl_kvalues_mxfp4[x[i].qs[j] & 0x0F] * d;
             y[i * QK_MXFP4 + j + QK_MXFP4 / 2] = tl_kvalues_mxfp4[x[i].qs[j] >> 4] * d;
@@ -433,7 +425,7 @@ static void q_mxfp4(const float *x, block_mxfp4 *y, int64_t nb) {
         for (int j = 0; j < QK_MXFP4; j++)
             if (amax < fabsf(x[i * QK_MXFP4 + j])) amax = fabsf(x[i * QK_MXFP4 + j]);
         const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
-        const float d = e8m0_half(e);
+        const float d = tl_e8m0_half(e);
         y[i].e = e;
         for (int j = 0; j < QK_MXFP4 / 2; j++) {
             uint8_t q[2];
@@ -1144,7 +1136,7 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
         for (int h = 0; h < 2; h++) {
             const block_mxfp4 *b = &x[ib + h];
             const block_q8_0 *a = &y[ib + h];
-            const float scale = h2f(a->d) * e8m0_half(b->e);
+            const float scale = h2f(a->d) * tl_e8m0_half(b->e);
             int8_t v[QK_MXFP4];
             for (int j = 0; j < QK_MXFP4 / 2; j++) {
                 v[j] = tl_kvalues_mxfp4[b->qs[j] & 0x0F];
@@ -1162,7 +1154,7 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
     for (int l = 0; l < 4; l++) r[l] = lane[l + 4] + lane[l];
     float sumf = (r[0] + r[2]) + (r[1] + r[3]);
     for (; ib < nb; ib++) {
-        const float d = h2f(y[ib].d) * e8m0_half(x[ib].e);
+        const float d = h2f(y[ib].d) * tl_e8m0_half(x[ib].e);
         int s1 = 0, s2 = 0;
         for (int j = 0; j < QK_MXFP4 / 2; j++) {
             s1 += y[ib].qs[j] * tl_kvalues_mxfp4[x[ib].qs[j] & 0x0F];

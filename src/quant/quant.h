@@ -9,6 +9,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Type ids as stored in GGUF tensor infos (ggml_type). */
 typedef enum tl_type {
@@ -91,6 +92,13 @@ typedef struct {
 typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
 extern const int8_t tl_kvalues_iq4nl[16]; /* IQ4_NL's and IQ4_XS's values */
 extern const int8_t tl_kvalues_mxfp4[16]; /* twice E2M1's values */
+/* MXFP4's scale: ggml's e8m0_to_fp32_half, 2^(e-128), the two smallest as subnormals */
+static inline float tl_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 typedef struct {
     float d;                 /* float, not half */
     int8_t qs[QK_K];

@@ -9,7 +9,8 @@ control token or channel header in the content; <|end|> between the messages
 does not stop generation; forced tool calls (required, a named function)
 come back as calls whose arguments validate, streamed equal to whole, in
 all three dialects; the history with reasoning, a call and its result
-renders; reasoning_effort is accepted.
+renders; reasoning_effort is accepted; `run --chat` shows the analysis as
+reasoning (hidden by --hide-thinking) and the final message as the answer.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_harmony.py"""
 import json
 import os
@@ -161,6 +162,23 @@ def messages_checks(ac):
     check([(b.name, b.input) for b in su] == [(b.name, b.input) for b in uses], f"messages tool_use streamed: {ft}")
 
 
+def cli_checks(tmp, path):
+    """run --chat: the analysis shown as reasoning (hidden with --hide-thinking),
+    the final message as the answer, no channel header or control token."""
+    gpath = os.path.join(tmp, "forced.gbnf")
+    with open(gpath, "w") as f:
+        f.write(FORCED + "\n")
+    base = [os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop")), "run", "-m", path, "--chat",
+            "-p", "What is 6 x 7?", "-n", "120", "--grammar", gpath, "-t", "1"]
+    for hide in (False, True):
+        p = subprocess.run(base + (["--hide-thinking"] if hide else []), capture_output=True, text=True,
+                           timeout=120 * SLOW)
+        want = ANSWER if hide else THINK + ANSWER
+        check(p.returncode == 0 and p.stdout.strip() == want and "[reasoning: " in p.stderr,
+              f"run --chat{' --hide-thinking' if hide else ''}: stdout {p.stdout!r} (want {want!r}), "
+              f"rc {p.returncode}, stderr {p.stderr[-300:]!r}")
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="tl-harmony-") as tmp:
         path = os.path.join(tmp, "harmony.gguf")
@@ -178,6 +196,7 @@ def main():
                 messages_checks(anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0))
             finally:
                 srv.stop()
+            cli_checks(tmp, path)
     tlcheck.finish()
 
 

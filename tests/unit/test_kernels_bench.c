@@ -29,7 +29,8 @@ static uint32_t rnd(rng *r) {
 static float frand(rng *r) { return (float)rnd(r) / 2147483648.0f - 1.0f; } /* [-1, 1) */
 
 static const tl_type wtypes[] = {TL_Q4_0, TL_Q4_1, TL_Q5_0, TL_Q5_1, TL_Q8_0,
-                                 TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_Q2_K, TL_Q3_K, TL_F16};
+                                 TL_Q4_K, TL_Q5_K, TL_Q6_K, TL_Q2_K, TL_Q3_K, TL_IQ4_NL, TL_MXFP4,
+                                 TL_IQ4_XS, TL_F16};
 /* the model widths asked for, plus odd block counts that reach every tail path */
 static const int64_t sizes[] = {576, 1536, 2048, 4096, 640, 1024, 160, 224, 256, 768, 96, 288};
 
