@@ -310,7 +310,7 @@ static int parse_ids(const char *s, int32_t **out, size_t *n) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_file = NULL, *ids_arg = NULL, *outp = NULL;
-    int n_threads = 0, n_batch = 0, numerics = 0;
+    int n_threads = 0, n_batch = 0, numerics = 0, n_ctx = 0;
     cli_args p = cli_args_start(argc, argv);
     const char *a;
     int more;
@@ -318,9 +318,10 @@ int cmd_logits(int argc, char **argv) {
         const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop logits -m FILE (--ids-file F.json | --ids 1,2,3) -o OUT.bin "
-                 "[-t N] [-b N] [--numerics fast|exact]\n\nEvaluates the token ids from an empty cache (in one batched "
+                 "[-c N] [-t N] [-b N] [--numerics fast|exact]\n\nEvaluates the token ids from an empty cache (in one batched "
                  "forward call unless -b\nsays otherwise) and writes n_tokens x n_vocab float32 "
-                 "little-endian logits.");
+                 "little-endian logits.\n-c: the context size (default: the number of ids; Phi-3's LongRoPE\n"
+                 "factors depend on it, as in llama.cpp).");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model = cli_arg(&p))) return EXIT_USAGE;
@@ -334,6 +335,8 @@ int cmd_logits(int argc, char **argv) {
             if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1024, &n_threads)) return EXIT_USAGE;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 24, &n_ctx)) return EXIT_USAGE;
         } else if (!strcmp(a, "--numerics")) {
             if (!(v = cli_arg(&p)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else {
@@ -355,7 +358,11 @@ int cmd_logits(int argc, char **argv) {
     tl_model *m;
     tl_ctx *ctx;
     int need = (int)n;
-    if (open_ctx(model, need, n_batch ? n_batch : need, n_threads, numerics, &m, &ctx)) {
+    if (n_ctx && n_ctx < need) {
+        free(ids);
+        return USAGE_ERR("-c %d is shorter than the %d ids", n_ctx, need);
+    }
+    if (open_ctx(model, n_ctx ? n_ctx : need, n_batch ? n_batch : need, n_threads, numerics, &m, &ctx)) {
         free(ids);
         return 1;
     }

@@ -22,8 +22,10 @@ used, a shared expert with its sigmoid gate), gpt-oss (sinks, biases, YaRN,
 windowed even layers, 4 of 8 experts); their routers are drawn 4x larger so
 that routing is decisive. qwen3moe-a3b: Qwen3-30B-A3B's layer at 8 layers,
 streamed (benchmarks; see build_big_moe). --vocab FILE overrides the vocabulary file.
---arch-name, --drop, --longrope, --rope-scaling longrope make files tokenloop
-must refuse, for the error tests. --rope-scaling linear|yarn writes the keys
+--arch-name, --drop, --rope-scaling longrope (and --longrope on an
+architecture other than phi3) make files tokenloop must refuse, for the error
+tests. --longrope on phi3 writes Phi-3 128k's LongRoPE factors, the original
+context from --rope-orig-ctx. --rope-scaling linear|yarn writes the keys
 llama.cpp's converter writes for a rope_scaling of that type: the factor
 (--rope-factor, default 4), and for YaRN the original context
 (--rope-orig-ctx, default the context length) and beta_fast 32, beta_slow 1
@@ -227,7 +229,7 @@ def build(args):
         if ff_sh:
             w.add_expert_shared_feed_forward_length(ff_sh)
     if args.arch == "phi3":
-        w.add_rope_scaling_orig_ctx_len(4096)
+        w.add_rope_scaling_orig_ctx_len(args.rope_orig_ctx or 4096)
     if args.arch == "gpt-oss":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(32.0)
@@ -248,9 +250,9 @@ def build(args):
     put("token_embd.weight", g.mat(n_vocab, D, 1.0))
     if args.arch == "llama3":
         put("rope_freqs.weight", llama3_rope_factors(spec["base"], HD))
-    if args.longrope:  # Phi-3 128k's factors (not drawn from the stream)
+    if args.longrope:  # Phi-3 128k's factors (not drawn from the stream; both away from 1)
         put("rope_factors_long.weight", np.linspace(1.0, 4.0, HD // 2, dtype=np.float32))
-        put("rope_factors_short.weight", np.ones(HD // 2, dtype=np.float32))
+        put("rope_factors_short.weight", np.linspace(1.0, 1.5, HD // 2, dtype=np.float32))
     kv = N_HEAD_KV * HD
     for i in range(L):
         b = f"blk.{i}."
@@ -497,7 +499,8 @@ def main():
     ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
     ap.add_argument("--rope-attn-factor", type=float, help="rope.scaling.attn_factor")
     ap.add_argument("--longrope", action="store_true",
-                    help="add Phi-3 128k's rope_factors_long/short (tokenloop refuses them)")
+                    help="add Phi-3 128k's rope_factors_long/short (the long ones apply when the context "
+                         "exceeds --rope-orig-ctx, phi3's default 4096)")
     ap.add_argument("--vocab", help="vocabulary GGUF file (llama1b: default TL_VOCAB_DIR/" + VOCAB_L1B + ")")
     ap.add_argument("--add-token", action="append", metavar="TEXT",
                     help="append a token matched whole in text (USER_DEFINED, as <think> is in Qwen 3)")

@@ -272,7 +272,9 @@ static void rope_corr_dims(const tl_hparams *hp, float base, float dims[2]) {
 static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
     float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
-    const float *ff = c->m->rope_freqs ? c->m->rope_freqs->data : NULL;
+    tl_w fw = c->m->rope_freqs;
+    if (!fw && c->m->rope_long) fw = c->n_ctx > hp->rope_n_ctx_orig ? c->m->rope_long : c->m->rope_short;
+    const float *ff = fw ? fw->data : NULL;
     const float ext = hp->yarn_ext_factor;
     float corr[2] = {0.0f, 0.0f}, mscale = hp->yarn_attn_factor;
     if (ext != 0.0f) {

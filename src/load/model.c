@@ -346,12 +346,26 @@ static int bind_qkv_bias(tl_model *m, int il, tl_attn_block *A, tl_error *err) {
     return TL_OK;
 }
 
-/* RoPE scalings we do not implement must fail, not run with plain RoPE:
- * Phi-3's LongRoPE factors (the scaling types are read by read_rope_scaling). */
-static int check_rope_scaling(const tl_model *m, tl_error *err) {
-    if (tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight"))
-        return tl_fail(err, TL_ERR_UNSUPPORTED,
-                       "LongRoPE (tensor rope_factors_long.weight) is not supported");
+/* Phi-3's LongRoPE factors: both or neither, read for phi3 only (as
+ * llama.cpp reads them); in another family they would be ignored there, so
+ * they are refused rather than run otherwise than the file means. */
+static int bind_longrope(tl_model *m, tl_error *err) {
+    const int has_long = tl_gguf_find_tensor(m->gguf, "rope_factors_long.weight") != NULL;
+    const int has_short = tl_gguf_find_tensor(m->gguf, "rope_factors_short.weight") != NULL;
+    if (!has_long && !has_short) return TL_OK;
+    if (m->arch->arch != TL_ARCH_PHI3)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "LongRoPE (tensor rope_factors_long.weight) is not supported for %s",
+                       m->arch->name);
+    if (has_long != has_short)
+        return tl_fail(err, TL_ERR_FORMAT, "tensor %s is missing (LongRoPE needs both)",
+                       has_long ? "rope_factors_short.weight" : "rope_factors_long.weight");
+    const int half = m->hp.n_rot / 2;
+    int st;
+    if ((st = bind(m, "rope_factors_long.weight", half, 0, 1, 0, &m->rope_long, err)) ||
+        (st = bind(m, "rope_factors_short.weight", half, 0, 1, 0, &m->rope_short, err)))
+        return st;
+    if (m->rope_long->type != TL_F32 || m->rope_short->type != TL_F32)
+        return tl_fail(err, TL_ERR_FORMAT, "LongRoPE factors must be F32");
     return TL_OK;
 }
 
@@ -372,7 +386,7 @@ static int bind_weights(tl_model *m, tl_error *err) {
                            tt->name);
         m->output = m->tok_embd;
     }
-    if ((st = check_rope_scaling(m, err))) return st;
+    if ((st = bind_longrope(m, err))) return st;
     /* Llama 3's RoPE frequency factors; llama.cpp reads them for llama only */
     if (m->arch->arch == TL_ARCH_LLAMA &&
         (st = bind(m, "rope_freqs.weight", hp->n_rot / 2, 0, 0, 0, &m->rope_freqs, err)))
@@ -540,7 +554,7 @@ static size_t w_bytes(tl_w t) { return t ? (size_t)t->nbytes : 0; }
  * tensors count through their views, which tile the whole tensor. */
 size_t tl_model_decode_bytes(const tl_model *m) {
     if (!m || !m->arch) return 0;
-    size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs);
+    size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs) + w_bytes(m->rope_long);
     if (m->output != m->tok_embd)
         n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
     for (int i = 0; i < m->hp.n_layer; i++)

@@ -183,6 +183,10 @@ struct tl_model {
     tl_w output_norm;         /* [d] f32 */
     tl_w output;              /* [n_vocab, d]; == tok_embd when tied */
     tl_w rope_freqs;          /* [n_rot/2] f32: RoPE theta divisors (Llama 3), or NULL */
+    /* Phi-3's LongRoPE divisors [n_rot/2] f32, or NULL: the long ones when a
+     * sequence's context exceeds rope.scaling.original_context_length, as
+     * llama.cpp chooses them by its per-sequence context */
+    tl_w rope_long, rope_short;
     char *chat_template;      /* NUL-terminated copy, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */

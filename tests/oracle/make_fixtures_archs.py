@@ -54,6 +54,12 @@ MODELS = {
     "mistral_yarn": ["mistral", "--seed", "9", "--type", "f32", "--rope-scaling", "yarn", "--rope-factor", "8",
                      "--rope-orig-ctx", "32", "--rope-attn-factor", "1.25"],
     "llama3_linear": ["llama3", "--seed", "8", "--type", "f32", "--rope-scaling", "linear"],
+    # Phi-3's LongRoPE: the long factors (the context, 512, exceeds an original
+    # 32) with rope.scaling.attn_factor as Phi-3 128k's converter writes it;
+    # the short ones (the original context 4096 is not exceeded)
+    "phi3_longrope": ["phi3", "--seed", "10", "--type", "f32", "--longrope", "--rope-orig-ctx", "32",
+                      "--rope-attn-factor", "1.1902"],
+    "phi3_longrope_short": ["phi3", "--seed", "11", "--type", "q8_0", "--longrope"],
 }
 # fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes

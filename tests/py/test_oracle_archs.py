@@ -101,8 +101,10 @@ def check_fixture(path, tmp):
     if fast and meta.get("tol"):
         tol = meta["tol"]
     worst, total, n_pos, n_exact, top1_bad = 0.0, 0.0, 0, 0, 0
+    # llama.cpp's context size: Phi-3's LongRoPE factors are chosen by it
+    ctx = ["-c", str(meta["settings"]["n_ctx"])]
     for ci, case in enumerate(fx["cases"]):
-        flat, err = tl_logits(model, case["ids"], tmp)
+        flat, err = tl_logits(model, case["ids"], tmp, ctx)
         if not check(flat is not None, f"{name} case {ci}: tokenloop failed: {err}"):
             continue
         if not check(flat.size == nv * len(case["ids"]),
@@ -111,7 +113,7 @@ def check_fixture(path, tmp):
         rows = flat.reshape(len(case["ids"]), nv)
         if ci == len(fx["cases"]) - 1:
             # chunked and on another thread count: the same bits (batch invariance)
-            again, err = tl_logits(model, case["ids"], tmp, ["-t", "3", "-b", "7"])
+            again, err = tl_logits(model, case["ids"], tmp, ctx + ["-t", "3", "-b", "7"])
             check(again is not None and np.array_equal(again, flat),
                   f"{name} case {ci}: -t 3 -b 7 differs from one batch {err}")
         loose = not fast and batch_from and len(case["ids"]) >= batch_from
@@ -182,14 +184,16 @@ def check_bf16(tmp):
 
 def check_errors(tmp):
     """Files to refuse: unknown architecture, a tensor left out, a RoPE scaling
-    not implemented (LongRoPE)."""
+    not implemented (rope.scaling.type longrope; LongRoPE factors outside
+    phi3, or one of the pair alone)."""
     cases = [
         (["llama3", "--arch-name", "nosucharch"], "nosucharch"),
         (["llama3", "--drop", "blk.1.ffn_down.weight"], "blk.1.ffn_down.weight"),
         (["qwen3", "--drop", "blk.0.attn_k_norm.weight"], "blk.0.attn_k_norm.weight"),
         (["phi3", "--drop", "blk.1.attn_qkv.weight"], "attn_qkv"),
         (["qwen2", "--rope-scaling", "longrope"], "qwen2.rope.scaling.type"),
-        (["phi3", "--longrope"], "rope_factors_long"),
+        (["qwen3", "--longrope"], "rope_factors_long"),
+        (["phi3", "--longrope", "--drop", "rope_factors_short.weight"], "rope_factors_short.weight"),
     ]
     for args, needle in cases:
         model = os.path.join(tmp, "bad.gguf")
