@@ -58,30 +58,37 @@ _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below m
 #define R8_PF(p) _mm_prefetch((const char *)(p), R8_HINT)
 #endif
 
-enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0, R_IQ4NL, R_MXFP4, R_IQ4XS };
+enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0, R_LUT };
+/* The table formats share one compiled tile (R_LUT) and differ by a run-time
+ * kind, read once per block, outside the integer loop: every tile instance
+ * costs compile time (a minute each in the SIMDe-emulated ASan build). */
+enum { LK_NL, LK_MX, LK_XS }; /* IQ4_NL, MXFP4, IQ4_XS */
 
 AI int r_biased(int f) { return f == R_Q4_1 || f == R_Q5_1; }
 AI int r_q5(int f) { return f == R_Q5_0 || f == R_Q5_1; }
-/* the table formats: 4-bit indices into a signed int8 table */
-AI int r_lut(int f) { return f == R_IQ4NL || f == R_MXFP4 || f == R_IQ4XS; }
+AI int r_lut(int f) { return f == R_LUT; }
 /* signed 8-bit weights in the integer dot (Q8_0's, or a table's values) */
 AI int r_s8(int f) { return f == R_Q8_0 || r_lut(f); }
 /* one block of a group: 8 rows' d (e for MXFP4, sc for IQ4_XS), m, qh and quants */
-AI size_t r_blk(int f) {
-    if (f == R_MXFP4 || f == R_IQ4XS) return 8 + 128;
+AI size_t r_blk(int f, int lk) {
+    if (r_lut(f)) return lk == LK_NL ? 16 + 128 : 8 + 128;
     return 16 + (r_biased(f) ? 16 : 0) + (r_q5(f) ? 32 : 0) + (f == R_Q8_0 ? 256 : 128);
 }
 AI size_t r_qh_off(int f) { return 16 + (r_biased(f) ? 16 : 0); }
-AI size_t r_qs_off(int f) { return f == R_MXFP4 || f == R_IQ4XS ? 8 : r_qh_off(f) + (r_q5(f) ? 32 : 0); }
+AI size_t r_qs_off(int f, int lk) {
+    if (r_lut(f)) return lk == LK_NL ? 16 : 8;
+    return r_qh_off(f) + (r_q5(f) ? 32 : 0);
+}
 /* block b within a group (IQ4_XS: after its superblock's d[8]) */
-AI size_t r_boff(int f, int64_t b) {
-    if (f == R_IQ4XS) return (size_t)(b >> 3) * 8 * R8_XS_SB + 16 + (size_t)(b & 7) * R8_XS_BLK;
-    return (size_t)b * r_blk(f);
+AI size_t r_boff(int f, int lk, int64_t b) {
+    if (r_lut(f) && lk == LK_XS) return (size_t)(b >> 3) * 8 * R8_XS_SB + 16 + (size_t)(b & 7) * R8_XS_BLK;
+    return (size_t)b * r_blk(f, lk);
 }
 /* A table in both 128-bit lanes, for vpshufb: with VNNI plus 128 (unsigned
  * operands; the offset goes through the activation sums as Q8_0's does). */
-AI __m256i r_table(int f) {
-    const __m256i t = f == R_MXFP4
+AI __m256i r_table(int f, int lk) {
+    if (!r_lut(f)) return _mm256_setzero_si256();
+    const __m256i t = lk == LK_MX
         ? _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                            0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
         : _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -95,9 +102,9 @@ AI __m256 r_e8m0(const uint8_t *e) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(m, 23));
 }
 /* The 8 rows' weight scales of block b (blk: its address, grp: the group's). */
-AI __m256 r_dw(int f, const uint8_t *grp, int64_t b, const uint8_t *blk) {
-    if (f == R_MXFP4) return r_e8m0(blk);
-    if (f == R_IQ4XS) {
+AI __m256 r_dw(int f, int lk, const uint8_t *grp, int64_t b, const uint8_t *blk) {
+    if (r_lut(f) && lk == LK_MX) return r_e8m0(blk);
+    if (r_lut(f) && lk == LK_XS) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + (size_t)(b >> 3) * 8 * R8_XS_SB)));
         const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)blk));
         return _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
@@ -114,15 +121,15 @@ AI __m256 r_dw(int f, const uint8_t *grp, int64_t b, const uint8_t *blk) {
  * 4k..4k+3. Q4/Q5 give the unsigned quants (their offset goes through the
  * activation sums); Q8_0 the signed bytes, with VNNI plus 128 as unsigned
  * (its sum again). */
-AI __m256i r_wvec(int f, const uint8_t *blk, int k) {
-    const uint8_t *qs = blk + r_qs_off(f);
+AI __m256i r_wvec(int f, int lk, __m256i tab, const uint8_t *blk, int k) {
+    const uint8_t *qs = blk + r_qs_off(f, lk);
     if (f == R_Q8_0) {
         const __m256i v = load32(qs + 32 * k);
         return R8_VNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
     }
     const __m256i v = load32(qs + 32 * (k & 3)), m4 = _mm256_set1_epi8(0x0F);
     __m256i u = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), m4);
-    if (r_lut(f)) return _mm256_shuffle_epi8(r_table(f), u);
+    if (r_lut(f)) return _mm256_shuffle_epi8(tab, u);
     if (r_q5(f)) { /* bit k of each qh byte to bit 4 (within the byte: see cpu/r8.c) */
         const __m256i h = load32(blk + r_qh_off(f));
         const __m256i hk = k < 4 ? _mm256_slli_epi16(h, 4 - k) : k > 4 ? _mm256_srli_epi16(h, k - 4) : h;
@@ -182,8 +189,9 @@ AI void r8_store8(float *y, __m256 v, int nr) {
  * block's vectors are made one at a time and used by every token, so the
  * registers hold the M x N integer and float sums and little else. */
 AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
-                size_t as, float *y, size_t ys) {
+                size_t as, float *y, size_t ys, int lk) {
     const int64_t nb = n / 32;
+    const __m256i tab = r_table(f, lk);
     const int avx2_16 = !R8_VNNI && !r_s8(f); /* int16 partial sums (see r_dot) */
     __m256 acc[4][8];
     UNROLL
@@ -194,12 +202,12 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         __m256i is[4][8], h[4][8];
         UNROLL
         for (int g = 0; g < M; g++) {
-            const uint8_t *blk = w + (size_t)g * gs + r_boff(f, b);
+            const uint8_t *blk = w + (size_t)g * gs + r_boff(f, lk, b);
             R8_PF(blk + R8_PREFETCH);
             R8_PF(blk + R8_PREFETCH + 64);
             R8_PF(blk + R8_PREFETCH + 128);
-            if (r_blk(f) > 192) R8_PF(blk + R8_PREFETCH + 192);
-            if (r_blk(f) > 256) R8_PF(blk + R8_PREFETCH + 256);
+            if (r_blk(f, lk) > 192) R8_PF(blk + R8_PREFETCH + 192);
+            if (r_blk(f, lk) > 256) R8_PF(blk + R8_PREFETCH + 256);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const int32_t *sum = (const int32_t *)(const void *)(a + (size_t)t * as + n + 8 * (size_t)nb);
@@ -211,7 +219,7 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         for (int k = 0; k < 8; k++)
             UNROLL
             for (int g = 0; g < M; g++) {
-                const __m256i wv = r_wvec(f, w + (size_t)g * gs + r_boff(f, b), k);
+                const __m256i wv = r_wvec(f, lk, tab, w + (size_t)g * gs + r_boff(f, lk, b), k);
                 UNROLL8
                 for (int t = 0; t < N; t++) {
                     const __m256i av = bcast4(a + (size_t)t * as + 32 * (size_t)b + 4 * (size_t)k);
@@ -233,8 +241,8 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
             for (int g = 0; g < M; g++) is[g][0] = _mm256_add_epi32(is[g][0], h[g][0]);
         UNROLL
         for (int g = 0; g < M; g++) {
-            const uint8_t *grp = w + (size_t)g * gs, *blk = grp + r_boff(f, b);
-            const __m256 dw = r_dw(f, grp, b, blk);
+            const uint8_t *grp = w + (size_t)g * gs, *blk = grp + r_boff(f, lk, b);
+            const __m256 dw = r_dw(f, lk, grp, b, blk);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
@@ -262,15 +270,12 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
  * r8_tile, so the bits are the same whichever tile a row lands in. */
 
 /* Weight vector k of block b for the group pair starting at b0 (b1 = b0 + gs). */
-AI __m512i rz_wvec(int f, const uint8_t *b0, const uint8_t *b1, int k) {
-    const int off = (int)r_qs_off(f) + (f == R_Q8_0 ? 32 * k : 32 * (k & 3));
+AI __m512i rz_wvec(int f, int lk, __m512i tab, const uint8_t *b0, const uint8_t *b1, int k) {
+    const int off = (int)r_qs_off(f, lk) + (f == R_Q8_0 ? 32 * k : 32 * (k & 3));
     const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + off)), load32(b1 + off), 1);
     if (f == R_Q8_0) return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     __m512i u = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
-    if (r_lut(f)) {
-        const __m256i t = r_table(f);
-        return _mm512_shuffle_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(t), t, 1), u);
-    }
+    if (r_lut(f)) return _mm512_shuffle_epi8(tab, u);
     if (r_q5(f)) {
         const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(load32(b0 + r_qh_off(f))), load32(b1 + r_qh_off(f)), 1);
         const __m512i hk = k < 4 ? _mm512_slli_epi16(h, 4 - k) : k > 4 ? _mm512_srli_epi16(h, k - 4) : h;
@@ -291,9 +296,9 @@ AI __m512 rz_halves(const uint8_t *b0, const uint8_t *b1, int off) {
 }
 
 /* The pair's 16 weight scales of block b (g0, g1: the groups' starts), as r_dw. */
-AI __m512 rz_dw(int f, const uint8_t *g0, const uint8_t *g1, int64_t b, const uint8_t *b0, const uint8_t *b1) {
-    if (f == R_MXFP4 || f == R_IQ4XS)
-        return _mm512_insertf32x8(_mm512_castps256_ps512(r_dw(f, g0, b, b0)), r_dw(f, g1, b, b1), 1);
+AI __m512 rz_dw(int f, int lk, const uint8_t *g0, const uint8_t *g1, int64_t b, const uint8_t *b0, const uint8_t *b1) {
+    if (r_lut(f) && lk != LK_NL)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(r_dw(f, lk, g0, b, b0)), r_dw(f, lk, g1, b, b1), 1);
     return rz_halves(b0, b1, 0);
 }
 
@@ -310,8 +315,10 @@ AI void r8_store16(float *y, __m512 v, int nr) {
 
 /* M group pairs x N tokens; nr counts rows from the first pair's first row. */
 AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
-                 size_t as, float *y, size_t ys) {
+                 size_t as, float *y, size_t ys, int lk) {
     const int64_t nb = n / 32;
+    const __m256i tab8 = r_table(f, lk);
+    const __m512i tab = _mm512_inserti64x4(_mm512_castsi256_si512(tab8), tab8, 1);
     __m512 acc[2][R8_PN];
     UNROLL
     for (int p = 0; p < M; p++)
@@ -322,9 +329,9 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         const uint8_t *b0[2], *b1[2];
         UNROLL
         for (int p = 0; p < M; p++) {
-            b0[p] = w + (size_t)(2 * p) * gs + r_boff(f, b);
+            b0[p] = w + (size_t)(2 * p) * gs + r_boff(f, lk, b);
             b1[p] = b0[p] + gs;
-            for (size_t o = 0; o < r_blk(f); o += 64) {
+            for (size_t o = 0; o < r_blk(f, lk); o += 64) {
                 R8_PF(b0[p] + R8_PREFETCH + o);
                 R8_PF(b1[p] + R8_PREFETCH + o);
             }
@@ -339,7 +346,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         for (int k = 0; k < 8; k++)
             UNROLL
             for (int p = 0; p < M; p++) {
-                const __m512i wv = rz_wvec(f, b0[p], b1[p], k);
+                const __m512i wv = rz_wvec(f, lk, tab, b0[p], b1[p], k);
                 UNROLL8
                 for (int t = 0; t < N; t++) {
                     int32_t x;
@@ -351,7 +358,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
         UNROLL
         for (int p = 0; p < M; p++) {
             if (N == 1) is[p][0] = _mm512_add_epi32(is[p][0], h[p]);
-            const __m512 dw = rz_dw(f, w + (size_t)(2 * p) * gs, w + (size_t)(2 * p + 1) * gs, b, b0[p], b1[p]);
+            const __m512 dw = rz_dw(f, lk, w + (size_t)(2 * p) * gs, w + (size_t)(2 * p + 1) * gs, b, b0[p], b1[p]);
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const float *ad = (const float *)(const void *)(a + (size_t)t * as + n);
@@ -402,7 +409,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
 #endif
 
 /* nr rows (from a group boundary) x nt tokens. */
-AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
+AI void r8_gemm(int f, int lk, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
                 float *y, size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
@@ -417,31 +424,41 @@ AI void r8_gemm(int f, int64_t n, const void *vw, size_t ws, int nr, const void 
          * DRAM 10-20% slower on the AMD EPYC than the one-group tile's one
          * (it had been +4-7% on a Xeon whose L3 held the file) */
         if (tn > R8_DTN) {
-            for (; g + 2 * R8Z_PM <= ng; g += 2 * R8Z_PM) R8Z_TOKENS(R8Z_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
-            for (; g + 2 <= ng; g += 2) R8Z_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+            for (; g + 2 * R8Z_PM <= ng; g += 2 * R8Z_PM) R8Z_TOKENS(R8Z_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys, lk)
+            for (; g + 2 <= ng; g += 2) R8Z_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys, lk)
         }
 #endif
         if (tn <= R8_DTN)
-            for (; g + R8_DM <= ng; g += R8_DM) R8_TOKENS(R8_DM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+            for (; g + R8_DM <= ng; g += R8_DM) R8_TOKENS(R8_DM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys, lk)
         else
-            for (; g + R8_PM <= ng; g += R8_PM) R8_TOKENS(R8_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
-        for (; g < ng; g++) R8_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys)
+            for (; g + R8_PM <= ng; g += R8_PM) R8_TOKENS(R8_PM, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys, lk)
+        for (; g < ng; g++) R8_TOKENS(1, tn, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys, lk)
     }
 }
 
 #define R8_GEMM(NAME, F)                                                                              \
     static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
                      float *y, size_t ys) {                                                           \
-        r8_gemm(F, n, w, ws, nr, a, as, nt, y, ys);                                                   \
+        r8_gemm(F, 0, n, w, ws, nr, a, as, nt, y, ys);                                                \
     }
 R8_GEMM(r8_gemm_q4_0, R_Q4_0)
 R8_GEMM(r8_gemm_q4_1, R_Q4_1)
 R8_GEMM(r8_gemm_q5_0, R_Q5_0)
 R8_GEMM(r8_gemm_q5_1, R_Q5_1)
 R8_GEMM(r8_gemm_q8_0, R_Q8_0)
-R8_GEMM(r8_gemm_iq4_nl, R_IQ4NL)
-R8_GEMM(r8_gemm_mxfp4, R_MXFP4)
-R8_GEMM(r8_gemm_iq4_xs, R_IQ4XS)
+/* the table formats: one compiled gemm, the kind passed at run time */
+__attribute__((noinline)) static void r8_gemm_lut(int lk, int64_t n, const void *w, size_t ws, int nr, const void *a,
+                                                  size_t as, int nt, float *y, size_t ys) {
+    r8_gemm(R_LUT, lk, n, w, ws, nr, a, as, nt, y, ys);
+}
+#define R8_GEMM_LUT(NAME, LK)                                                                        \
+    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
+                     float *y, size_t ys) {                                                           \
+        r8_gemm_lut(LK, n, w, ws, nr, a, as, nt, y, ys);                                              \
+    }
+R8_GEMM_LUT(r8_gemm_iq4_nl, LK_NL)
+R8_GEMM_LUT(r8_gemm_mxfp4, LK_MX)
+R8_GEMM_LUT(r8_gemm_iq4_xs, LK_XS)
 
 /* ---- Q4_K and Q5_K on r8k rows (cpu/r8.c): per superblock and sub-block j
  * the 8 rows' exact dots, times their scales (vpmulld), the mins against the
