@@ -235,8 +235,6 @@ AI __m256i lut_dot32(__m256i table, const uint8_t *qs, const int8_t *a) {
     return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
 }
 
-AI __m256i lut_table(const int8_t *t) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t)); }
-
 /* IQ4_NL and MXFP4 (ggml_vec_dot_*_q8_0): blocks in pairs, even ones into one
  * accumulator and odd ones into another, added lane by lane, the tree; an odd
  * last block after, as a scalar. */
@@ -245,7 +243,7 @@ AI float dot_lut32(int mx, int64_t n, const void *vw, const void *va) {
     const uint8_t *x = vw;
     const block_q8_0 *y = va;
     const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
-    const __m256i table = lut_table(mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl), one = _mm256_set1_epi16(1);
+    const __m256i table = bcast16(mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl), one = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t ib = 0;
     for (; ib + 1 < nb; ib += 2)
@@ -279,12 +277,12 @@ static float dot_mxfp4(int64_t n, const void *w, const void *a) { return dot_lut
 static float dot_iq4_xs(int64_t n, const void *vw, const void *va) {
     const block_iq4_xs *x = vw;
     const block_q8_K *y = va;
-    const __m256i table = lut_table(tl_kvalues_iq4nl);
+    const __m256i table = bcast16(tl_kvalues_iq4nl);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         __m256i lane = _mm256_setzero_si256();
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const int ls = (((x[i].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x[i].scales_h >> 2 * ib) & 3) << 4)) - 32;
+            const int ls = tl_iq4_xs_scale(&x[i], ib);
             const __m256i p = lut_dot32(table, x[i].qs + 16 * ib, y[i].qs + 32 * ib);
             lane = _mm256_add_epi32(lane, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
         }
@@ -340,11 +338,7 @@ static float dot_q3_K(int64_t n, const void *vw, const void *va) {
     float s = 0;
     for (int64_t i = 0; i < n / QK_K; i++) {
         int8_t sc[16];
-        for (int g = 0; g < 16; g++) {
-            const int lo = g < 8 ? x[i].scales[g] & 0xF : x[i].scales[g - 8] >> 4;
-            const int hi = (x[i].scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = (int8_t)((lo | (hi << 4)) - 32);
-        }
+        tl_q3k_scales(x[i].scales, sc);
         const __m256i hm = load32(x[i].hmask);
         __m256i acc = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {

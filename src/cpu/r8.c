@@ -76,8 +76,7 @@ static int pack_lut(tl_type type, const void *src, void *dst, int64_t nrows, int
                     uint8_t *sb = grp + (size_t)(b / 8) * 8 * R8_XS_SB;
                     memcpy(sb + 2 * r, &x->d, 2);
                     o = sb + 16 + (size_t)ib * R8_XS_BLK;
-                    const int ls = ((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4);
-                    o[r] = (uint8_t)(int8_t)(ls - 32);
+                    o[r] = (uint8_t)(int8_t)tl_iq4_xs_scale(x, ib);
                     qs = x->qs + 16 * ib;
                 } else {
                     const block_mxfp4 *x = (const block_mxfp4 *)(const void *)row + b;

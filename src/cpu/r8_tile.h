@@ -88,11 +88,7 @@ AI size_t r_boff(int f, int lk, int64_t b) {
  * operands; the offset goes through the activation sums as Q8_0's does). */
 AI __m256i r_table(int f, int lk) {
     if (!r_lut(f)) return _mm256_setzero_si256();
-    const __m256i t = lk == LK_MX
-        ? _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-        : _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                           -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m256i t = bcast16(lk == LK_MX ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl);
     return R8_VNNI ? _mm256_xor_si256(t, _mm256_set1_epi8((char)0x80)) : t;
 }
 /* MXFP4's 8 E8M0 bytes -> 2^(e-128) (0 for e < 2), as tl_r8_e8m0 */

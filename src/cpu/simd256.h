@@ -61,6 +61,9 @@ static inline __m256i bits32(const uint8_t *p) {
 
 static inline __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
+/* 16 bytes in both 128-bit lanes (a vpshufb table). */
+static inline __m256i bcast16(const void *p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)); }
+
 /* Half number k of a block (the m of Q4_1/Q5_1 is k = 1, the s of Q8_1 too). */
 static inline float h2f_at(const void *block, int k) {
     uint16_t h;

@@ -97,14 +97,6 @@ static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
 
-/* The 16 signed 6-bit scales of Q3_K (biased by 32 in storage). */
-static void q3k_scales(const uint8_t *packed, int8_t out[16]) {
-    for (int j = 0; j < 16; j++) {
-        int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
-        int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = (int8_t)((lo | (hi << 4)) - 32);
-    }
-}
 
 /* ---- dequantization ------------------------------------------------------------ */
 
@@ -203,7 +195,7 @@ static void dq_q3_K(const block_q3_K *x, float *y, int64_t nb) {
     int8_t sc[16];
     for (int64_t i = 0; i < nb; i++, y += QK_K) {
         const float d = h2f(x[i].d);
-        q3k_scales(x[i].scales, sc);
+        tl_q3k_scales(x[i].scales, sc);
         for (int s = 0; s < 16; s++) {
             const float dl = d * (float)sc[s];
             for (int e = 16 * s; e < 16 * s + 16; e++) y[e] = dl * (float)q3_value(&x[i], e);
@@ -290,16 +282,12 @@ static void dq_iq4_nl(const block_iq4_nl *x, float *y, int64_t nb) {
     }
 }
 
-/* sub-block ib's 6-bit scale, less 32 */
-static inline int iq4_xs_scale(const block_iq4_xs *x, int ib) {
-    return (((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4)) - 32;
-}
 
 static void dq_iq4_xs(const block_iq4_xs *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d);
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const float dl = d * (float)iq4_xs_scale(&x[i], ib);
+            const float dl = d * (float)tl_iq4_xs_scale(&x[i], ib);
             const uint8_t *qs = x[i].qs + 16 * ib;
             for (int j = 0; j < 16; j++) {
                 y[i * QK_K + 32 * ib + j] = dl * tl_kvalues_iq4nl[qs[j] & 0x0F];
@@ -1042,7 +1030,7 @@ static float dot_q3_K(int64_t nb, const block_q3_K *x, const block_q8_K *y) {
     float s = 0;
     int8_t sc[16];
     for (int64_t i = 0; i < nb; i++) {
-        q3k_scales(x[i].scales, sc);
+        tl_q3k_scales(x[i].scales, sc);
         int isum = 0;
         for (int g = 0; g < 16; g++) {
             int sub = 0;
@@ -1208,7 +1196,7 @@ static float dot_iq4_xs(int64_t nb, const block_iq4_xs *x, const block_q8_K *y) 
     for (int64_t i = 0; i < nb; i++) {
         int32_t lane[8] = {0};
         for (int ib = 0; ib < QK_K / 32; ib++) {
-            const int ls = iq4_xs_scale(&x[i], ib);
+            const int ls = tl_iq4_xs_scale(&x[i], ib);
             const uint8_t *qs = x[i].qs + 16 * ib;
             const int8_t *q8 = y[i].qs + 32 * ib;
             for (int l = 0; l < 8; l++) {

@@ -91,6 +91,18 @@ typedef struct {
  * the scale half of 2^(e-127) (ggml's convention) */
 typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
 extern const int8_t tl_kvalues_iq4nl[16]; /* IQ4_NL's and IQ4_XS's values */
+/* IQ4_XS sub-block ib's 6-bit scale, less 32 */
+static inline int tl_iq4_xs_scale(const block_iq4_xs *x, int ib) {
+    return (((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4)) - 32;
+}
+/* Q3_K's 16 signed 6-bit scales (biased by 32 in storage) */
+static inline void tl_q3k_scales(const uint8_t *packed, int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
 extern const int8_t tl_kvalues_mxfp4[16]; /* twice E2M1's values */
 /* MXFP4's scale: ggml's e8m0_to_fp32_half, 2^(e-128), the two smallest as subnormals */
 static inline float tl_e8m0_half(uint8_t e) {

@@ -228,6 +228,17 @@ static void check_gemm(const tl_kernels *k, rng *r) {
     }
 }
 
+/* The level's gemm and the reference's on the same packed rows and
+ * activations: whether they give the same bits (rows past nr, and the stride's
+ * slack, must stay as they were: both start from the same filler). */
+static int same_as_ref(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, const void *wp, size_t pb,
+                       int nr, const void *a, size_t ab, int nt, float *y, float *yr, size_t ys) {
+    for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
+    k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
+    ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
+    return memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0;
+}
+
 /* ---- the fast numerics' r8 gemm ----
  * Each level's tiles must give bitwise the scalar reference's result (cpu/r8.c)
  * for every tile shape and padded last group. The reference itself is checked
@@ -255,10 +266,7 @@ static void check_r8_case(const tl_kernels *k, const tl_kernels *ref, tl_type t,
             tl_quantize_row_act(at, x, a + (size_t)i * ab, n);
             tl_r8_act_make(ref->quantize[TL_Q8_1], x, ga + (size_t)i * gb, n);
         }
-        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f; /* rows past nr stay untouched */
-        k->gemm[t](n, wp, wb, nr, ga, gb, nt, y, ys);
-        ref->gemm[t](n, wp, wb, nr, ga, gb, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 %s n=%lld %dx%d: not the reference's bits",
+        CHECK(same_as_ref(k, ref, t, n, wp, wb, nr, ga, gb, nt, y, yr, ys), "%s r8 %s n=%lld %dx%d: not the reference's bits",
               k->name, tl_type_info(t)->name, (long long)n, nr, nt);
         int bad_math = 0, bad_exact = 0;
         const int biased = t == TL_Q4_1 || t == TL_Q5_1;
@@ -338,10 +346,7 @@ static void check_r8lut_case(const tl_kernels *k, const tl_kernels *ref, tl_type
             tl_quantize_row_act(at, x + i * n, a + (size_t)i * ab, n);
             tl_r8_act_make(ref->quantize[TL_Q8_1], x + i * n, ga + (size_t)i * gb, n);
         }
-        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f; /* rows past nr stay untouched */
-        k->gemm[t](n, wp, pb, nr, ga, gb, nt, y, ys);
-        ref->gemm[t](n, wp, pb, nr, ga, gb, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 %s n=%lld %dx%d: not the reference's bits",
+        CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, ga, gb, nt, y, yr, ys), "%s r8 %s n=%lld %dx%d: not the reference's bits",
               k->name, tn, (long long)n, nr, nt);
         int bad = 0, bad_exact = 0;
         for (int ti = 0; ti < nt; ti++) {
@@ -398,10 +403,7 @@ static void check_r8k_case(const tl_kernels *k, const tl_kernels *ref, tl_type t
             make_acts(x, n, r);
             tl_quantize_row_act(TL_Q8_K, x, a + (size_t)i * ab, n);
         }
-        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
-        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
-        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8k %s n=%lld %dx%d: not the reference's bits",
+        CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, a, ab, nt, y, yr, ys), "%s r8k %s n=%lld %dx%d: not the reference's bits",
               k->name, tn, (long long)n, nr, nt);
         int bad = 0, bad_exact = 0;
         for (int ti = 0; ti < nt; ti++) {
@@ -468,10 +470,7 @@ static void check_r8q6_case(const tl_kernels *k, const tl_kernels *ref, int64_t 
             make_acts(x, n, r);
             tl_quantize_row_act(TL_Q8_K, x, a + (size_t)i * ab, n);
         }
-        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
-        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
-        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8 Q6_K n=%lld %dx%d: not the reference's bits",
+        CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, a, ab, nt, y, yr, ys), "%s r8 Q6_K n=%lld %dx%d: not the reference's bits",
               k->name, (long long)n, nr, nt);
         int bad = 0;
         for (int ti = 0; ti < nt; ti++) {
@@ -520,10 +519,7 @@ static void check_r8h_case(const tl_kernels *k, const tl_kernels *ref, tl_type t
             for (int i = 0; i < 3; i++) x[rnd(r) % (uint64_t)n] = 0x1p60f;
         for (int ti = 0; ti < nt; ti++) tl_r8h_act_make(t, x + (size_t)ti * (size_t)n, a + (size_t)ti * ab, n);
         CHECK(tl_r8h_pack(t, w, wp, nr, n) == 0, "r8h pack");
-        for (size_t i = 0; i < ys * (size_t)nt; i++) y[i] = yr[i] = -7.0f;
-        k->gemm[t](n, wp, pb, nr, a, ab, nt, y, ys);
-        ref->gemm[t](n, wp, pb, nr, a, ab, nt, yr, ys);
-        CHECK(memcmp(y, yr, sizeof(float) * ys * (size_t)nt) == 0, "%s r8h %s n=%lld %dx%d%s: not the reference's bits",
+        CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, a, ab, nt, y, yr, ys), "%s r8h %s n=%lld %dx%d%s: not the reference's bits",
               k->name, tl_type_info(t)->name, (long long)n, nr, nt, tiny ? " tiny" : "");
         int bad = 0, flushed = 0;
         for (int ti = 0; ti < nt; ti++)
