@@ -53,6 +53,19 @@ int cli_numerics(const char *opt, const char *v, int *out);
     "      --numerics MODE     fast (default) or exact: bitwise llama.cpp's CPU kernels\n" \
     "                          (docs/NUMERICS.md); $TL_NUMERICS sets the default\n"
 
+/* The KV cache's types: --kv-type T (both), --kv-type-k/--kv-type-v (one),
+ * and llama.cpp's -ctk/-ctv/--cache-type-k/--cache-type-v. If a is one of
+ * them, reads its value into *k and/or *v and returns 1 (-1 with the error
+ * printed); 0 when a is another option. */
+int cli_kv_type_opt(cli_args *p, const char *a, int *k, int *v);
+/* Prints q4_0's quality warning (stderr) when either type is q4_0. */
+void cli_kv_type_warn(int k, int v);
+#define CLI_KV_TYPE_HELP \
+    "      --kv-type TYPE      KV cache type for keys and values: f16 (default), q8_0 (half\n" \
+    "                          the memory, perplexity within 0.5%), q4_0 (a quarter; hurts\n" \
+    "                          quality on long contexts); --kv-type-k/--kv-type-v set one\n" \
+    "                          (llama.cpp's -ctk/-ctv also accepted)\n"
+
 /* --spec off|auto|ngram -> TL_SPEC_*; prints the error and returns -1 otherwise. */
 int cli_spec(const char *opt, const char *v, int *out);
 #define CLI_SPEC_HELP \

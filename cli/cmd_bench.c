@@ -25,7 +25,7 @@ typedef struct bench_opts {
     int p[MAX_LIST], n_p;
     int n[MAX_LIST], n_n;
     int d[MAX_LIST], n_d;
-    int reps, n_threads, json, no_warmup, memory, numerics;
+    int reps, n_threads, json, no_warmup, memory, numerics, kv_k, kv_v;
     int mem_cache_mib, mem_dram_mib;
 } bench_opts;
 
@@ -51,6 +51,8 @@ static const char BENCH_HELP[] =
     "  -o, --output md|json      a markdown table (default) or a JSON array\n"
     "      --no-warmup           skip the warmup run before each test\n"
     "      --numerics MODE       fast (default) or exact (docs/NUMERICS.md)\n"
+    "      --kv-type TYPE        KV cache type: f16 (default), q8_0, q4_0; --kv-type-k,\n"
+    "                            --kv-type-v (or llama-bench's -ctk, -ctv) set one\n"
     "      --memory              measure memory read bandwidth instead of a model:\n"
     "                            a cache-sized and a DRAM-sized buffer, best of 5\n"
     "      --mem-cache MIB       the cache-sized buffer (default 16)\n"
@@ -102,6 +104,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     int more;
     while ((more = cli_next(&p, &a)) > 0) {
         const char *v;
+        int kt;
 #define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(BENCH_HELP, stdout);
@@ -127,6 +130,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             o->json = !strcmp(v, "json");
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_k, &o->kv_v)) != 0) {
+            if (kt < 0) return -1;
         } else if (!strcmp(a, "--no-warmup")) {
             o->no_warmup = 1;
         } else if (!strcmp(a, "--memory")) {
@@ -464,7 +469,9 @@ static int run_tests(bench_run *b, const bench_opts *o, const char *path, const 
     }
     /* the JSON stays well-formed even when a test failed */
     if (o->json && (r.ns && r.ts)) fputs(printed ? "\n]\n" : "]\n", stdout);
-    else if (!rc) printf("\nbuild: tokenloop %s, numerics %s\n", TL_VERSION, tl_ctx_numerics(b->ctx));
+    else if (!rc)
+        printf("\nbuild: tokenloop %s, numerics %s, KV cache %s/%s\n", TL_VERSION, tl_ctx_numerics(b->ctx),
+               tl_kv_type_name(o->kv_k), tl_kv_type_name(o->kv_v));
     free(r.ns);
     free(r.ts);
     return rc;
@@ -490,7 +497,8 @@ static int bench_model(const bench_opts *o) {
     /* one context sized for the largest test after the deepest fill; each run clears it */
     int batch = max_p > 0 ? max_p : max_d > 0 ? (max_d < 512 ? max_d : 512) : 1;
     int n_ctx = max_d + (max_p > max_n ? max_p : max_n);
-    tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics};
+    tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics,
+                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v};
     bench_run b = {.n_vocab = tl_model_n_vocab(m), .batch = batch, .bos = -1, .rng = 1};
     if (tl_model_add_bos(m)) b.bos = tl_token_bos(m);
     int rc = 0;

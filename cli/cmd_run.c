@@ -17,7 +17,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *system, *draft, *grammar, *json_schema;
     const char *stop[MAX_STOPS];
     int n_stop;
-    int n_predict, n_ctx, n_threads, n_batch, numerics, spec;
+    int n_predict, n_ctx, n_threads, n_batch, numerics, spec, kv_k, kv_v;
     int chat, show_probs, print_ids, ignore_eos;
     int hide_thinking, think_budget; /* think_budget -1: none */
     const char *trace;   /* --trace FILE.jsonl */
@@ -38,6 +38,7 @@ static const char RUN_HELP[] =
     "  -t, --threads N         threads (default: all CPUs)\n"
     "  -b, --batch-size N      max tokens per forward call (default 512)\n"
     CLI_NUMERICS_HELP
+    CLI_KV_TYPE_HELP
     CLI_SPEC_HELP
     "      --temp T            temperature (default 0.8; 0 = greedy argmax)\n"
     "      --top-k K           top-k (default 40; 0 = off)\n"
@@ -84,6 +85,7 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
     int more;
     while ((more = cli_next(&p, &a)) > 0) {
         const char *v;
+        int kt;
 #define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(RUN_HELP, stdout);
@@ -112,6 +114,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->n_batch)) return -1;
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_k, &o->kv_v)) != 0) {
+            if (kt < 0) return -1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--temp")) {
@@ -374,7 +378,9 @@ static int session_open(session *s, const run_opts *o) {
         if (!o->model) fputs("tokenloop: hint: run 'make models' to fetch the default model\n", stderr);
         return -1;
     }
-    tl_ctx_params cp = {.n_ctx = o->n_ctx, .n_threads = o->n_threads, .n_batch = o->n_batch, .numerics = o->numerics};
+    tl_ctx_params cp = {.n_ctx = o->n_ctx, .n_threads = o->n_threads, .n_batch = o->n_batch, .numerics = o->numerics,
+                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v};
+    cli_kv_type_warn(o->kv_k, o->kv_v);
     if (tl_ctx_new(s->m, &cp, &s->ctx, &err) ||
         tl_sampler_new(&o->sp, tl_model_n_vocab(s->m), &s->smp, &err)) {
         cli_tl_error(&err);

@@ -45,6 +45,7 @@ static const char SERVE_HELP[] =
     "      --max-queue N       requests waiting beyond -np before 503 + Retry-After (default 64)\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
     CLI_NUMERICS_HELP
+    CLI_KV_TYPE_HELP
     CLI_SPEC_HELP
     "      --reasoning MODE    thinking between <think> and </think>, returned apart as\n"
     "                          reasoning_content: auto (default: if the chat template speaks of\n"
@@ -79,6 +80,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
     int more;
     while ((more = cli_next(&p, &a)) > 0) {
         const char *v;
+        int kt;
 #define VAL() if (!(v = cli_arg(&p))) return -1
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(SERVE_HELP, stdout);
@@ -122,6 +124,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_type_k, &o->kv_type_v)) != 0) {
+            if (kt < 0) return -1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--reasoning")) {
@@ -299,8 +303,14 @@ static int serve(srv_opts *o, sigs *sg) {
                             o->reasoning == 2 ? 2 : o->reasoning == 1 && thinks ? 1 : 0,
                             ctmpl, store, o->model_path, o->n_parallel};
         atomic_store(&app.phase, SRV_PHASE_READY);
-        fprintf(stderr, "tokenloop serve: ready (model %s, -np %d, context %d per sequence)\n",
-                o->model_id, o->n_parallel, app.api.n_ctx);
+        tl_kv_stats kv;
+        srv_sched_kv_stats(app.sched, &kv);
+        fprintf(stderr,
+                "tokenloop serve: ready (model %s, -np %d, context %d per sequence; KV cache %s/%s, %zu bytes per "
+                "position, %d blocks of %d positions = %.1f MiB)\n",
+                o->model_id, o->n_parallel, app.api.n_ctx, tl_kv_type_name(kv.kv_type_k), tl_kv_type_name(kv.kv_type_v),
+                kv.block_bytes / (size_t)kv.block_size, kv.n_blocks, kv.block_size,
+                (double)kv.block_bytes * kv.n_blocks / (1 << 20));
         wait_signal(sg);
         drain(&app);
         rc = 0;
@@ -329,6 +339,7 @@ int cmd_serve(int argc, char **argv) {
                   .max_body = (size_t)8 << 20};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;
+    cli_kv_type_warn(o.kv_type_k, o.kv_type_v);
     if (!o.model_path) o.model_path = cli_default_model(buf, sizeof buf);
     o.model_id = base_name(o.model_path);
     sigs sg = {.count = 0};

@@ -111,6 +111,29 @@ int cli_numerics(const char *opt, const char *v, int *out) {
     return 0;
 }
 
+int cli_kv_type_opt(cli_args *p, const char *a, int *k, int *v) {
+    const int both = !strcmp(a, "--kv-type");
+    const int is_k = both || !strcmp(a, "--kv-type-k") || !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k");
+    const int is_v = both || !strcmp(a, "--kv-type-v") || !strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v");
+    if (!is_k && !is_v) return 0;
+    const char *val = cli_arg(p);
+    if (!val) return -1;
+    const int t = tl_kv_type_parse(val);
+    if (t < 0) {
+        cli_error("%s: '%s' is not a KV cache type (f16, q8_0, q4_0)", a, val);
+        return -1;
+    }
+    if (is_k) *k = t;
+    if (is_v) *v = t;
+    return 1;
+}
+
+void cli_kv_type_warn(int k, int v) {
+    if (k == TL_KV_Q4_0 || v == TL_KV_Q4_0)
+        fprintf(stderr, "warning: a q4_0 KV cache loses accuracy (perplexity, and tool calls on long contexts); "
+                        "q8_0 halves the memory with almost none\n");
+}
+
 int cli_spec(const char *opt, const char *v, int *out) {
     const int m = tl_spec_parse(v);
     if (m < 0) {

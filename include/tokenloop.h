@@ -120,6 +120,15 @@ typedef enum tl_numerics {
 /* Parses "fast", "exact" (or "auto"); -1 for anything else. */
 int tl_numerics_parse(const char *name);
 
+/* What the KV cache holds per element (llama.cpp's --cache-type-k/-v):
+ * f16 (its default), q8_0 (half the bytes; perplexity within a fraction of
+ * a percent) or q4_0 (a quarter; measurably worse, see docs/MEMORY.md). */
+typedef enum tl_kv_type { TL_KV_F16 = 0, TL_KV_Q8_0 = 1, TL_KV_Q4_0 = 2 } tl_kv_type;
+/* "f16", "q8_0", "q4_0" -> tl_kv_type; -1 for another name. */
+int tl_kv_type_parse(const char *name);
+/* The name of a tl_kv_type, or NULL. */
+const char *tl_kv_type_name(int type);
+
 typedef struct tl_ctx_params {
     int n_ctx;       /* positions per sequence; 0 = min(model's training context, 4096) */
     int n_threads;   /* 0 = all online CPUs */
@@ -129,6 +138,8 @@ typedef struct tl_ctx_params {
                       * cache; 0 = room for max(1, n_seq_max) full sequences */
     int n_logits_max;/* logits rows one tl_ctx_decode may keep; 0 = 64 */
     int numerics;    /* tl_numerics; 0 = TL_NUMERICS_AUTO */
+    int kv_type_k;   /* tl_kv_type of the keys; 0 = f16 */
+    int kv_type_v;   /* tl_kv_type of the values; 0 = f16 */
     const tl_ctx *share_threads; /* run on this context's thread pool (n_threads is then
                                   * its count; it must outlive the new one): a draft
                                   * model beside its target, never fighting it for cores */
@@ -233,6 +244,7 @@ double tl_ctx_decode_cost(const tl_ctx *ctx, int n);
 typedef struct tl_kv_stats {
     int block_size;      /* TL_KV_BLOCK */
     size_t block_bytes;  /* memory of one block (all layers, K and V) */
+    int kv_type_k, kv_type_v; /* tl_kv_type of the cache's keys and values */
     int n_blocks;        /* blocks in the pool */
     int n_used;          /* blocks some sequence holds */
     int n_cached;        /* blocks nobody holds that keep a cached prefix */

@@ -284,6 +284,9 @@ static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
               "KV blocks ever handed out: the pool's memory written so far.", mx->kv.n_touched);
     sb_simple(b, "tokenloop_kv_block_bytes", "gauge", "Memory of one KV block (all layers, K and V).",
               (double)mx->kv.block_bytes);
+    sb_simple(b, "tokenloop_kv_bytes_per_position", "gauge",
+              "KV cache memory one position takes (all layers, K and V, in the cache's types).",
+              (double)mx->kv.block_bytes / (mx->kv.block_size > 0 ? mx->kv.block_size : 1));
     sb_simple(b, "tokenloop_prefix_cache_hit_tokens_total", "counter",
               "Prompt positions reused from the prefix cache.", (double)mx->kv.hit_tokens);
     sb_simple(b, "tokenloop_prefix_cache_query_tokens_total", "counter",

@@ -53,6 +53,7 @@ struct srv_sched {
     tl_ctx *dctx; /* the draft model's (--draft), on ctx's threads, a sequence per slot */
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
     int kv_blocks;       /* blocks in the KV pool: a request that needs more can never run */
+    tl_kv_stats kv0;         /* the pool as made (its size, block bytes, types) */
     tl_vocab_trie *trie; /* the vocabulary's byte trie for grammars, made at start */
     srv_loop *loop;      /* the live loop's readers (o->loop) */
     tl_tracer *tracer;   /* records for them, made only while someone watches */
@@ -700,7 +701,8 @@ static int kv_bytes_for(const tl_model *m, const srv_opts *o, size_t *out, tl_er
         return 0;
     }
     tl_ctx *probe = NULL;
-    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1, .numerics = o->numerics};
+    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1, .numerics = o->numerics,
+                        .kv_type_k = o->kv_type_k, .kv_type_v = o->kv_type_v};
     int rc = tl_ctx_new(m, &pp, &probe, err);
     if (rc) return rc;
     tl_kv_stats kv;
@@ -743,7 +745,9 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .n_batch = nb,
                         .n_seq_max = s->np,
                         .n_logits_max = s->max_rows,
-                        .numerics = o->numerics};
+                        .numerics = o->numerics,
+                        .kv_type_k = o->kv_type_k,
+                        .kv_type_v = o->kv_type_v};
     int rc = kv_bytes_for(m, o, &cp.kv_bytes, err);
     if (rc == 0) rc = tl_ctx_new(m, &cp, &s->ctx, err);
     if (rc) {
@@ -762,6 +766,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     tl_kv_stats kv;
     tl_ctx_kv_stats(s->ctx, &kv);
     s->kv_blocks = kv.n_blocks;
+    s->kv0 = kv;
     /* The engine caps a call at the context length. */
     s->n_batch = nb < s->n_ctx ? nb : s->n_ctx;
     if (s->max_rows > s->n_batch) s->max_rows = s->n_batch;
@@ -879,6 +884,8 @@ int srv_sched_pending(srv_sched *s) {
     pthread_mutex_unlock(&s->mu);
     return n;
 }
+
+void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out) { *out = s->kv0; }
 
 int srv_sched_n_ctx(const srv_sched *s) {
     return s->n_ctx;

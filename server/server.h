@@ -27,6 +27,7 @@ typedef struct srv_opts {
     int max_queue;         /* --max-queue: waiting requests before 503 (64) */
     int n_threads;         /* -t (0 = all cores) */
     int numerics;          /* --numerics (tl_numerics; 0 = $TL_NUMERICS, else fast) */
+    int kv_type_k, kv_type_v; /* --kv-type, --kv-type-k/-v (tl_kv_type; 0 = f16) */
     int spec;              /* --spec (tl_spec_mode) */
     const char *draft_path;     /* --draft FILE */
     const tl_model *draft;      /* that model, loaded (and checked) by the caller; NULL: none */
@@ -163,6 +164,8 @@ void srv_sched_drain(srv_sched *s);
 int srv_sched_pending(srv_sched *s);
 /* Per-sequence context (-c) the scheduler enforces. */
 int srv_sched_n_ctx(const srv_sched *s);
+/* The KV cache as the scheduler made it (pool, block bytes, types). */
+void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out);
 /* Stops the thread (cancelling whatever still runs: those get an ERROR event) and frees. */
 void srv_sched_free(srv_sched *s);
 

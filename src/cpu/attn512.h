@@ -493,7 +493,7 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
                                                              float *const *o, float *const *m, float *const *l, \
                                                              int st, int en, const uint16_t *kb,              \
                                                              const uint16_t *vb) {                            \
-        attn512_rows_t(a, R, q, o, m, l, st, en, kb, vb, a->kv_stride, 1);                                    \
+        attn512_rows_t(a, R, q, o, m, l, st, en, kb, vb, a->v_stride / 2, 1);                                    \
     }
 ATTN512_ROWS16(1)
 ATTN512_ROWS16(2)
@@ -538,8 +538,8 @@ static void attn512_direct(const tl_attn_rows *a) {
             folded = 1;
         }
         tl_attn_prefetch(a, b0);
-        const uint16_t *kb = a->k + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
-        const uint16_t *vb = a->v + (size_t)a->blk[b0 / 16] * 16 * a->kv_stride;
+        const uint16_t *kb = (const uint16_t *)(const void *)((const uint8_t *)a->k + (size_t)a->blk[b0 / 16] * 16 * a->k_stride);
+        const uint16_t *vb = (const uint16_t *)(const void *)((const uint8_t *)a->v + (size_t)a->blk[b0 / 16] * 16 * a->v_stride);
         const float *q[8];
         float *o[8], *mm[8], *ll[8];
         int R = 0, gst = 0, gen = 0;
@@ -566,7 +566,7 @@ static void attn512_direct(const tl_attn_rows *a) {
 }
 
 static void attn512_online(const tl_attn_rows *a) {
-    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16) {
+    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == TL_ATTN_F16 && a->v_fmt == TL_ATTN_F16) {
         attn512_direct(a);
         return;
     }

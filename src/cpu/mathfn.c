@@ -438,24 +438,52 @@ static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float
     }
 }
 
-/* Position p's K/V row. */
-static size_t kv_row_at(const tl_attn_rows *a, int p) {
-    return ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * a->kv_stride;
+/* Position p's row offset (bytes) from a K or V head base of row stride rs. */
+static size_t kv_row_at(const tl_attn_rows *a, int p, size_t rs) {
+    return ((size_t)a->blk[p / a->bs] * a->bs + (size_t)(p % a->bs)) * rs;
 }
 
-/* The block at b0: K transposed for its live slot groups, V rows ws..we. */
+static uint16_t ld_u16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* Element d of a row in format fmt: ggml's dequantization, d * q. */
+static float row_elem(const uint8_t *row, int fmt, int d) {
+    if (fmt == TL_ATTN_F16) return tl_fp16_to_fp32(ld_u16(row + 2 * (size_t)d));
+    const uint8_t *b = row + (size_t)(d / 32) * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
+    const float s = tl_fp16_to_fp32(ld_u16(b));
+    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)b[2 + d % 32] * s;
+    const uint8_t q = b[2 + d % 16];
+    return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * s;
+}
+
+/* Element d of slot s of a transposed K block (tl_attn_rows.k_tr). */
+static float tr_elem(const uint8_t *blk, int fmt, int bs, int s, int d) {
+    if (fmt == TL_ATTN_F16) return tl_fp16_to_fp32(ld_u16(blk + 2 * ((size_t)d * bs + s)));
+    const uint8_t *g = blk + (size_t)(d / 32) * bs * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
+    const float sc = tl_fp16_to_fp32(ld_u16(g + 2 * s));
+    const uint8_t *qs = g + 2 * bs;
+    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)qs[(size_t)(d % 32) * bs + s] * sc;
+    const uint8_t q = qs[(size_t)(d % 16) * bs + s];
+    return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * sc;
+}
+
 /* Position p's dimension d of K, in either layout. */
-static size_t k_at(const tl_attn_rows *a, int p, int d) {
-    if (a->k_tr) return (size_t)a->blk[p / a->bs] * a->bs * a->kv_stride + (size_t)d * a->bs + (size_t)(p % a->bs);
-    return kv_row_at(a, p) + (size_t)d;
+static float k_elem(const tl_attn_rows *a, int p, int d) {
+    const uint8_t *k = a->k;
+    if (a->k_tr) return tr_elem(k + (size_t)a->blk[p / a->bs] * a->bs * a->k_stride, a->k_fmt, a->bs, p % a->bs, d);
+    return row_elem(k + kv_row_at(a, p, a->k_stride), a->k_fmt, d);
 }
 
+/* The block at b0: K transposed for its live slots, V rows ws..we. */
 static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
     for (int p = ws; p <= we; p++) {
-        const size_t row = kv_row_at(a, p);
+        const uint8_t *vr = (const uint8_t *)a->v + kv_row_at(a, p, a->v_stride);
         for (int d = 0; d < a->hd; d++) {
-            kt[d * SLOTS + (p - b0)] = tl_fp16_to_fp32(a->k[k_at(a, p, d)]);
-            vf[(size_t)(p - b0) * a->hd + d] = tl_fp16_to_fp32(a->v[row + d]);
+            kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
+            vf[(size_t)(p - b0) * a->hd + d] = row_elem(vr, a->v_fmt, d);
         }
     }
 }
@@ -476,21 +504,108 @@ void tl_attn_prefetch(const tl_attn_rows *a, int b0) {
          * layers', so the hardware prefetcher cannot run ahead across blocks:
          * decode at a long context waited on DRAM here (a third of its time). */
         const int pf = b0 + TL_ATTN_PF * SLOTS;
+        const size_t kb = tl_attn_fmt_bytes(a->k_fmt, hd), vb = tl_attn_fmt_bytes(a->v_fmt, hd);
         if (a->k_tr) {
-            const char *kn = (const char *)(a->k + (size_t)a->blk[pf / SLOTS] * SLOTS * a->kv_stride);
-            for (size_t off = 0; off < (size_t)hd * SLOTS * sizeof(uint16_t); off += 64) _mm_prefetch(kn + off, TL_ATTN_PF_HINT);
+            const char *kn = (const char *)a->k + (size_t)a->blk[pf / SLOTS] * SLOTS * a->k_stride;
+            for (size_t off = 0; off < kb * SLOTS; off += 64) _mm_prefetch(kn + off, TL_ATTN_PF_HINT);
         }
-        const size_t rb = (size_t)hd * sizeof(uint16_t); /* a head's row: its last byte's line too */
-        for (int i = 0; i < SLOTS; i++) {
-            const char *vn = (const char *)(a->v + kv_row_at(a, pf + i));
-            for (size_t off = 0; off < rb; off += 64) _mm_prefetch(vn + off, TL_ATTN_PF_HINT);
-            _mm_prefetch(vn + rb - 1, TL_ATTN_PF_HINT);
+        for (int i = 0; i < SLOTS; i++) { /* a head's row: its last byte's line too */
+            const char *vn = (const char *)a->v + kv_row_at(a, pf + i, a->v_stride);
+            for (size_t off = 0; off < vb; off += 64) _mm_prefetch(vn + off, TL_ATTN_PF_HINT);
+            _mm_prefetch(vn + vb - 1, TL_ATTN_PF_HINT);
             if (!a->k_tr) {
-                const char *kn = (const char *)(a->k + kv_row_at(a, pf + i));
-                for (size_t off = 0; off < rb; off += 64) _mm_prefetch(kn + off, TL_ATTN_PF_HINT);
-                _mm_prefetch(kn + rb - 1, TL_ATTN_PF_HINT);
+                const char *kn = (const char *)a->k + kv_row_at(a, pf + i, a->k_stride);
+                for (size_t off = 0; off < kb; off += 64) _mm_prefetch(kn + off, TL_ATTN_PF_HINT);
+                _mm_prefetch(kn + kb - 1, TL_ATTN_PF_HINT);
             }
         }
+    }
+}
+
+/* A quantized transposed K block (bs 16) into kt: per group the 16 slots'
+ * scales in two vectors, then each element's 16 quants times them. */
+AVX2_AI void widen_k_tr_q(const tl_attn_rows *a, const uint8_t *kb, float *kt) {
+    const int q8 = a->k_fmt == TL_ATTN_Q8_0;
+    const size_t gb = SLOTS * (q8 ? 34 : 18);
+    for (int g = 0; g < a->hd / 32; g++) {
+        const uint8_t *gp = kb + (size_t)g * gb, *qs = gp + 2 * SLOTS;
+        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)gp));
+        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(gp + 16)));
+        float *o = kt + (size_t)g * 32 * SLOTS;
+        if (q8) {
+            for (int i = 0; i < 32; i++) {
+                const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(qs + i * SLOTS));
+                _mm256_storeu_ps(o + i * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s0));
+                _mm256_storeu_ps(o + i * SLOTS + 8,
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s1));
+            }
+            continue;
+        }
+        const __m128i m4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
+        for (int i = 0; i < 16; i++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(qs + i * SLOTS));
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m4), e8);
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), e8);
+            _mm256_storeu_ps(o + i * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s0));
+            _mm256_storeu_ps(o + i * SLOTS + 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s1));
+            _mm256_storeu_ps(o + (i + 16) * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s0));
+            _mm256_storeu_ps(o + (i + 16) * SLOTS + 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s1));
+        }
+    }
+}
+
+/* A quantized V row (hd elements) into vo. */
+AVX2_AI void widen_v_q(int fmt, int hd, const uint8_t *row, float *vo) {
+    const __m128i m4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
+    for (int g = 0; g < hd / 32; g++) {
+        const uint8_t *b = row + (size_t)g * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
+        const __m256 s = _mm256_set1_ps(tl_fp16_to_fp32(ld_u16(b)));
+        float *o = vo + g * 32;
+        if (fmt == TL_ATTN_Q8_0) {
+            for (int j = 0; j < 4; j++) {
+                const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * j));
+                _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s));
+            }
+            continue;
+        }
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), e8);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), e8);
+        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s));
+        _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s));
+        _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s));
+    }
+}
+
+/* A block with a quantized K or V: K transposed at bs 16 by the vector
+ * widening, other layouts element by element; V rows ws..we. */
+AVX2_AI void widen_q_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
+    const int hd = a->hd;
+    if (a->k_tr && a->bs == SLOTS) {
+        const uint8_t *kb = (const uint8_t *)a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->k_stride;
+        if (a->k_fmt == TL_ATTN_F16) {
+            for (int d = 0; d < hd; d++)
+                for (int i = 0; i < SLOTS; i += 8)
+                    _mm256_storeu_ps(kt + d * SLOTS + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                             (const __m128i *)(const void *)(kb + 2 * (d * SLOTS + i)))));
+        } else {
+            widen_k_tr_q(a, kb, kt);
+        }
+    } else {
+        for (int p = ws; p <= we; p++)
+            for (int d = 0; d < hd; d++) kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
+    }
+    for (int p = ws; p <= we; p++) {
+        const uint8_t *vr = (const uint8_t *)a->v + kv_row_at(a, p, a->v_stride);
+        float *vo = vf + (size_t)(p - b0) * hd;
+        if (a->v_fmt == TL_ATTN_F16)
+            for (int c = 0; c < hd; c += 8)
+                _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(vr + 2 * c))));
+        else
+            widen_v_q(a->v_fmt, hd, vr, vo);
     }
 }
 
@@ -501,23 +616,21 @@ __attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_r
                                                                    float *kt, float *vf) {
     const int hd = a->hd;
     tl_attn_prefetch(a, b0);
-    if (a->k_tr && a->bs == SLOTS) { /* one conversion per dimension: all the block's keys */
-        const uint16_t *kb = a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->kv_stride;
-        for (int d = 0; d < hd; d++)
-            for (int i = 0; i < SLOTS; i += 8)
-                _mm256_storeu_ps(kt + d * SLOTS + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kb + d * SLOTS + i))));
+    if (a->k_fmt != TL_ATTN_F16 || a->v_fmt != TL_ATTN_F16 || (a->k_tr && a->bs == SLOTS)) {
+        widen_q_avx2(a, b0, ws, we, kt, vf);
+        return;
     }
-    for (int sg = 0; sg < SLOTS && b0 + sg <= we && !(a->k_tr && a->bs == SLOTS); sg += 8) {
+    for (int sg = 0; sg < SLOTS && b0 + sg <= we; sg += 8) {
         if (b0 + sg + 7 < ws) continue;
         if (a->k_tr) { /* a shorter block: slot by slot */
             for (int i = 0; i < 8 && b0 + sg + i < b0 + a->bs; i++)
-                for (int d = 0; d < hd; d++) kt[d * SLOTS + sg + i] = tl_fp16_to_fp32(a->k[k_at(a, b0 + sg + i, d)]);
+                for (int d = 0; d < hd; d++) kt[d * SLOTS + sg + i] = k_elem(a, b0 + sg + i, d);
             continue;
         }
         const uint16_t *kr[8];
         for (int i = 0; i < 8; i++) {
             const int p = b0 + sg + i < b0 + a->bs ? b0 + sg + i : b0 + a->bs - 1;
-            kr[i] = a->k + kv_row_at(a, p);
+            kr[i] = (const uint16_t *)(const void *)((const uint8_t *)a->k + kv_row_at(a, p, a->k_stride));
         }
         for (int d0 = 0; d0 < hd; d0 += 8) {
             __m256 r[8];
@@ -542,7 +655,7 @@ __attribute__((target("avx2,fma,f16c"))) void tl_attn_widen_avx2(const tl_attn_r
         }
     }
     for (int p = ws; p <= we; p++) {
-        const uint16_t *vr = a->v + kv_row_at(a, p);
+        const uint16_t *vr = (const uint16_t *)(const void *)((const uint8_t *)a->v + kv_row_at(a, p, a->v_stride));
         float *vo = vf + (size_t)(p - b0) * hd;
         for (int c = 0; c < hd; c += 8) _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + c))));
     }

@@ -55,7 +55,9 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * tree ((0+4)+(2+6))+((1+5)+(3+7))), o = o*alpha then
  * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
  * its position alone, never on T or its neighbours. hd is a multiple of 8 and
- * bs at most 16; the AVX2 and scalar paths give the same bits.
+ * bs at most 16; the AVX2 and scalar paths give the same bits. A quantized
+ * cache widens exactly (d times a quant of 8 bits or fewer fits a float's
+ * mantissa), so what follows the widening is the f16 cache's arithmetic.
  *
  * The keys go in segments of TL_ATTN_SEG absolute positions: each segment's
  * blocks start from a fresh state (m = -inf, l = 0, o = 0), and the segments'
@@ -63,16 +65,29 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * l. A context within one segment never folds. The segments let one token's
  * keys be split between threads (seg below) with the same bits. */
 #define TL_ATTN_SEG 512
+/* What a KV cache element is, as the fast attention reads it. */
+enum { TL_ATTN_F16 = 0, TL_ATTN_Q8_0 = 1, TL_ATTN_Q4_0 = 2 };
+/* Bytes of n elements (n a multiple of 32 when quantized). */
+static inline size_t tl_attn_fmt_bytes(int fmt, int n) {
+    return fmt == TL_ATTN_Q8_0 ? (size_t)n / 32 * 34 : fmt == TL_ATTN_Q4_0 ? (size_t)n / 32 * 18 : (size_t)n * 2;
+}
 typedef struct tl_attn_rows {
     int hd, G, bs, T;
     const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */
     size_t q_stride, q_tok;
     float scale;
-    const uint16_t *k, *v;   /* position p's row: (blk[p/bs]*bs + p%bs) * kv_stride */
-    size_t kv_stride;
-    int k_tr;                /* K kept transposed per block: position p's element d at
-                              * blk[p/bs]*bs*kv_stride + d*bs + p%bs (k at the head's
-                              * first element, head h's at h*hd*bs) */
+    const void *k, *v;       /* position p's row at byte (blk[p/bs]*bs + p%bs) * k_stride
+                              * (v_stride) from k (v), the head's first byte */
+    size_t k_stride, v_stride;
+    int k_fmt, v_fmt;        /* TL_ATTN_F16 (0), TL_ATTN_Q8_0, TL_ATTN_Q4_0: ggml's blocks of
+                              * 32 (d as f16, then the quants; hd a multiple of 32) */
+    int k_tr;                /* K kept transposed per block (k at the head's first byte of
+                              * the block at blk[p/bs]*bs*k_stride, head h's at h*bs*(its
+                              * row bytes)). f16: element d of slot s at d*bs + s. Quantized:
+                              * per 32-element group g (at g*bs*block bytes), the bs slots'
+                              * d (f16), then Q8_0 the quant of element i of slot s at
+                              * byte i*bs + s; Q4_0 byte i*bs + s (i < 16) holds elements
+                              * i (low nibble) and i + 16 (high), as a Q4_0 block does */
     const int32_t *blk;
     int pos0, n_swa;         /* n_swa 0: no window */
     float *out;              /* like q: out + i*out_tok + h*out_stride */

@@ -36,6 +36,7 @@ typedef struct tl_backend_params {
     int numerics;       /* TL_NUMERICS_FAST or TL_NUMERICS_EXACT */
     int n_seq_max;      /* sequences the cache is sized for when kv_bytes is 0 */
     size_t kv_bytes;    /* the KV cache's size (0: n_ctx positions for each of n_seq_max) */
+    int kv_type_k, kv_type_v; /* tl_kv_type of keys and values */
     tl_pool *share_pool;/* run on another context's threads (NULL: its own) */
 } tl_backend_params;
 
@@ -54,6 +55,7 @@ typedef struct tl_backend {
     const char *numerics;  /* "fast" or "exact" */
     int n_blocks;          /* KV blocks of TL_KV_BLOCK positions it holds */
     size_t block_bytes;    /* bytes of one block, every layer's keys and values */
+    int kv_type_k, kv_type_v; /* tl_kv_type of the cache's keys and values */
     tl_pool *pool;         /* its threads (the fork-join figures; shared by a draft's context) */
 } tl_backend;
 

@@ -23,6 +23,15 @@
 #include "forward/kvfmt.h"
 #include "load/packed.h"
 
+/* One of the cache's two halves (keys or values), per layer [n_blocks]
+ * [TL_KV_BLOCK] rows of rb bytes in format f. */
+typedef struct kv_side {
+    uint8_t *mem;
+    const tl_kv_format *f;
+    size_t rb, hb;      /* bytes of a row (kv_dim elements) and of one head's part */
+    size_t layer;       /* bytes per layer */
+} kv_side;
+
 typedef struct tl_cpu {
     const tl_model *m;
     tl_kernels kern;
@@ -30,11 +39,10 @@ typedef struct tl_cpu {
     int own_pool;       /* 0: borrowed from another context (tl_ctx_params.share_threads) */
     int n_ctx, n_batch;
     int q_dim, kv_dim;
-    uint8_t *kc, *vc;   /* per layer [n_blocks][TL_KV_BLOCK] rows of kv_rb bytes (kvf); with
-                         * fast_attn a K block is kept transposed: element i of slot s at i*16+s */
-    const tl_kv_format *kvf; /* what a cache element is */
-    size_t kv_rb, kv_hb; /* bytes of a K/V row (kv_dim elements) and of one head's part */
-    size_t layer_stride;/* cache bytes per layer */
+    kv_side K, V;       /* the cache; with fast_attn a K block is kept transposed (tl_attn_rows.k_tr) */
+    int fa;             /* exact numerics with a quantized cache: llama.cpp's flash attention */
+    uint8_t *qq;        /* [n_batch][qq_row] q in K's vec_dot_type (Q8_0) for the flash attention */
+    size_t qq_row;
     const int *tpos, *tseq;      /* the call's (tl_fwd_batch) position and sequence of each token */
     const int32_t *const *tblk;  /* and its sequence's block table */
     float *x, *xb;      /* [n_batch][d] residual, normed */
@@ -337,8 +345,8 @@ typedef struct att_job {
 } att_job;
 
 /* Byte offset of position j's row of a sequence, from a layer's K or V base. */
-static inline size_t kv_row(const tl_cpu *c, const int32_t *blk, int j) {
-    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * c->kv_rb;
+static inline size_t kv_row(const kv_side *s, const int32_t *blk, int j) {
+    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * s->rb;
 }
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
@@ -352,10 +360,10 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
     int kvh = h / (hp->n_head / hp->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
     const int32_t *blk = c->tblk[t];
-    /* llama.cpp's f16 dots: the cache is F16 here (kvf->exact_attn) */
-    const uint8_t *kb = c->kc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb;
-    const uint16_t *vb = (const uint16_t *)(const void *)(c->vc + (size_t)layer * c->layer_stride + (size_t)kvh * c->kv_hb);
-    const size_t kvs = c->kv_rb / sizeof(uint16_t);
+    /* llama.cpp's f16 dots: the cache is F16 here (a quantized one takes attend_fa) */
+    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.hb;
+    const uint16_t *vb = (const uint16_t *)(const void *)(c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.hb);
+    const size_t kvs = c->V.rb / sizeof(uint16_t), kks = c->K.rb / sizeof(uint16_t);
     int prescaled = c->m->arch->q_prescale;
     float scale = hp->attn_scale;
     /* A sliding-window layer sees keys j with pos - j < n_swa. The keys
@@ -372,10 +380,10 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
         /* four keys at a time where they share a block (four independent
          * sums, each in the one-key order) */
         if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && j % TL_KV_BLOCK <= TL_KV_BLOCK - 4) {
-            c->kern.dot_f16_x4(hd, (const uint16_t *)(const void *)(kb + kv_row(c, blk, j)), kvs, q, s + j);
+            c->kern.dot_f16_x4(hd, (const uint16_t *)(const void *)(kb + kv_row(&c->K, blk, j)), kks, q, s + j);
             j += 4;
         } else {
-            s[j] = c->kern.dot_f16(hd, (const uint16_t *)(const void *)(kb + kv_row(c, blk, j)), q);
+            s[j] = c->kern.dot_f16(hd, (const uint16_t *)(const void *)(kb + kv_row(&c->K, blk, j)), q);
             j++;
         }
     }
@@ -393,6 +401,80 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
     memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
+/* The exact numerics with a quantized cache, as llama.cpp runs it: its CPU
+ * flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk; a
+ * quantized V needs flash attention there, and a quantized K never takes
+ * its tiled or split paths). Keys in position order, each
+ * s = dot(k, q in K's vec_dot_type) * scale; a new maximum scales the
+ * accumulator by expf(M_old - M), any other key weighs expf(s - M); V is
+ * accumulated by fma, in f32 after dequantizing a quantized row, in f16
+ * (rounded at every step) for an f16 V. */
+static void attend_fa(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *acc) {
+    const tl_hparams *hp = &c->m->hp;
+    const int hd = hp->head_dim, pos = c->tpos[t];
+    const int kvh = h / (hp->n_head / hp->n_head_kv);
+    const int32_t *blk = c->tblk[t];
+    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.hb;
+    const uint8_t *vb = c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.hb;
+    const int kq = c->K.f->type != TL_F16, v16 = c->V.f->type == TL_F16;
+    const void *qv = kq ? (const void *)(c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd))
+                        : (const void *)(c->q16 + (size_t)t * c->q_dim + (size_t)h * hd);
+    /* an f16 K: ggml_vec_dot_f16 itself (its four chains; the matmul of the
+     * attention without flash attention is tinyBLAS's, kern.dot_f16) */
+    const tl_vec_dot_fn kdot = kq ? c->kern.vec_dot[c->K.f->type] : c->kern.vec_dot_id[TL_F16];
+    const float scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale;
+    float *vkq = acc, *v32 = acc + hd;
+    uint16_t *vkq16 = (uint16_t *)(void *)(acc + 2 * hd);
+    if (v16) memset(vkq16, 0, (size_t)hd * sizeof *vkq16);
+    else memset(vkq, 0, (size_t)hd * sizeof *vkq);
+    float S = 0.0f, M = -INFINITY;
+    const int lo = swa && pos - hp->n_swa + 1 > 0 ? pos - hp->n_swa + 1 : 0;
+    for (int j = lo; j <= pos; j++) {
+        const uint8_t *kr = kb + kv_row(&c->K, blk, j), *vr = vb + kv_row(&c->V, blk, j);
+        float s = kdot(hd, kr, qv);
+        s = s * scale;
+        s += 0.0f; /* the mask of a visible key */
+        const float Mold = M;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            M = s;
+            ms = expf(Mold - M);
+            if (v16)
+                for (int d = 0; d < hd; d++) vkq16[d] = tl_fp32_to_fp16(tl_fp16_to_fp32(vkq16[d]) * ms);
+            else
+                for (int d = 0; d < hd; d++) vkq[d] *= ms;
+        } else {
+            vs = expf(s - M);
+        }
+        if (v16) {
+            const uint16_t *vh = (const uint16_t *)(const void *)vr;
+            for (int d = 0; d < hd; d++)
+                vkq16[d] = tl_fp32_to_fp16(fmaf(tl_fp16_to_fp32(vh[d]), vs, tl_fp16_to_fp32(vkq16[d])));
+        } else {
+            tl_dequantize_row(c->V.f->type, vr, v32, hd);
+            for (int d = 0; d < hd; d++) vkq[d] = fmaf(v32[d], vs, vkq[d]);
+        }
+        S = fmaf(S, ms, vs); /* ggml's S*ms + vs, contracted by its compiler */
+    }
+    if (v16)
+        for (int d = 0; d < hd; d++) vkq[d] = tl_fp16_to_fp32(vkq16[d]);
+    if (sinks) {
+        const float sk = sinks[h];
+        float ms = 1.0f, vs = 1.0f;
+        if (sk > M) {
+            ms = expf(M - sk);
+            M = sk;
+            for (int d = 0; d < hd; d++) vkq[d] *= ms;
+        } else {
+            vs = expf(sk - M);
+        }
+        S = fmaf(S, ms, vs);
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
+    for (int d = 0; d < hd; d++) out[d] = vkq[d] * inv;
+}
+
 /* The fast numerics: runs of up to ATT_TILE consecutive tokens of one
  * sequence against one KV head, the query heads that share it together
  * (tl_attn_online); a token's result does not depend on its run. */
@@ -404,15 +486,15 @@ static void attend_fast(tl_cpu *c, int layer, int swa, const float *sinks, int t
                         int seg, float *out, float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
-    const size_t base = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb;
-    const size_t kbase = (size_t)layer * c->layer_stride + (size_t)g * c->kv_hb * TL_KV_BLOCK; /* K transposed */
+    const size_t vbase = (size_t)layer * c->V.layer + (size_t)g * c->V.hb;
+    const size_t kbase = (size_t)layer * c->K.layer + (size_t)g * c->K.hb * TL_KV_BLOCK; /* K transposed */
     tl_attn_rows a = {
         .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
         .q = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
-        /* f16 (kvf->fast_attn): V rows, K transposed per block */
-        .k = (const uint16_t *)(const void *)(c->kc + kbase), .v = (const uint16_t *)(const void *)(c->vc + base),
-        .kv_stride = c->kv_rb / sizeof(uint16_t), .k_tr = 1,
+        /* V rows, K transposed per block */
+        .k = c->K.mem + kbase, .v = c->V.mem + vbase, .k_stride = c->K.rb, .v_stride = c->V.rb,
+        .k_fmt = c->K.f->attn_fmt, .v_fmt = c->V.f->attn_fmt, .k_tr = 1,
         .blk = c->tblk[t], .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
@@ -522,8 +604,10 @@ static void att_worker(void *arg, int ith, int nth) {
     float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim;
     /* Later tokens see more keys: deal (token, head) pairs out round-robin so
      * the threads get equal work. */
-    for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth)
-        attend(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
+    for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth) {
+        if (c->fa) attend_fa(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), acc);
+        else attend(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
+    }
 }
 
 /* ---------------------------------------------------------------- layers */
@@ -581,18 +665,22 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
         rope_apply(c, cs, k, hp->n_head_kv, t);
         if (a->q_prescale)
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
-        if (!c->fast_attn) { /* the exact attention reads q rounded to f16 */
-            c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
+        if (!c->fast_attn) { /* the exact attention reads q as K's dot takes it */
+            if (c->K.f->type == TL_F16)
+                c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
+            else
+                for (int h = 0; h < hp->n_head; h++)
+                    c->kern.quantize[TL_Q8_0](q + (size_t)h * hd, c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd), hd);
         }
         const int32_t *blk = c->tblk[t];
-        const size_t at = (size_t)il * c->layer_stride + kv_row(c, blk, c->tpos[t]);
+        const int p = c->tpos[t];
         if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
-            c->kvf->store_tr(&c->kern.math, k,
-                             c->kc + (size_t)il * c->layer_stride + (size_t)blk[c->tpos[t] / TL_KV_BLOCK] * TL_KV_BLOCK * c->kv_rb,
-                             c->tpos[t] % TL_KV_BLOCK, TL_KV_BLOCK, c->kv_dim);
+            c->K.f->store_tr(&c->kern.math, k,
+                             c->K.mem + (size_t)il * c->K.layer + (size_t)blk[p / TL_KV_BLOCK] * TL_KV_BLOCK * c->K.rb,
+                             p % TL_KV_BLOCK, TL_KV_BLOCK, c->kv_dim);
         else
-            c->kvf->store(&c->kern.math, k, c->kc + at, c->kv_dim);
-        c->kvf->store(&c->kern.math, v, c->vc + at, c->kv_dim);
+            c->K.f->store(&c->kern.math, k, c->K.mem + (size_t)il * c->K.layer + kv_row(&c->K, blk, p), c->kv_dim);
+        c->V.f->store(&c->kern.math, v, c->V.mem + (size_t)il * c->V.layer + kv_row(&c->V, blk, p), c->kv_dim);
     }
 }
 
@@ -1047,8 +1135,9 @@ static void cpu_free(void *be) {
     if (!c) return;
     xfree(c->wide);
     if (c->own_pool) tl_pool_free(c->pool);
-    tl_big_free(c->kc);
-    tl_big_free(c->vc);
+    tl_big_free(c->K.mem);
+    tl_big_free(c->V.mem);
+    xfree(c->qq);
     xfree(c->x);
     xfree(c->xb);
     xfree(c->q);
@@ -1086,11 +1175,11 @@ static void cpu_free(void *be) {
 
 static void cpu_copy_block(void *be, int32_t from, int32_t to) {
     tl_cpu *c = be;
-    const size_t bb = (size_t)TL_KV_BLOCK * c->kv_rb;
+    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     for (int il = 0; il < c->m->hp.n_layer; il++) {
-        uint8_t *k = c->kc + (size_t)il * c->layer_stride, *v = c->vc + (size_t)il * c->layer_stride;
-        memcpy(k + (size_t)to * bb, k + (size_t)from * bb, bb);
-        memcpy(v + (size_t)to * bb, v + (size_t)from * bb, bb);
+        uint8_t *k = c->K.mem + (size_t)il * c->K.layer, *v = c->V.mem + (size_t)il * c->V.layer;
+        memcpy(k + (size_t)to * kb, k + (size_t)from * kb, kb);
+        memcpy(v + (size_t)to * vb, v + (size_t)from * vb, vb);
     }
 }
 
@@ -1100,13 +1189,16 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     memset(out, 0, sizeof *out);
     const tl_hparams *hp = &m->hp;
     const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    const tl_kv_format *kvf = tl_kv_format_of(TL_F16);
-    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && kvf->fast_attn;
-    if (!want_fast_attn && !kvf->exact_attn)
-        return tl_fail(err, TL_ERR_ARG, "a KV cache of %s needs the fast attention (fast numerics, head_dim %% 8 == 0)",
-                       kvf->name);
-    const size_t kv_rb = kvf->row_bytes((int64_t)kv_dim);
-    const size_t blk_bytes = 2 * (size_t)hp->n_layer * TL_KV_BLOCK * kv_rb;
+    static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0}; /* by tl_kv_type */
+    if (p->kv_type_k < 0 || p->kv_type_k > 2 || p->kv_type_v < 0 || p->kv_type_v > 2)
+        return tl_fail(err, TL_ERR_ARG, "unknown KV cache type");
+    const tl_kv_format *kf = tl_kv_format_of(kv_types[p->kv_type_k]), *vf = tl_kv_format_of(kv_types[p->kv_type_v]);
+    if (hp->head_dim % kf->block || hp->head_dim % vf->block)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "a KV cache of %s needs a head size that is a multiple of %d (this model's is %d)",
+                       hp->head_dim % kf->block ? kf->name : vf->name, 32, hp->head_dim);
+    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0;
+    const size_t k_rb = kf->row_bytes((int64_t)kv_dim), v_rb = vf->row_bytes((int64_t)kv_dim);
+    const size_t blk_bytes = (size_t)hp->n_layer * TL_KV_BLOCK * (k_rb + v_rb);
     const size_t per_seq = (size_t)(p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
     size_t n_blocks = p->kv_bytes ? p->kv_bytes / blk_bytes
                                   : per_seq * (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1);
@@ -1122,9 +1214,9 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->n_batch = p->n_batch;
     c->q_dim = hp->n_head * hp->head_dim;
     c->kv_dim = hp->n_head_kv * hp->head_dim;
-    c->kvf = kvf;
-    c->kv_rb = kv_rb;
-    c->kv_hb = kvf->row_bytes(hp->head_dim);
+    c->K = (kv_side){.f = kf, .rb = k_rb, .hb = kf->row_bytes(hp->head_dim)};
+    c->V = (kv_side){.f = vf, .rb = v_rb, .hb = vf->row_bytes(hp->head_dim)};
+    c->fa = !want_fast_attn && (kf->type != TL_F16 || vf->type != TL_F16);
     tl_kernels_init(&c->kern, tl_cpu_choose(), p->numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
     int st = TL_OK;
     if (p->share_pool) {
@@ -1136,29 +1228,34 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         c->own_pool = 1;
     }
     int fail = 0, nb = p->n_batch, nt = tl_pool_size(c->pool);
-    c->layer_stride = n_blocks * TL_KV_BLOCK * kv_rb;
-    size_t kvn = (size_t)hp->n_layer * c->layer_stride;
+    c->K.layer = n_blocks * TL_KV_BLOCK * k_rb;
+    c->V.layer = n_blocks * TL_KV_BLOCK * v_rb;
+    const size_t kn = (size_t)hp->n_layer * c->K.layer, vn = (size_t)hp->n_layer * c->V.layer;
     const int n_ff = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp; /* dense or shared expert */
     int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     if (hp->n_ff_exp > widest) widest = hp->n_ff_exp;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
-    c->kc = tl_big_alloc(kvn);
-    c->vc = tl_big_alloc(kvn);
-    if (!c->kc || !c->vc) fail = 1;
+    c->K.mem = tl_big_alloc(kn);
+    c->V.mem = tl_big_alloc(vn);
+    if (!c->K.mem || !c->V.mem) fail = 1;
     /* The cache is laid out layer by layer, so a short request touches the
      * start of every layer's K and V: on 2 MiB pages that alone made 4 MiB a
      * layer resident (120 MiB for SmolLM2's 30), and a stream's growth went
      * 2 MiB at a time per layer. Small pages keep it resident as written; a
      * block-major layout would let it have large pages again. */
     if (!fail) {
-        tl_small_pages(c->kc, kvn, kvn);
-        tl_small_pages(c->vc, kvn, kvn);
+        tl_small_pages(c->K.mem, kn, kn);
+        tl_small_pages(c->V.mem, vn, vn);
     }
     c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
     c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
     c->q = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
     c->q16 = xcalloc((size_t)nb * c->q_dim, sizeof(uint16_t), &fail);
+    if (c->fa && kf->type != TL_F16) {
+        c->qq_row = (size_t)hp->n_head * tl_row_size(TL_Q8_0, hp->head_dim);
+        c->qq = xcalloc((size_t)nb, c->qq_row, &fail);
+    }
     c->att = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
     c->k = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
     c->v = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
@@ -1237,6 +1334,8 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     out->numerics = c->kern.mode == TL_NUM_EXACT ? "exact" : "fast";
     out->n_blocks = (int)n_blocks;
     out->block_bytes = blk_bytes;
+    out->kv_type_k = p->kv_type_k;
+    out->kv_type_v = p->kv_type_v;
     out->pool = c->pool;
     return TL_OK;
 }

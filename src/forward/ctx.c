@@ -49,10 +49,13 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
         return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
+    if (!tl_kv_type_name(p.kv_type_k) || !tl_kv_type_name(p.kv_type_v))
+        return tl_fail(err, TL_ERR_ARG, "unknown KV cache type %d", tl_kv_type_name(p.kv_type_k) ? p.kv_type_v : p.kv_type_k);
     tl_ctx *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     tl_backend_params bp = {.n_ctx = p.n_ctx, .n_batch = p.n_batch, .n_threads = p.n_threads,
                             .numerics = p.numerics, .n_seq_max = p.n_seq_max, .kv_bytes = p.kv_bytes,
+                            .kv_type_k = p.kv_type_k, .kv_type_v = p.kv_type_v,
                             .share_pool = p.share_threads ? p.share_threads->be.pool : NULL};
     int st = tl_cpu_backend_new(m, &bp, &c->be, err);
     if (st) {
@@ -114,6 +117,19 @@ int tl_numerics_parse(const char *name) {
     if (!strcmp(name, "auto")) return TL_NUMERICS_AUTO;
     return -1;
 }
+
+static const char *const kv_type_names[] = {"f16", "q8_0", "q4_0"};
+
+int tl_kv_type_parse(const char *name) {
+    for (int i = 0; name && i < (int)(sizeof kv_type_names / sizeof *kv_type_names); i++)
+        if (!strcmp(name, kv_type_names[i])) return i;
+    return -1;
+}
+
+const char *tl_kv_type_name(int type) {
+    return type >= 0 && type < (int)(sizeof kv_type_names / sizeof *kv_type_names) ? kv_type_names[type] : NULL;
+}
+
 const tl_model *tl_ctx_model(const tl_ctx *c) { return c->m; }
 
 static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {

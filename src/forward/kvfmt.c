@@ -1,9 +1,13 @@
 /* kvfmt: the KV cache's element formats (see kvfmt.h). */
 #include "forward/kvfmt.h"
 
+#include <string.h>
+
 #include "base/util.h"
 
 static size_t f16_row_bytes(int64_t n) { return (size_t)n * sizeof(uint16_t); }
+static size_t q8_0_row_bytes(int64_t n) { return (size_t)n / 32 * sizeof(block_q8_0); }
+static size_t q4_0_row_bytes(int64_t n) { return (size_t)n / 32 * sizeof(block_q4_0); }
 
 static void f16_store(const tl_mathfn *m, const float *x, void *row, int64_t n) { m->f16_row(x, row, n); }
 
@@ -16,6 +20,54 @@ static void f16_store_tr(const tl_mathfn *m, const float *x, void *block, int sl
     }
 }
 
-static const tl_kv_format kv_f16 = {"f16", TL_F16, f16_row_bytes, f16_store, f16_store_tr, 1, 1};
+/* llama.cpp writes the cache with its CPU backend's from_float: for Q8_0
+ * the activation quantizer (x*127/amax, half to even), for Q4_0 the
+ * reference one. */
+static void q8_0_store(const tl_mathfn *m, const float *x, void *row, int64_t n) {
+    (void)m;
+    tl_quantize_row_act(TL_Q8_0, x, row, n);
+}
 
-const tl_kv_format *tl_kv_format_of(tl_type type) { return type == TL_F16 ? &kv_f16 : NULL; }
+static void q4_0_store(const tl_mathfn *m, const float *x, void *row, int64_t n) {
+    (void)m;
+    tl_quantize_row(TL_Q4_0, x, row, n);
+}
+
+/* Block by block into the transposed layout: group g at g*bs*(block bytes),
+ * the bs slots' d, then the quants element-major (see tl_attn_rows.k_tr). */
+static void q8_0_store_tr(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n) {
+    (void)m;
+    uint8_t *b = block;
+    for (int64_t g = 0; g < n / 32; g++) {
+        block_q8_0 q;
+        tl_quantize_row_act(TL_Q8_0, x + g * 32, &q, 32);
+        uint8_t *gp = b + (size_t)g * bs * sizeof q;
+        memcpy(gp + 2 * (size_t)slot, &q.d, 2);
+        for (int i = 0; i < 32; i++) gp[2 * (size_t)bs + (size_t)i * bs + slot] = (uint8_t)q.qs[i];
+    }
+}
+
+static void q4_0_store_tr(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n) {
+    (void)m;
+    uint8_t *b = block;
+    for (int64_t g = 0; g < n / 32; g++) {
+        block_q4_0 q;
+        tl_quantize_row(TL_Q4_0, x + g * 32, &q, 32);
+        uint8_t *gp = b + (size_t)g * bs * sizeof q;
+        memcpy(gp + 2 * (size_t)slot, &q.d, 2);
+        for (int i = 0; i < 16; i++) gp[2 * (size_t)bs + (size_t)i * bs + slot] = q.qs[i];
+    }
+}
+
+static const tl_kv_format kv_f16 = {"f16", TL_F16, TL_ATTN_F16, 1, f16_row_bytes, f16_store, f16_store_tr};
+static const tl_kv_format kv_q8_0 = {"q8_0", TL_Q8_0, TL_ATTN_Q8_0, 32, q8_0_row_bytes, q8_0_store, q8_0_store_tr};
+static const tl_kv_format kv_q4_0 = {"q4_0", TL_Q4_0, TL_ATTN_Q4_0, 32, q4_0_row_bytes, q4_0_store, q4_0_store_tr};
+
+const tl_kv_format *tl_kv_format_of(tl_type type) {
+    switch (type) {
+    case TL_F16: return &kv_f16;
+    case TL_Q8_0: return &kv_q8_0;
+    case TL_Q4_0: return &kv_q4_0;
+    default: return NULL;
+    }
+}

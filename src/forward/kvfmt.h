@@ -1,8 +1,9 @@
 /* kvfmt: what the KV cache holds per element, as a descriptor the forward
  * pass goes through instead of assuming f16: a row's bytes, how a row of
- * floats is stored, and which attention paths read the format. F16
- * (llama.cpp's default cache type) is the one there is; a quantized cache
- * adds an entry here and its widening in the attention. */
+ * floats is stored (as rows, and transposed for the fast attention's K), and
+ * how the attention reads it. F16 is llama.cpp's default cache type; Q8_0
+ * and Q4_0 are its -ctk/-ctv types, stored as llama.cpp stores them (its CPU
+ * backend's quantizers), so the exact attention reads ggml's blocks. */
 #ifndef TL_KVFMT_H
 #define TL_KVFMT_H
 
@@ -13,23 +14,21 @@
 #include "quant/quant.h"
 
 typedef struct tl_kv_format {
-    const char *name;
+    const char *name; /* as llama.cpp's --cache-type-k spells it */
     tl_type type;
-    /* bytes of a row of n elements (n a multiple of the format's block) */
+    int attn_fmt;     /* TL_ATTN_F16, TL_ATTN_Q8_0, TL_ATTN_Q4_0: the fast attention's view */
+    int block;        /* elements a row's length must be a multiple of (a head's too) */
+    /* bytes of a row of n elements (n a multiple of block) */
     size_t (*row_bytes)(int64_t n);
-    /* x[0..n) rounded into a row with the level's conversions; the cache's only write */
+    /* x[0..n) rounded into a row: ggml's conversion to the cache type */
     void (*store)(const tl_mathfn *m, const float *x, void *row, int64_t n);
     /* The same into slot `slot` of a block of bs rows kept transposed
-     * (element i at i*bs + slot): the fast attention's K layout, where one
-     * vector load gives a dimension of all the block's keys. */
+     * (tl_attn_rows.k_tr's layout): the fast attention's K, where one vector
+     * load gives an element of all the block's keys. Rounded as store. */
     void (*store_tr)(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n);
-    /* The exact attention's q.k and p.V (llama.cpp's f16 dots) read it. */
-    int exact_attn;
-    /* The fast attention widens it (tl_attn_online reads f16 rows). */
-    int fast_attn;
 } tl_kv_format;
 
-/* The descriptor of a cache type, or NULL when the cache cannot hold it. */
+/* The descriptor of a cache type (TL_F16, TL_Q8_0, TL_Q4_0), or NULL. */
 const tl_kv_format *tl_kv_format_of(tl_type type);
 
 #endif

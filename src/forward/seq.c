@@ -60,5 +60,7 @@ void tl_seq_close(tl_ctx *c, int seq) {
 void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     tl_kv_get_stats(c->kv, out);
     out->block_bytes = c->be.block_bytes;
+    out->kv_type_k = c->be.kv_type_k;
+    out->kv_type_v = c->be.kv_type_v;
 }
 

@@ -60,7 +60,18 @@ MODELS = {
     "phi3_longrope": ["phi3", "--seed", "10", "--type", "f32", "--longrope", "--rope-orig-ctx", "32",
                       "--rope-attn-factor", "1.1902"],
     "phi3_longrope_short": ["phi3", "--seed", "11", "--type", "q8_0", "--longrope"],
+    # quantized KV caches (KV_TYPES below), run with flash attention as
+    # llama.cpp requires for a quantized V: grouped-query heads, QK-norm, a
+    # window with sinks (an f16 V accumulated in f16), a window (f16 K)
+    "llama3_kvq8": ["llama3", "--seed", "12", "--type", "f32"],
+    "qwen3_kvq4": ["qwen3", "--seed", "13", "--type", "q8_0"],
+    "gptoss_kvq8k": ["gpt-oss", "--seed", "27", "--type", "f16"],
+    "mistral_kvq8v": ["mistral", "--seed", "14", "--type", "f32"],
 }
+# fixture -> (K type, V type): llama.cpp's -ctk/-ctv, with flash attention on
+KV_TYPES = {"llama3_kvq8": ("q8_0", "q8_0"), "qwen3_kvq4": ("q4_0", "q4_0"),
+            "gptoss_kvq8k": ("q8_0", "f16"), "mistral_kvq8v": ("f16", "q8_0")}
+GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes
 # (LLAMA_QUANTIZE: llama.cpp's llama-quantize from the same source, e.g. the one
@@ -108,9 +119,11 @@ def main():
     names = sys.argv[1:] or list(MODELS)
     for name in names:
         path, args = make(name)
+        kv = KV_TYPES.get(name)
+        extra = {"flash_attn": True, "type_k": GGML_TYPES[kv[0]], "type_v": GGML_TYPES[kv[1]]} if kv else {}
         llm = Llama(model_path=path, n_threads=N_THREADS, n_threads_batch=N_THREADS,
                     n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
-                    seed=1, verbose=False)
+                    seed=1, verbose=False, **extra)
         cases = []
         for ids in sequences(sum(map(ord, name)), llm.n_vocab()):
             llm.reset()
@@ -121,6 +134,25 @@ def main():
                 idx = np.argsort(-r, kind="stable")[:TOPK]
                 top.append([[int(i), float(r[i])] for i in idx])
             cases.append({"ids": ids, "top": top})
+        kv_meta = {}
+        if kv:
+            # The default mode reads the cache without quantizing q (llama.cpp
+            # rounds q to K's vec_dot_type): it is held to the size of the
+            # quantized cache's own effect, llama.cpp's quantized logits
+            # against its f16 ones at the same ids, as tolerance and as the
+            # top-1 margin.
+            del llm
+            llm = Llama(model_path=path, n_threads=N_THREADS, n_threads_batch=N_THREADS,
+                        n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True, seed=1, verbose=False)
+            effect = 0.0
+            for c in cases:
+                llm.reset()
+                llm.eval(c["ids"])
+                rows = np.array(llm.scores[: len(c["ids"])], dtype=np.float32)
+                for r, top in zip(rows, c["top"]):
+                    effect = max(effect, float(np.abs(r[[t[0] for t in top]] - np.array([t[1] for t in top],
+                                                                                         dtype=np.float32)).max()))
+            kv_meta = {"kv_effect_max_abs": effect, "tol": max(0.1, effect), "margin": max(0.3, effect)}
         obj = {
             "meta": {
                 "generator": "tests/oracle/make_fixtures_archs.py",
@@ -129,10 +161,13 @@ def main():
                 **({"quantize": QUANTIZED[name][2], "quantized_by": "llama-quantize (same llama.cpp source)"}
                    if name in QUANTIZED else {}),
                 **(BATCH_DEPENDENT.get(name, {})),
+                **kv_meta,
                 "model_sha256": sha256(path),
                 "n_vocab": llm.n_vocab(),
                 "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_batch": N_CTX,
-                             "logits_all": True, "flash_attn": "off (default)"},
+                             "logits_all": True,
+                             **({"flash_attn": "on", "type_k": kv[0], "type_v": kv[1]} if kv
+                                else {"flash_attn": "off (default)"})},
                 "procedure": "each sequence evaluated in one eval from an empty cache; "
                              "top-20 per position by logit, exact float32 values",
             },

@@ -772,7 +772,7 @@ static void check_attn(const tl_kernels *k, rng *r) {
             /* every other case with scores far apart: exp's underflow branch */
             tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd,
                               .q_tok = (size_t)G * hd, .scale = ci % 2 ? 40.0f : 0.125f, .k = kc + hd, .v = vc + hd,
-                              .kv_stride = (size_t)kvd, .blk = blk, .pos0 = pos0, .n_swa = swa, .out = o1,
+                              .k_stride = (size_t)kvd * 2, .v_stride = (size_t)kvd * 2, .blk = blk, .pos0 = pos0, .n_swa = swa, .out = o1,
                               .out_stride = (size_t)hd, .out_tok = (size_t)G * hd, .scratch = scr};
             tl_attn_online(&a, 0);
             a.out = o2;

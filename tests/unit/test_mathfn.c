@@ -96,7 +96,7 @@ static void attn_case_s(int hd, int G, int T, int pos0, int n_swa, int sinks) {
     float sk[16];
     for (int h = 0; h < 16; h++) sk[h] = h % 3 == 0 ? 4.0f + 2.0f * frand() : 2.0f * frand() - (float)(h % 3);
     tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd, .q_tok = (size_t)G * hd,
-                      .scale = 0.125f, .k = kc + hd, .v = vc + hd, .kv_stride = (size_t)kvd, .blk = blk,
+                      .scale = 0.125f, .k = kc + hd, .v = vc + hd, .k_stride = (size_t)kvd * 2, .v_stride = (size_t)kvd * 2, .blk = blk,
                       .pos0 = pos0, .n_swa = n_swa, .out = o1, .out_stride = (size_t)hd,
                       .out_tok = (size_t)G * hd, .scratch = scr, .sinks = sinks ? sk : NULL};
     tl_attn_online(&a, 0);
