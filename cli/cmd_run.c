@@ -34,7 +34,8 @@ static const char RUN_HELP[] =
     "  -p, --prompt TEXT       the prompt (special-token text like <|im_start|> is parsed)\n"
     "  -f, --file FILE         read the prompt from FILE ('-' for stdin)\n"
     "  -n, --n-predict N       max tokens to generate (default -1: until end or context full)\n"
-    "  -c, --ctx-size N        context size in tokens (default: min(training context, 4096))\n"
+    "  -c, --ctx-size N        context size in tokens (default: the training context when its\n"
+    "                          KV fits 3/4 of the memory left, else the longest that does)\n"
     "  -t, --threads N         threads (default: all CPUs)\n"
     "  -b, --batch-size N      max tokens per forward call (default 512)\n"
     CLI_NUMERICS_HELP

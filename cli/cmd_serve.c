@@ -3,6 +3,10 @@
  * answer 503 while it loads), then runs until SIGTERM/SIGINT: the first
  * drains, a second exits at once. The server itself lives in server/. */
 #include <pthread.h>
+#include <sys/resource.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,9 +40,13 @@ static const char SERVE_HELP[] =
     "      --host ADDR         address to bind (default 127.0.0.1: this machine only)\n"
     "      --port N            TCP port (default 8080)\n"
     "  -np, --parallel N       sequences decoded together (default 4)\n"
-    "  -c, --ctx-size N        context per sequence in tokens (default: min(training, 4096))\n"
+    "  -c, --ctx-size N        context per sequence in tokens (default: the model's training\n"
+    "                          length when np sequences of it fit the memory left, else the\n"
+    "                          longest that does; the ready line says which and why)\n"
     "      --kv-mem MiB        KV cache memory, shared by the sequences and the prefix\n"
-    "                          cache (default: 1.5 x np x ctx positions)\n"
+    "                          cache (default: np x ctx positions, cut to 3/4 of the memory\n"
+    "                          left after the model: MemAvailable, the cgroup limit,\n"
+    "                          ulimit -v; a request that needs more is refused with a 4xx)\n"
     "      --api-key KEY       require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on\n"
     "                          /v1/* (the live loop's stream too), /tokenize and\n"
     "                          /detokenize (401 otherwise)\n"
@@ -307,10 +315,10 @@ static int serve(srv_opts *o, sigs *sg) {
         srv_sched_kv_stats(app.sched, &kv);
         fprintf(stderr,
                 "tokenloop serve: ready (model %s, -np %d, context %d per sequence; KV cache %s/%s, %zu bytes per "
-                "position, %d blocks of %d positions = %.1f MiB)\n",
+                "position, %d blocks of %d positions = %.1f MiB; %s)\n",
                 o->model_id, o->n_parallel, app.api.n_ctx, tl_kv_type_name(kv.kv_type_k), tl_kv_type_name(kv.kv_type_v),
                 kv.block_bytes / (size_t)kv.block_size, kv.n_blocks, kv.block_size,
-                (double)kv.block_bytes * kv.n_blocks / (1 << 20));
+                (double)kv.block_bytes * kv.n_blocks / (1 << 20), srv_sched_sizing(app.sched));
         wait_signal(sg);
         drain(&app);
         rc = 0;
@@ -340,6 +348,15 @@ int cmd_serve(int argc, char **argv) {
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;
     cli_kv_type_warn(o.kv_type_k, o.kv_type_v);
+#ifdef __GLIBC__
+    /* Under ulimit -v, glibc's per-thread malloc arenas (64 MiB of address
+     * space each, one per thread up to 8 x cores: HTTP threads come and go)
+     * took the room the KV pool was sized to leave, and requests failed for
+     * want of address space; two arenas are plenty for the server's
+     * allocations, which are few and off the hot path. */
+    struct rlimit as;
+    if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY) mallopt(M_ARENA_MAX, 2);
+#endif
     if (!o.model_path) o.model_path = cli_default_model(buf, sizeof buf);
     o.model_id = base_name(o.model_path);
     sigs sg = {.count = 0};

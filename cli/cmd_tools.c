@@ -103,7 +103,7 @@ int cmd_info(int argc, char **argv) {
                  "hyperparameters, tensor types, vocabulary,\nspecial tokens, chat template, "
                  "file size; then whether this build runs it\n(\"runs: yes\", with the weight bytes a "
                  "token reads, or \"runs: no\" naming the\narchitecture, tensor, type or metadata key it "
-                 "lacks). Exit status 0 when the file\nis described, whether or not it runs; "
+                 "lacks), and the KV cache bytes per position for each cache type. Exit status 0 when the file\nis described, whether or not it runs; "
                  "corrupt files get an error, exit status 1.");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
@@ -137,6 +137,17 @@ int cmd_info(int argc, char **argv) {
         int used = 0;
         const int ne = tl_model_n_expert(m, &used);
         if (ne > 0) printf(" (the chosen %d of %d experts in each layer)", used, ne);
+        putchar('\n');
+        /* what a context costs, per cache type (--kv-type) */
+        const int train = tl_model_n_ctx_train(m);
+        printf("KV cache per position:");
+        for (int t = TL_KV_F16; t <= TL_KV_Q4_0; t++) {
+            const size_t b = tl_model_kv_bytes_per_pos(m, t, t);
+            if (b) printf(" %s %zu bytes%s", tl_kv_type_name(t), b, train > 0 ? "" : ";");
+            else printf(" %s (no: the head size is not a multiple of 32)", tl_kv_type_name(t));
+            if (b && train > 0) printf(" (%.1f MiB for the training context of %d)%s", (double)b * train / (1 << 20), train,
+                                       t < TL_KV_Q4_0 ? "," : "");
+        }
         putchar('\n');
     }
     tl_model_free(m);

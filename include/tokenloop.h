@@ -66,6 +66,10 @@ size_t tl_model_decode_bytes(const tl_model *model);
 /* Experts per mixture-of-experts layer (0: a dense model); *n_used (if not
  * NULL) gets how many each token is routed to. */
 int tl_model_n_expert(const tl_model *model, int *n_used);
+/* KV cache bytes one position takes with these tl_kv_types (every layer, K
+ * and V); 0 when the model cannot have that cache (a head size that is not a
+ * multiple of the type's 32-element block) or runs no weights. */
+size_t tl_model_kv_bytes_per_pos(const tl_model *model, int kv_type_k, int kv_type_v);
 /* The chat template from the file's metadata, or NULL. */
 const char *tl_model_chat_template(const tl_model *model);
 
@@ -130,12 +134,16 @@ int tl_kv_type_parse(const char *name);
 const char *tl_kv_type_name(int type);
 
 typedef struct tl_ctx_params {
-    int n_ctx;       /* positions per sequence; 0 = min(model's training context, 4096) */
+    int n_ctx;       /* positions per sequence; 0 = the model's training context when the KV
+                      * of n_seq_max of them fits the machine, else the longest that fits,
+                      * at least min(training, 4096) (tl_ctx_sizing says which) */
     int n_threads;   /* 0 = all online CPUs */
     int n_batch;     /* max tokens per forward call; 0 = 512 */
     int n_seq_max;   /* sequences tl_seq_open may have open at once; 0 = none (eval only) */
     size_t kv_bytes; /* KV cache memory, shared by all sequences and the prefix
-                      * cache; 0 = room for max(1, n_seq_max) full sequences */
+                      * cache; 0 = room for max(1, n_seq_max) full sequences, cut to
+                      * 3/4 of the memory left (MemAvailable, the cgroup's limit,
+                      * ulimit -v) after the model file */
     int n_logits_max;/* logits rows one tl_ctx_decode may keep; 0 = 64 */
     int numerics;    /* tl_numerics; 0 = TL_NUMERICS_AUTO */
     int kv_type_k;   /* tl_kv_type of the keys; 0 = f16 */
@@ -164,6 +172,9 @@ const float *tl_ctx_logits(const tl_ctx *ctx, int i);
 const char *tl_ctx_backend(const tl_ctx *ctx);
 /* The numerics in use: "fast" or "exact". */
 const char *tl_ctx_numerics(const tl_ctx *ctx);
+/* How the context length and the KV pool were sized, and why (a sentence for
+ * start-up lines: asked for, the training length, or what the memory allows). */
+const char *tl_ctx_sizing(const tl_ctx *ctx);
 
 /* The thread pool's work since the context was made: fork-join jobs, their
  * wall time and the threads' busy time inside them (busy / (wall x threads)

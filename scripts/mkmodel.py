@@ -207,7 +207,7 @@ def build(args):
     L = spec["layers"]
     w.add_name(f"tokenloop-random-{args.arch}")
     w.add_file_type(FILE_TYPE[args.type])
-    w.add_context_length(4096)
+    w.add_context_length(args.ctx)
     w.add_embedding_length(D)
     w.add_block_count(L)
     w.add_feed_forward_length(FF)
@@ -497,6 +497,7 @@ def main():
                     help="write <arch>.rope.scaling.type and its keys (tokenloop refuses longrope)")
     ap.add_argument("--rope-factor", type=float, default=4.0, help="rope.scaling.factor (default 4)")
     ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
+    ap.add_argument("--ctx", type=int, default=4096, help="context_length, the training context (default 4096)")
     ap.add_argument("--rope-attn-factor", type=float, help="rope.scaling.attn_factor")
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (the long ones apply when the context "

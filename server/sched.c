@@ -54,6 +54,7 @@ struct srv_sched {
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
     int kv_blocks;       /* blocks in the KV pool: a request that needs more can never run */
     tl_kv_stats kv0;         /* the pool as made (its size, block bytes, types) */
+    const char *kv_why;      /* what set the pool's size, for refusals */
     tl_vocab_trie *trie; /* the vocabulary's byte trie for grammars, made at start */
     srv_loop *loop;      /* the live loop's readers (o->loop) */
     tl_tracer *tracer;   /* records for them, made only while someone watches */
@@ -692,32 +693,10 @@ static int sched_fail(tl_error *err, int status, const char *msg) {
     return status;
 }
 
-/* --kv-mem, or by default 1.5 x np full sequences: every admitted request
- * fits, and the extra half keeps prefixes cached while all slots run. The
- * bytes of a block come from a one-block probe context. */
-static int kv_bytes_for(const tl_model *m, const srv_opts *o, size_t *out, tl_error *err) {
-    if (o->kv_mem_mib > 0) {
-        *out = (size_t)o->kv_mem_mib << 20;
-        return 0;
-    }
-    tl_ctx *probe = NULL;
-    tl_ctx_params pp = {.n_ctx = TL_KV_BLOCK, .n_threads = 1, .n_batch = 1, .n_seq_max = 1, .numerics = o->numerics,
-                        .kv_type_k = o->kv_type_k, .kv_type_v = o->kv_type_v};
-    int rc = tl_ctx_new(m, &pp, &probe, err);
-    if (rc) return rc;
-    tl_kv_stats kv;
-    tl_ctx_kv_stats(probe, &kv);
-    tl_ctx_free(probe);
-    int n_ctx = o->n_ctx;
-    if (n_ctx <= 0) {
-        n_ctx = tl_model_n_ctx_train(m);
-        if (n_ctx <= 0 || n_ctx > 4096) n_ctx = 4096; /* the engine's default */
-    }
-    size_t per_seq = (size_t)blocks_for(n_ctx);
-    size_t blocks = (3 * per_seq * (size_t)o->n_parallel + 1) / 2;
-    *out = blocks * kv.block_bytes;
-    return 0;
-}
+/* --kv-mem, or 0: the engine sizes the pool for np full sequences, cut to
+ * what the machine's memory allows (tl_ctx_params.kv_bytes), and a request
+ * that needs more than the pool holds gets a 4xx naming the limit. */
+static size_t kv_bytes_for(const srv_opts *o) { return o->kv_mem_mib > 0 ? (size_t)o->kv_mem_mib << 20 : 0; }
 
 int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
                   tl_error *err) {
@@ -748,8 +727,8 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .numerics = o->numerics,
                         .kv_type_k = o->kv_type_k,
                         .kv_type_v = o->kv_type_v};
-    int rc = kv_bytes_for(m, o, &cp.kv_bytes, err);
-    if (rc == 0) rc = tl_ctx_new(m, &cp, &s->ctx, err);
+    cp.kv_bytes = kv_bytes_for(o);
+    int rc = tl_ctx_new(m, &cp, &s->ctx, err);
     if (rc) {
         sched_release_mem(s);
         return rc;
@@ -767,6 +746,8 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     tl_ctx_kv_stats(s->ctx, &kv);
     s->kv_blocks = kv.n_blocks;
     s->kv0 = kv;
+    s->kv_why = o->kv_mem_mib > 0 ? "--kv-mem" : strstr(tl_ctx_sizing(s->ctx), "cut from")
+                ? "the memory this machine has left: see serve's ready line; --kv-mem sets it" : "-np x -c";
     /* The engine caps a call at the context length. */
     s->n_batch = nb < s->n_ctx ? nb : s->n_ctx;
     if (s->max_rows > s->n_batch) s->max_rows = s->n_batch;
@@ -836,11 +817,11 @@ static int sched_check(const srv_sched *s, srv_req *r, char *why, size_t cap) {
         if (r->max_tokens < 0)
             return refuse(why, cap, SRV_NO_KV,
                           "this request needs %d tokens of KV cache (no max_tokens: the whole context of %d per "
-                          "sequence); the server has %d in all (--kv-mem): set max_tokens to at most %d",
-                          target, s->n_ctx, have, have - r->n_prompt);
+                          "sequence); the server has %d in all (%s): set max_tokens to at most %d",
+                          target, s->n_ctx, have, s->kv_why, have - r->n_prompt);
         return refuse(why, cap, SRV_NO_KV,
                       "this request needs %d tokens of KV cache (%d in the prompt, %d for max_tokens); the server "
-                      "has %d in all (--kv-mem)", target, r->n_prompt, r->max_tokens, have);
+                      "has %d in all (%s)", target, r->n_prompt, r->max_tokens, have, s->kv_why);
     }
     /* a failure for want of memory is not the request's: it is left for
      * admission to meet again (503) */
@@ -886,6 +867,7 @@ int srv_sched_pending(srv_sched *s) {
 }
 
 void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out) { *out = s->kv0; }
+const char *srv_sched_sizing(const srv_sched *s) { return tl_ctx_sizing(s->ctx); }
 
 int srv_sched_n_ctx(const srv_sched *s) {
     return s->n_ctx;

@@ -22,7 +22,7 @@ typedef struct srv_opts {
     int port;              /* 8080 */
     int n_parallel;        /* -np: sequences decoded together (4) */
     int n_ctx;             /* -c: positions per sequence (0 = min(train, 4096)) */
-    int kv_mem_mib;        /* --kv-mem (0 = 1.5 x np x c positions) */
+    int kv_mem_mib;        /* --kv-mem (0 = np x c positions, cut to the memory left) */
     const char *api_key;   /* NULL = no auth */
     int max_queue;         /* --max-queue: waiting requests before 503 (64) */
     int n_threads;         /* -t (0 = all cores) */
@@ -166,6 +166,8 @@ int srv_sched_pending(srv_sched *s);
 int srv_sched_n_ctx(const srv_sched *s);
 /* The KV cache as the scheduler made it (pool, block bytes, types). */
 void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out);
+/* tl_ctx_sizing of its context: how the context and the pool were sized. */
+const char *srv_sched_sizing(const srv_sched *s);
 /* Stops the thread (cancelling whatever still runs: those get an ERROR event) and frees. */
 void srv_sched_free(srv_sched *s);
 

@@ -70,15 +70,38 @@ AI __m512 attn512_ld(const void *p, size_t i, int f16) {
     return _mm512_loadu_ps((const float *)p + i);
 }
 
+/* 16 elements of a quantized row from element c (c % 16 == 0): ggml's
+ * block of 32 (Q8_0, fmt 2; Q4_0, fmt 3: elements i and i + 16 share a
+ * byte), widened exactly: the quant as a float times the block's d. */
+AI __m512 attn512_vscale(const uint8_t *row, int c, int fmt) {
+    uint16_t h;
+    memcpy(&h, row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18), sizeof h);
+    return _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
+}
+
+AI __m512 attn512_ldq(const uint8_t *row, int c, int fmt, __m512 d) {
+    const uint8_t *b = row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18);
+    __m128i q;
+    if (fmt == 2) {
+        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2 + c % 32));
+    } else {
+        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
+        if (c % 32) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+}
+
 AI __m256 attn512_ld8(const void *p, size_t i, int f16) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
 }
 
 /* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
- * V loads, W (16, 32 or 64) dimensions per pass from c0 on. */
+ * V loads, W (16, 32 or 64) dimensions per pass from c0 on. fmt: V rows of
+ * f32 (0) or f16 (1) vs elements apart, or quantized (2, 3) vs bytes apart. */
 AI void attn512_pv_t(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
-                     const void *vf, size_t vs, int f16) {
+                     const void *vf, size_t vs, int fmt) {
     for (; c0 + W <= hd; c0 += W) {
         __m512 acc[4][4];
         UNROLL
@@ -88,9 +111,13 @@ AI void attn512_pv_t(int hd, int R, int W, int c0, float *const *o, const float 
                 acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c0 + 16 * i), _mm512_set1_ps(al[r]));
         for (int j = 0; j < n; j++) {
             const size_t vj = (size_t)j * vs + (size_t)c0;
-            __m512 v[4];
+            __m512 v[4], d = _mm512_setzero_ps();
             UNROLL
-            for (int i = 0; i < W / 16; i++) v[i] = attn512_ld(vf, vj + 16 * (size_t)i, f16);
+            for (int i = 0; i < W / 16; i++) {
+                const uint8_t *vr = (const uint8_t *)vf + (size_t)j * vs;
+                if (fmt >= 2 && (i == 0 || (c0 + 16 * i) % 32 == 0)) d = attn512_vscale(vr, c0 + 16 * i, fmt);
+                v[i] = fmt >= 2 ? attn512_ldq(vr, c0 + 16 * i, fmt, d) : attn512_ld(vf, vj + 16 * (size_t)i, fmt);
+            }
             UNROLL
             for (int r = 0; r < R; r++) {
                 const __m512 pj = _mm512_set1_ps(p[r][j]);
@@ -110,15 +137,40 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
     attn512_pv_t(hd, R, W, c0, o, al, p, n, vf, (size_t)hd, 0);
 }
 
+/* The 16 keys' scales of the group holding element d of a quantized
+ * transposed K block (tl_attn_rows.k_tr's groups). */
+AI __m512 attn512_kscale(const void *kt, int d, int fmt) {
+    const uint8_t *g = (const uint8_t *)kt + (size_t)(d / 32) * 16 * (fmt == 2 ? 34 : 18);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)g));
+}
+
+/* Element d of a transposed K block's 16 keys: f32 (fmt 0), f16 (1), or
+ * quantized (2, 3) times its group's scales sv, widened exactly. */
+AI __m512 attn512_ldk(const void *kt, int d, int fmt, __m512 sv) {
+    if (fmt < 2) return attn512_ld(kt, (size_t)d * 16, fmt);
+    const uint8_t *qs = (const uint8_t *)kt + (size_t)(d / 32) * 16 * (fmt == 2 ? 34 : 18) + 32;
+    __m128i b;
+    if (fmt == 2) {
+        b = _mm_loadu_si128((const __m128i *)(const void *)(qs + (size_t)(d % 32) * 16));
+    } else {
+        b = _mm_loadu_si128((const __m128i *)(const void *)(qs + (size_t)(d % 16) * 16));
+        if (d % 32 >= 16) b = _mm_srli_epi16(b, 4);
+        b = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), sv);
+}
+
 /* R rows' score chains into out[r*16..], each accumulator a variable of its
  * own and stored right after the loop: live across the softmax's calls, GCC
  * kept them on the stack inside the loop. */
-AI void attn512_scores_t(int hd, int R, const float *const *q, const void *kt, int f16, float *out) {
+AI void attn512_scores_t(int hd, int R, const float *const *q, const void *kt, int fmt, float *out) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const float *q0 = q[0], *q1 = R > 1 ? q[1] : q0, *q2 = R > 2 ? q[2] : q0, *q3 = R > 3 ? q[3] : q0;
     const float *q4 = R > 4 ? q[4] : q0, *q5 = R > 5 ? q[5] : q0, *q6 = R > 6 ? q[6] : q0, *q7 = R > 7 ? q[7] : q0;
+    __m512 sv = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-        const __m512 k = attn512_ld(kt, (size_t)d * 16, f16);
+        if (fmt >= 2 && d % 32 == 0) sv = attn512_kscale(kt, d, fmt);
+        const __m512 k = attn512_ldk(kt, d, fmt, sv);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, a0);
         if (R > 1) a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, a1);
         if (R > 2) a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, a2);
@@ -172,13 +224,13 @@ AI void attn512_scores_call(int hd, int R, const float *const *q, const float *k
     }
 }
 
-/* kt and vf: the widened block (f16 0, V rows hd apart), or the cache's own
- * f16 block (K transposed, V rows vs apart). */
+/* kt and vf: the widened block (fmt 0, V rows hd apart), or the cache's own
+ * block (K transposed, V rows vs apart): f16 (fmt 1), Q8_0 (2), Q4_0 (3). */
 AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
-                       float *const *l, int st, int en, const void *kt, const void *vf, size_t vs, int f16) {
+                       float *const *l, int st, int en, const void *kt, const void *vf, size_t vs, int fmt) {
     const int hd = a->hd;
     float sc[8 * 16];
-    if (f16) attn512_scores_t(hd, R, q, kt, 1, sc);
+    if (fmt) attn512_scores_t(hd, R, q, kt, fmt, sc);
     else attn512_scores_call(hd, R, q, (const float *)kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
     float t[8][16], al[8], mn[8], mo[8], lo[8];
@@ -222,15 +274,16 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
         *l[r] = ln[r];
     }
     const int n = en - st + 1;
-    const void *v0 = f16 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
-                         : (const void *)((const float *)vf + (size_t)st * vs);
+    const void *v0 = fmt >= 2   ? (const void *)((const uint8_t *)vf + (size_t)st * vs)
+                     : fmt == 1 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
+                                : (const void *)((const float *)vf + (size_t)st * vs);
     for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
         const int rn = R - r0 < 4 ? R - r0 : 4;
         /* 64 dimensions per pass, then 16 */
 #define PV_PASSES(RN)                                                                   \
     do {                                                                                \
-        attn512_pv_t(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, v0, vs, f16);           \
-        attn512_pv_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, v0, vs, f16); \
+        attn512_pv_t(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, v0, vs, fmt);           \
+        attn512_pv_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, v0, vs, fmt); \
     } while (0)
         switch (rn) {
         case 1: PV_PASSES(1); break;
@@ -243,7 +296,7 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
             for (int r = r0; r < r0 + rn; r++) {
                 __m256 s8 = _mm256_mul_ps(_mm256_loadu_ps(o[r] + c0), _mm256_set1_ps(al[r]));
                 for (int j = 0; j < n; j++)
-                    s8 = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), attn512_ld8(v0, (size_t)j * vs + (size_t)c0, f16), s8);
+                    s8 = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), attn512_ld8(v0, (size_t)j * vs + (size_t)c0, fmt == 1), s8);
                 _mm256_storeu_ps(o[r] + c0, s8);
             }
     }
@@ -484,37 +537,42 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
 }
 
 /* Decode (one token, and each sequence's rows in a batched or verification
- * step): the rows read the cache's f16 blocks as they are, K transposed,
- * rather than widening each block to scratch for the rows that share it. The
- * same float operations as tl_attn_drive's (the widening is exact), block by
- * block. */
-#define ATTN512_ROWS16(R)                                                                                      \
-    __attribute__((noinline)) static void attn512_rows16_##R(const tl_attn_rows *a, const float *const *q,    \
-                                                             float *const *o, float *const *m, float *const *l, \
-                                                             int st, int en, const uint16_t *kb,              \
-                                                             const uint16_t *vb) {                            \
-        attn512_rows_t(a, R, q, o, m, l, st, en, kb, vb, a->v_stride / 2, 1);                                    \
+ * step): the rows read the cache's blocks as they are, K transposed, rather
+ * than widening each block to scratch for the rows that share it. The same
+ * float operations as tl_attn_drive's (the widening is exact), block by
+ * block. One instance per row count and cache type (f16, and Q8_0 or Q4_0
+ * for both K and V). */
+#define ATTN512_ROWS16(R, F, NAME)                                                                             \
+    __attribute__((noinline)) static void attn512_##NAME##_##R(const tl_attn_rows *a, const float *const *q,  \
+                                                               float *const *o, float *const *m,               \
+                                                               float *const *l, int st, int en, const void *kb, \
+                                                               const void *vb) {                               \
+        attn512_rows_t(a, R, q, o, m, l, st, en, kb, vb, F == 1 ? a->v_stride / 2 : a->v_stride, F);           \
     }
-ATTN512_ROWS16(1)
-ATTN512_ROWS16(2)
-ATTN512_ROWS16(3)
-ATTN512_ROWS16(4)
-ATTN512_ROWS16(5)
-ATTN512_ROWS16(6)
-ATTN512_ROWS16(7)
-ATTN512_ROWS16(8)
+#define ATTN512_ROWS16_ALL(F, NAME)                                                                            \
+    ATTN512_ROWS16(1, F, NAME)                                                                                 \
+    ATTN512_ROWS16(2, F, NAME)                                                                                 \
+    ATTN512_ROWS16(3, F, NAME)                                                                                 \
+    ATTN512_ROWS16(4, F, NAME)                                                                                 \
+    ATTN512_ROWS16(5, F, NAME)                                                                                 \
+    ATTN512_ROWS16(6, F, NAME)                                                                                 \
+    ATTN512_ROWS16(7, F, NAME)                                                                                 \
+    ATTN512_ROWS16(8, F, NAME)
+ATTN512_ROWS16_ALL(1, rows16)
+ATTN512_ROWS16_ALL(2, rowsq8)
+ATTN512_ROWS16_ALL(3, rowsq4)
+#undef ATTN512_ROWS16_ALL
 #undef ATTN512_ROWS16
 
 typedef void (*attn512_rows16_fn)(const tl_attn_rows *, const float *const *, float *const *, float *const *,
-                                  float *const *, int, int, const uint16_t *, const uint16_t *);
-static const attn512_rows16_fn attn512_rows16_by_r[8] = {attn512_rows16_1, attn512_rows16_2, attn512_rows16_3,
-                                                         attn512_rows16_4, attn512_rows16_5, attn512_rows16_6,
-                                                         attn512_rows16_7, attn512_rows16_8};
-
-static void attn512_rows16(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
-                           float *const *l, int st, int en, const uint16_t *kb, const uint16_t *vb) {
-    attn512_rows16_by_r[(R >= 1 && R <= 8 ? R : 8) - 1](a, q, o, m, l, st, en, kb, vb);
-}
+                                  float *const *, int, int, const void *, const void *);
+static const attn512_rows16_fn attn512_rows16_by_r[3][8] = {
+    {attn512_rows16_1, attn512_rows16_2, attn512_rows16_3, attn512_rows16_4, attn512_rows16_5, attn512_rows16_6,
+     attn512_rows16_7, attn512_rows16_8},
+    {attn512_rowsq8_1, attn512_rowsq8_2, attn512_rowsq8_3, attn512_rowsq8_4, attn512_rowsq8_5, attn512_rowsq8_6,
+     attn512_rowsq8_7, attn512_rowsq8_8},
+    {attn512_rowsq4_1, attn512_rowsq4_2, attn512_rowsq4_3, attn512_rowsq4_4, attn512_rowsq4_5, attn512_rowsq4_6,
+     attn512_rowsq4_7, attn512_rowsq4_8}};
 
 /* One token, or a few whose rows fit one call per block (T x G <= 8: a
  * verification step of 2 tokens for 3 or 4 query heads per KV head). Block
@@ -525,6 +583,7 @@ static void attn512_rows16(const tl_attn_rows *a, int R, const float *const *q, 
  * faster (T = 3, 8 and 16 measured). */
 static void attn512_direct(const tl_attn_rows *a) {
     const int G = a->G, T = a->T;
+    const attn512_rows16_fn *rows = attn512_rows16_by_r[a->k_fmt]; /* TL_ATTN_F16, _Q8_0, _Q4_0 */
     int lo, pos;
     tl_attn_keys(a, 0, &lo, &pos);
     const int first = lo / 16 * 16;
@@ -538,8 +597,8 @@ static void attn512_direct(const tl_attn_rows *a) {
             folded = 1;
         }
         tl_attn_prefetch(a, b0);
-        const uint16_t *kb = (const uint16_t *)(const void *)((const uint8_t *)a->k + (size_t)a->blk[b0 / 16] * 16 * a->k_stride);
-        const uint16_t *vb = (const uint16_t *)(const void *)((const uint8_t *)a->v + (size_t)a->blk[b0 / 16] * 16 * a->v_stride);
+        const void *kb = (const uint8_t *)a->k + (size_t)a->blk[b0 / 16] * 16 * a->k_stride;
+        const void *vb = (const uint8_t *)a->v + (size_t)a->blk[b0 / 16] * 16 * a->v_stride;
         const float *q[8];
         float *o[8], *mm[8], *ll[8];
         int R = 0, gst = 0, gen = 0;
@@ -549,7 +608,7 @@ static void attn512_direct(const tl_attn_rows *a) {
             if (st > en) continue;
             for (int h = 0; h < G; h++) {
                 if (R > 0 && (R == 8 || st != gst || en != gen)) {
-                    attn512_rows16(a, R, q, o, mm, ll, gst, gen, kb, vb);
+                    rows[R - 1](a, q, o, mm, ll, gst, gen, kb, vb);
                     R = 0;
                 }
                 gst = st, gen = en;
@@ -560,13 +619,14 @@ static void attn512_direct(const tl_attn_rows *a) {
                 R++;
             }
         }
-        if (R > 0) attn512_rows16(a, R, q, o, mm, ll, gst, gen, kb, vb);
+        if (R > 0) rows[R - 1](a, q, o, mm, ll, gst, gen, kb, vb);
     }
     tl_attn_finish(a, m, folded);
 }
 
 static void attn512_online(const tl_attn_rows *a) {
-    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == TL_ATTN_F16 && a->v_fmt == TL_ATTN_F16) {
+    /* the cache's blocks read as they are: K transposed, one type for K and V */
+    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == a->v_fmt) {
         attn512_direct(a);
         return;
     }

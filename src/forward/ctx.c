@@ -9,6 +9,8 @@
 
 #include "base/util.h"
 #include "forward/ctx.h"
+#include "forward/kvfmt.h"
+#include "base/sysmem.h"
 
 static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error *err) {
     for (int t = 0; t < n; t++)
@@ -18,15 +20,78 @@ static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error 
     return TL_OK;
 }
 
+static const char *const kv_type_names[] = {"f16", "q8_0", "q4_0"};
+static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0};
+
+/* The defaults that depend on the machine: a context of the model's
+ * training length when every sequence's KV at that length fits, else the
+ * longest that does (never below min(training, 4096), the old default); a
+ * pool for every sequence at full length, cut to what fits. "Fits" is 3/4
+ * of the memory the process may still take (tl_sysmem_available: the least
+ * of MemAvailable, the cgroup's room and ulimit -v's) after the model file
+ * (a packed copy may not be made yet): the quarter is for activations, the
+ * rest of the process and the machine. A pool smaller than a sequence's
+ * full context is the caller's to refuse requests by (the server's 4xx).
+ * 256 MiB more are kept aside before the 3/4: thread stacks (8 MiB of
+ * address space each, which ulimit -v counts) and the server's buffers. */
+static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t cap, tl_error *err) {
+    const tl_hparams *hp = &m->hp;
+    const size_t bpp = tl_model_kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v);
+    if (!bpp)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "a KV cache of %s/%s needs a head size that is a multiple of 32 "
+                       "(this model's is %d)", tl_kv_type_name(p->kv_type_k), tl_kv_type_name(p->kv_type_v), hp->head_dim);
+    const uint64_t nseq = p->n_seq_max > 0 ? (uint64_t)p->n_seq_max : 1;
+    const char *src = "nothing";
+    const uint64_t avail = tl_sysmem_available(&src), file = m->gguf ? m->gguf->file_size : 0;
+    const uint64_t keep = file + ((uint64_t)256 << 20);
+    const uint64_t budget = avail > keep ? (avail - keep) / 4 * 3 : 0;
+    const int train = hp->n_ctx_train > 0 ? hp->n_ctx_train : 4096, floor_ctx = train < 4096 ? train : 4096;
+    const double gib = (double)(1u << 30);
+    int n = 0;
+    if (p->n_ctx > 0) {
+        n = snprintf(why, cap, "context %d (asked)", p->n_ctx);
+    } else if (!avail) {
+        p->n_ctx = train;
+        n = snprintf(why, cap, "context %d: the model's training length (free memory unknown)", train);
+    } else if ((uint64_t)bpp * (uint64_t)train * nseq <= budget) {
+        p->n_ctx = train;
+        n = snprintf(why, cap, "context %d: the model's training length, whose KV for %d sequence%s fits", train,
+                     (int)nseq, nseq > 1 ? "s" : "");
+    } else {
+        uint64_t fit = budget / ((uint64_t)bpp * nseq) / 256 * 256;
+        p->n_ctx = fit > (uint64_t)floor_ctx ? (int)fit : floor_ctx;
+        n = snprintf(why, cap, "context %d: the longest whose KV for %d sequence%s fits (training length %d)", p->n_ctx,
+                     (int)nseq, nseq > 1 ? "s" : "", train);
+    }
+    if (n < 0 || (size_t)n >= cap) n = (int)cap - 1;
+    const uint64_t want = (uint64_t)bpp * (uint64_t)((p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK * TL_KV_BLOCK) * nseq;
+    if (p->kv_bytes) {
+        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB (asked)", (double)p->kv_bytes / gib);
+    } else if (avail && want > budget) {
+        const uint64_t blk = (uint64_t)bpp * TL_KV_BLOCK;
+        p->kv_bytes = (size_t)(budget > blk ? budget / blk * blk : blk);
+        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB, cut from the %.2f GiB full sequences need to 3/4 of "
+                 "what the %.2f GiB %s leaves after the model and 256 MiB", (double)p->kv_bytes / gib, (double)want / gib,
+                 (double)avail / gib, src);
+    } else {
+        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB: %d full sequence%s (%s: %.2f GiB available)",
+                 (double)want / gib, (int)nseq, nseq > 1 ? "s" : "", src, (double)avail / gib);
+    }
+    return TL_OK;
+}
+
 int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_error *err) {
     *out = NULL;
     if (!m || !m->arch)
         return tl_fail(err, TL_ERR_ARG, "the model has no weights to run (vocabulary only)");
     tl_ctx_params p = params ? *params : (tl_ctx_params){0};
-    const tl_hparams *hp = &m->hp;
+    int st;
     if (p.n_ctx < 0 || p.n_threads < 0 || p.n_batch < 0)
         return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
-    if (p.n_ctx == 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (!tl_kv_type_name(p.kv_type_k) || !tl_kv_type_name(p.kv_type_v))
+        return tl_fail(err, TL_ERR_ARG, "unknown KV cache type %d", tl_kv_type_name(p.kv_type_k) ? p.kv_type_v : p.kv_type_k);
+    char sizing[320];
+    if ((st = size_defaults(m, &p, sizing, sizeof sizing, err))) return st;
     if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
     if (p.share_threads) p.n_threads = tl_pool_size(p.share_threads->be.pool);
     if (p.n_threads == 0) {
@@ -49,20 +114,19 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
         return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
-    if (!tl_kv_type_name(p.kv_type_k) || !tl_kv_type_name(p.kv_type_v))
-        return tl_fail(err, TL_ERR_ARG, "unknown KV cache type %d", tl_kv_type_name(p.kv_type_k) ? p.kv_type_v : p.kv_type_k);
     tl_ctx *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     tl_backend_params bp = {.n_ctx = p.n_ctx, .n_batch = p.n_batch, .n_threads = p.n_threads,
                             .numerics = p.numerics, .n_seq_max = p.n_seq_max, .kv_bytes = p.kv_bytes,
                             .kv_type_k = p.kv_type_k, .kv_type_v = p.kv_type_v,
                             .share_pool = p.share_threads ? p.share_threads->be.pool : NULL};
-    int st = tl_cpu_backend_new(m, &bp, &c->be, err);
+    st = tl_cpu_backend_new(m, &bp, &c->be, err);
     if (st) {
         free(c);
         return st;
     }
     c->m = m;
+    memcpy(c->sizing, sizing, sizeof c->sizing);
     c->n_ctx = p.n_ctx;
     c->n_batch = p.n_batch;
     c->n_seq = p.n_seq_max + 1;
@@ -104,6 +168,7 @@ int tl_ctx_n_batch(const tl_ctx *c) { return c->n_batch; }
 int tl_ctx_n_past(const tl_ctx *c) { return tl_kv_seq_peek(c->kv, 0)->len; }
 const char *tl_ctx_backend(const tl_ctx *c) { return c->be.name; }
 const char *tl_ctx_numerics(const tl_ctx *c) { return c->be.numerics; }
+const char *tl_ctx_sizing(const tl_ctx *c) { return c->sizing; }
 
 void tl_ctx_thread_stats(const tl_ctx *c, tl_thread_stats *out) {
     out->n_threads = tl_pool_size(c->be.pool);
@@ -118,7 +183,14 @@ int tl_numerics_parse(const char *name) {
     return -1;
 }
 
-static const char *const kv_type_names[] = {"f16", "q8_0", "q4_0"};
+size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v) {
+    if (!m || !m->arch || !tl_kv_type_name(kv_type_k) || !tl_kv_type_name(kv_type_v)) return 0;
+    const tl_hparams *hp = &m->hp;
+    const tl_kv_format *kf = tl_kv_format_of(kv_types[kv_type_k]), *vf = tl_kv_format_of(kv_types[kv_type_v]);
+    if (hp->head_dim % kf->block || hp->head_dim % vf->block) return 0;
+    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    return (size_t)hp->n_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
+}
 
 int tl_kv_type_parse(const char *name) {
     for (int i = 0; name && i < (int)(sizeof kv_type_names / sizeof *kv_type_names); i++)

@@ -27,6 +27,7 @@ struct tl_ctx {
     int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     tl_cost cost;       /* tl_ctx_decode's seconds per call size */
+    char sizing[320];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
 };
 
 #endif

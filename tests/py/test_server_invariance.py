@@ -4,7 +4,7 @@ carries round-tripping floats) do not change when it runs among 16 other
 prompts (in several slots), when its 1,000-token prefix comes from the prefix
 cache, with --prefill-chunk 7 instead of 256, or with -t 1 instead of 2; the
 same on Gemma 3 and on a random mixture of experts (qwen3moe) through
-/v1/completions; and seeded sampling (temperature 0.8,
+/v1/completions, and on q8_0 and q4_0 KV caches; and seeded sampling (temperature 0.8,
 seed 42) is reproducible alone vs in a crowd.
 Run: TL_BIN=./tokenloop python3 tests/py/test_server_invariance.py"""
 import concurrent.futures
@@ -192,6 +192,57 @@ def moe_checks():
         s2.stop()
 
 
+def metric(srv, name):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30 * SLOW)
+    try:
+        c.request("GET", "/metrics")
+        for line in c.getresponse().read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    finally:
+        c.close()
+    return None
+
+
+def kv_type_checks():
+    """Quantized KV caches (--kv-type): the same invariance, the prefix cache
+    and speculation on q8_0 and q4_0 blocks (a cached prefix, a crowd, and
+    --spec off with other chunking and threads give the same tokens), in the
+    fast and the exact numerics; /metrics gives the bytes per position."""
+    long_q = PREFIX + "\nQuestion: which item records value 5?"
+    # SmolLM2: 30 layers x 3 KV heads x 64, K and V; ggml's blocks of 32 (q8_0 34 bytes, q4_0 18)
+    per_pos = {"q8_0": 30 * 2 * 3 * 64 // 32 * 34, "q4_0": 30 * 2 * 3 * 64 // 32 * 18}
+    for kv, numerics in (("q8_0", "fast"), ("q4_0", "fast"), ("q8_0", "exact")):
+        what = f"--kv-type {kv} ({numerics})"
+        srv = Server(SMOL, "-np", "8", "-t", "2", "-c", "1280", "--kv-type", kv, "--numerics", numerics)
+        ref = {}
+        try:
+            if not check(srv.wait_ready(), f"{what}: server ready"):
+                continue
+            check(metric(srv, "tokenloop_kv_bytes_per_position") == per_pos[kv],
+                  f"{what}: /metrics bytes per position {metric(srv, 'tokenloop_kv_bytes_per_position')} "
+                  f"!= {per_pos[kv]}")
+            ref["alone"] = chat(srv, TARGET)
+            same(ref["alone"], in_crowd(chat, srv, TARGET, 3), f"{what}: greedy alone vs slot 3 of {N_CROWD}")
+            cold = chat(srv, long_q)
+            warm = chat(srv, long_q)
+            check(warm["cached"] > 900, f"{what}: the prefix is cached ({warm['cached']})")
+            same(cold, warm, f"{what}: cold vs cached prefix")
+            ref["long"] = cold
+        finally:
+            srv.stop()
+        if numerics == "exact" or not ref:
+            continue
+        s2 = Server(SMOL, "-np", "2", "-t", "1", "-c", "1280", "--prefill-chunk", "7", "--spec", "off",
+                    "-ctk", kv, "-ctv", kv)
+        try:
+            if check(s2.wait_ready(), f"{what} --spec off: server ready"):
+                same(ref["alone"], chat(s2, TARGET), f"{what}: --spec off -t 1 --prefill-chunk 7 vs auto")
+                same(ref["long"], chat(s2, long_q), f"{what}: 1000-token prompt, --spec off -t 1 vs auto")
+        finally:
+            s2.stop()
+
+
 def main():
     for p in (TL_BIN, SMOL, GEMMA):
         check(os.path.exists(p), f"{p} exists")
@@ -202,6 +253,7 @@ def main():
         smol_checks()
         gemma_checks()
         moe_checks()
+        kv_type_checks()
     except Exception as e:  # a failed request is a failed check, not a traceback without summary
         check(False, f"unexpected error: {type(e).__name__}: {e}")
     print(f"  total {time.time() - t0:.1f} s")

@@ -14,6 +14,7 @@
 #include "quant/quant.h"
 #include "tl_test.h"
 #include "base/util.h"
+#include "forward/kvfmt.h"
 
 typedef struct rng {
     uint64_t s;
@@ -738,6 +739,52 @@ static void bench_type(const tl_kernels *k, const tl_kernels *ref, tl_type t, rn
     free(x);
 }
 
+/* The same over quantized caches (K transposed per block as the fast path
+ * keeps it, V rows): a level's bits are the reference's. */
+static void check_attn_q(const tl_kernels *k, rng *r) {
+    if (!k->math.attn_online) return;
+    static const int cases[][7] = {{64, 3, 1, 700, 0, TL_Q8_0, TL_Q8_0},  {64, 3, 2, 300, 0, TL_Q4_0, TL_Q4_0},
+                                   {128, 4, 16, 90, 0, TL_Q8_0, TL_F16},   {96, 5, 1, 17, 0, TL_F16, TL_Q8_0},
+                                   {64, 4, 64, 200, 0, TL_Q8_0, TL_Q8_0},  {256, 2, 3, 400, 100, TL_Q4_0, TL_Q8_0}};
+    enum { BS = 16, NB = 48 }; /* positions up to 767 */
+    tl_mathfn m;
+    tl_mathfn_bind(&m, 0, 1);
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const int hd = cases[ci][0], G = cases[ci][1], T = cases[ci][2], pos0 = cases[ci][3], swa = cases[ci][4];
+        const tl_kv_format *kf = tl_kv_format_of((tl_type)cases[ci][5]), *vf = tl_kv_format_of((tl_type)cases[ci][6]);
+        const int kvd = 2 * hd;
+        const size_t krb = kf->row_bytes(kvd), vrb = vf->row_bytes(kvd);
+        uint8_t *kc = malloc((size_t)NB * BS * krb), *vc = malloc((size_t)NB * BS * vrb);
+        float *x = malloc((size_t)kvd * 4), *q = malloc((size_t)T * G * hd * 4);
+        float *o1 = malloc((size_t)T * G * hd * 4), *o2 = malloc((size_t)T * G * hd * 4);
+        float *scr = malloc(tl_attn_scratch(hd, G, BS, T) * 4);
+        int32_t blk[NB];
+        const int ok = kc && vc && x && q && o1 && o2 && scr;
+        CHECK(ok, "alloc");
+        if (ok) {
+            for (int i = 0; i < NB; i++) blk[i] = (i * 17 + 3) % NB;
+            for (int p = 0; p < NB * BS; p++) {
+                for (int i = 0; i < kvd; i++) x[i] = 2.0f * frand(r);
+                kf->store_tr(&m, x, kc + (size_t)(p / BS) * BS * krb, p % BS, BS, kvd);
+                for (int i = 0; i < kvd; i++) x[i] = frand(r);
+                vf->store(&m, x, vc + (size_t)p * vrb, kvd);
+            }
+            for (int i = 0; i < T * G * hd; i++) q[i] = 3.0f * frand(r);
+            tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd,
+                              .q_tok = (size_t)G * hd, .scale = 0.125f, .k = kc + kf->row_bytes(hd) * BS,
+                              .v = vc + vf->row_bytes(hd), .k_stride = krb, .v_stride = vrb, .k_fmt = kf->attn_fmt,
+                              .v_fmt = vf->attn_fmt, .k_tr = 1, .blk = blk, .pos0 = pos0, .n_swa = swa, .out = o1,
+                              .out_stride = (size_t)hd, .out_tok = (size_t)G * hd, .scratch = scr};
+            tl_attn_online(&a, 0);
+            a.out = o2;
+            k->math.attn_online(&a);
+            CHECK(memcmp(o1, o2, (size_t)T * G * hd * 4) == 0, "%s attention, %s K / %s V hd=%d G=%d T=%d pos0=%d "
+                  "swa=%d: not the reference's bits", k->name, kf->name, vf->name, hd, G, T, pos0, swa);
+        }
+        free(kc), free(vc), free(x), free(q), free(o1), free(o2), free(scr);
+    }
+}
+
 /* A level's fast attention (k->math.attn_online, where the level has its
  * own) against the scalar reference, bitwise: head widths with 64-, 16- and
  * 8-wide remainders, 1 to 7 query heads per KV head, sliding windows, blocks
@@ -874,6 +921,7 @@ int main(void) {
         else tl_kernels_fill_avx512(&kf, level >= TL_CPU_AVX512VNNI, TL_NUM_FAST);
         if (level != TL_CPU_AVX512) check_r8(&kf, &rfast, &r); /* AVX-512 without VNNI keeps AVX2's */
         check_attn(&kf, &r);
+        check_attn_q(&kf, &r);
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
     }

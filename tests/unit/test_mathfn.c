@@ -11,6 +11,8 @@
 #include "cpu/mathfn.h"
 #include "tl_test.h"
 #include "base/util.h"
+#include "forward/kvfmt.h"
+#include "quant/quant.h"
 
 static uint64_t rs = 88172645463325252ull;
 static float frand(void) { /* [-1, 1) */
@@ -186,6 +188,91 @@ static void attn_case_s(int hd, int G, int T, int pos0, int n_swa, int sinks) {
     free(kc), free(vc), free(q), free(o1), free(o2), free(o3), free(scr);
 }
 
+/* The fast attention over a quantized cache (Q8_0, Q4_0, f16 for the other
+ * half): K as rows and K transposed per block give the same bits, AVX2
+ * equals scalar, a token alone equals its row in the run, and the result
+ * is within float noise of attention in double over the dequantized cache. */
+static const char *fmt_name(int f) { return f == TL_ATTN_Q8_0 ? "q8_0" : f == TL_ATTN_Q4_0 ? "q4_0" : "f16"; }
+static tl_type fmt_type(int f) { return f == TL_ATTN_Q8_0 ? TL_Q8_0 : f == TL_ATTN_Q4_0 ? TL_Q4_0 : TL_F16; }
+
+static void attn_case_q(int hd, int G, int T, int pos0, int n_swa, int kf, int vf) {
+    enum { BS = 16, NB = 48 };
+    const int kvd = 2 * hd, np = NB * BS; /* two KV heads in a row; the second is used */
+    const tl_kv_format *kfmt = tl_kv_format_of(fmt_type(kf)), *vfmt = tl_kv_format_of(fmt_type(vf));
+    const size_t krb = kfmt->row_bytes(kvd), vrb = vfmt->row_bytes(kvd);
+    uint8_t *kr = malloc((size_t)np * krb), *ktr = malloc((size_t)np * krb), *vr = malloc((size_t)np * vrb);
+    float *x = malloc((size_t)kvd * 4), *kd = malloc((size_t)np * kvd * 4), *vd = malloc((size_t)np * kvd * 4);
+    float *q = malloc((size_t)T * G * hd * 4), *o[4], *o5 = malloc((size_t)G * hd * 4);
+    float *scr = malloc(tl_attn_scratch(hd, G, BS, T) * 4);
+    for (int i = 0; i < 4; i++) o[i] = malloc((size_t)T * G * hd * 4);
+    int32_t blk[NB];
+    int ok = kr && ktr && vr && x && kd && vd && q && o5 && scr && o[0] && o[1] && o[2] && o[3];
+    CHECK(ok, "alloc");
+    if (!ok) return;
+    tl_mathfn m;
+    tl_mathfn_bind(&m, 0, 1);
+    for (int i = 0; i < NB; i++) blk[i] = (i * 29 + 7) % NB;
+    for (int p = 0; p < np; p++) { /* row p is slot p % BS of stored block p / BS */
+        for (int i = 0; i < kvd; i++) x[i] = 2.0f * frand();
+        kfmt->store(&m, x, kr + (size_t)p * krb, kvd);
+        kfmt->store_tr(&m, x, ktr + (size_t)(p / BS) * BS * krb, p % BS, BS, kvd);
+        tl_dequantize_row(kfmt->type, kr + (size_t)p * krb, kd + (size_t)p * kvd, kvd);
+        for (int i = 0; i < kvd; i++) x[i] = frand();
+        vfmt->store(&m, x, vr + (size_t)p * vrb, kvd);
+        tl_dequantize_row(vfmt->type, vr + (size_t)p * vrb, vd + (size_t)p * kvd, kvd);
+    }
+    for (int i = 0; i < T * G * hd; i++) q[i] = 3.0f * frand();
+    tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd, .q_tok = (size_t)G * hd,
+                      .scale = 0.125f, .k = kr + kfmt->row_bytes(hd), .v = vr + vfmt->row_bytes(hd),
+                      .k_stride = krb, .v_stride = vrb, .k_fmt = kf, .v_fmt = vf, .blk = blk, .pos0 = pos0,
+                      .n_swa = n_swa, .out_stride = (size_t)hd, .out_tok = (size_t)G * hd, .scratch = scr};
+    for (int i = 0; i < 4; i++) {
+        tl_attn_rows b = a;
+        if (i >= 2) b.k = ktr + kfmt->row_bytes(hd) * BS, b.k_tr = 1;
+        b.out = o[i];
+        tl_attn_online(&b, i % 2);
+    }
+    CHECK(same(o[0], o[1], T * G * hd) && same(o[0], o[2], T * G * hd) && same(o[0], o[3], T * G * hd),
+          "attn %s/%s hd=%d G=%d T=%d pos0=%d swa=%d: rows and transposed K, scalar and AVX2 give the same bits",
+          fmt_name(kf), fmt_name(vf), hd, G, T, pos0, n_swa);
+    int alone_ok = 1;
+    double worst = 0;
+    for (int i = 0; i < T; i++) {
+        tl_attn_rows b = a;
+        b.k = ktr + kfmt->row_bytes(hd) * BS, b.k_tr = 1;
+        b.T = 1, b.pos0 = pos0 + i, b.q = q + (size_t)i * G * hd, b.out = o5;
+        tl_attn_online(&b, 1);
+        alone_ok &= same(o5, o[0] + (size_t)i * G * hd, G * hd);
+        const int pos = pos0 + i, lo = n_swa > 0 && pos - n_swa + 1 > 0 ? pos - n_swa + 1 : 0;
+        for (int h = 0; h < G; h++) {
+            const float *qh = q + ((size_t)i * G + h) * hd;
+            double mx = -1e300, sum = 0, *w = malloc((size_t)(pos + 1) * sizeof *w);
+            if (!w) return;
+            for (int p = lo; p <= pos; p++) {
+                const float *k = kd + ((size_t)blk[p / BS] * BS + (size_t)(p % BS)) * kvd + hd;
+                double sc = 0;
+                for (int d = 0; d < hd; d++) sc += (double)qh[d] * k[d];
+                w[p] = sc * 0.125;
+                if (w[p] > mx) mx = w[p];
+            }
+            for (int p = lo; p <= pos; p++) sum += (w[p] = exp(w[p] - mx));
+            for (int d = 0; d < hd; d++) {
+                double r = 0;
+                for (int p = lo; p <= pos; p++) r += w[p] * vd[((size_t)blk[p / BS] * BS + (size_t)(p % BS)) * kvd + hd + d];
+                const double e = fabs(r / sum - o[0][((size_t)i * G + h) * hd + d]);
+                if (e > worst) worst = e;
+            }
+            free(w);
+        }
+    }
+    CHECK(alone_ok, "attn %s/%s hd=%d G=%d T=%d pos0=%d: each token alone gives its bits in the run", fmt_name(kf),
+          fmt_name(vf), hd, G, T, pos0);
+    CHECK(worst < 1e-5, "attn %s/%s hd=%d G=%d T=%d pos0=%d swa=%d: max error %g vs double over the dequantized cache",
+          fmt_name(kf), fmt_name(vf), hd, G, T, pos0, n_swa, worst);
+    free(kr), free(ktr), free(vr), free(x), free(kd), free(vd), free(q), free(o5), free(scr);
+    for (int i = 0; i < 4; i++) free(o[i]);
+}
+
 static void attn_case(int hd, int G, int T, int pos0, int n_swa) {
     attn_case_s(hd, G, T, pos0, n_swa, 0);
     attn_case_s(hd, G, T, pos0, n_swa, 1);
@@ -219,6 +306,12 @@ static void check_attn(void) {
     attn_case(64, 3, 3, 510, 0);   /* a run across a segment boundary (512) */
     attn_case(64, 2, 1, 1020, 600); /* a window across segments */
     attn_case(64, 3, 40, 980, 0);  /* a run across 512 positions' worth of segments */
+    /* quantized caches: each type for K and V, decode and runs, windows */
+    attn_case_q(64, 3, 1, 700, 0, TL_ATTN_Q8_0, TL_ATTN_Q8_0);
+    attn_case_q(64, 3, 9, 250, 0, TL_ATTN_Q4_0, TL_ATTN_Q4_0);
+    attn_case_q(128, 2, 5, 530, 0, TL_ATTN_Q8_0, TL_ATTN_F16);
+    attn_case_q(96, 4, 3, 33, 20, TL_ATTN_F16, TL_ATTN_Q8_0);
+    attn_case_q(64, 1, 20, 480, 100, TL_ATTN_Q4_0, TL_ATTN_Q8_0);
     CHECK(tl_expf_fast(0.0f) == 1.0f, "exp(0) is exactly 1 (tl_attn_merge relies on it)");
 }
 
