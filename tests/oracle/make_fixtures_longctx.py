@@ -52,7 +52,9 @@ def main():
             if pos > lo:
                 llm.eval([ids[pos]])
                 done = pos + 1
-            r = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            # the last evaluated token's logits (llama-cpp-python keeps no
+            # scores without logits_all)
+            r = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32).copy()
             mx = float(r.max())
             lse = mx + math.log(float(np.exp(r.astype(np.float64) - mx).sum()))
             idx = np.argsort(-r, kind="stable")[:TOPK]
