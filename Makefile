@@ -11,7 +11,7 @@ WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototype
 CFLAGS  = -std=c11 $(OPT) -g $(WARN) -ffp-contract=off -D_GNU_SOURCE -Iinclude -Isrc -Iserver -fPIC -MMD -MP $(SAN)
 LDFLAGS = $(SAN)
 # jansson: the library reads JSON Schemas (src/grammar/schema.c)
-LDLIBS  = -lpcre2-8 -ljansson -lm -lpthread
+LDLIBS  = -lpcre2-8 -ljansson -lnettle -lm -lpthread
 # The server (server/*.c) adds its HTTP library.
 SERVER_LIBS = -lmicrohttpd
 

@@ -47,6 +47,13 @@ static const char SERVE_HELP[] =
     "                          cache (default: np x ctx positions, cut to 3/4 of the memory\n"
     "                          left after the model: MemAvailable, the cgroup limit,\n"
     "                          ulimit -v; a request that needs more is refused with a 4xx)\n"
+    "      --cache-dir DIR     keep the prefix cache on disk too, so a restart keeps it: every\n"
+    "                          cached block is written there in the background, and a prompt\n"
+    "                          whose prefix is there is read back instead of computed; files of\n"
+    "                          another model, numerics mode or KV type, and damaged ones, are\n"
+    "                          ignored (and logged)\n"
+    "      --cache-disk-mem MiB  the directory's budget (default 8192); the least recently\n"
+    "                          used blocks are deleted first\n"
     "      --api-key KEY       require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on\n"
     "                          /v1/* (the live loop's stream too), /tokenize and\n"
     "                          /detokenize (401 otherwise)\n"
@@ -132,6 +139,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 1, 1024, &o->n_threads)) return -1;
         } else if (!strcmp(a, "--numerics")) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
+        } else if (!strcmp(a, "--cache-dir")) {
+            VAL(); o->cache_dir = v;
+        } else if (!strcmp(a, "--cache-disk-mem")) {
+            VAL(); if (cli_int(a, v, 1, 1 << 30, &o->cache_disk_mib)) return -1;
         } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_type_k, &o->kv_type_v)) != 0) {
             if (kt < 0) return -1;
         } else if (!strcmp(a, "--spec")) {
@@ -319,6 +330,13 @@ static int serve(srv_opts *o, sigs *sg) {
                 o->model_id, o->n_parallel, app.api.n_ctx, tl_kv_type_name(kv.kv_type_k), tl_kv_type_name(kv.kv_type_v),
                 kv.block_bytes / (size_t)kv.block_size, kv.n_blocks, kv.block_size,
                 (double)kv.block_bytes * kv.n_blocks / (1 << 20), srv_sched_sizing(app.sched));
+        if (o->cache_dir) {
+            tl_disk_stats d;
+            srv_sched_disk_stats(app.sched, &d);
+            fprintf(stderr, "tokenloop serve: disk cache %s: %llu blocks (%.1f MiB) of this model and settings, "
+                    "budget %.0f MiB\n", o->cache_dir, (unsigned long long)d.files, (double)d.bytes / (1 << 20),
+                    (double)d.budget / (1 << 20));
+        }
         wait_signal(sg);
         drain(&app);
         rc = 0;

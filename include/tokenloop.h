@@ -266,6 +266,33 @@ typedef struct tl_kv_stats {
 } tl_kv_stats;
 void tl_ctx_kv_stats(const tl_ctx *ctx, tl_kv_stats *out);
 
+/* A message for a log (one line, no newline); arg is the caller's. */
+typedef void (*tl_log_fn)(void *arg, const char *msg);
+
+/* The prefix cache on disk as well, so that a restart keeps it: every block a
+ * tl_seq_open sequence registers is also written under dir (by a background
+ * thread; decoding never waits for it, and a block that would overfill the
+ * writer's queue is dropped), and tl_seq_reuse_prefix continues a match in
+ * RAM with the blocks it finds there, each checked (its file's header names
+ * the model, numerics mode, KV types and layout that computed it, its prefix
+ * by a SHA-256 chain of the tokens, and a checksum of its bytes) before it is
+ * used. Files computed otherwise, and damaged ones, are ignored and reported
+ * through log (may be NULL). budget_bytes caps the directory: the least
+ * recently used blocks are deleted first. Call once, before the first
+ * sequence; tl_ctx_free writes what is still queued. */
+int tl_ctx_disk_cache(tl_ctx *ctx, const char *dir, uint64_t budget_bytes, tl_log_fn log, void *log_arg,
+                      tl_error *err);
+typedef struct tl_disk_stats {
+    uint64_t files, bytes, budget; /* on disk now, and the cap */
+    uint64_t written, loaded;      /* blocks written, and read back into the prefix cache */
+    uint64_t rejected;             /* files ignored: another model's, or damaged */
+    uint64_t dropped, evicted, failed; /* not queued (writer behind), deleted for the budget, write errors */
+} tl_disk_stats;
+/* Zeros when the context has no disk cache. */
+void tl_ctx_disk_stats(const tl_ctx *ctx, tl_disk_stats *out);
+/* Waits until every queued block is on disk (tests, before a planned exit). */
+void tl_ctx_disk_flush(tl_ctx *ctx);
+
 /* ---- sampling -------------------------------------------------------------- */
 
 typedef struct tl_logit_bias {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need and is missing: a C compiler,
-# make, PCRE2, SIMDe, libmicrohttpd and jansson (Debian packages) and the Python
+# make, PCRE2, SIMDe, libmicrohttpd, jansson and nettle (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
 # (openai, anthropic, prometheus-client, jsonschema), Chromium with selenium for the
 # live page's test, HAProxy for the scale-out test and kubernetes-validate
@@ -14,6 +14,7 @@ command -v unzip >/dev/null 2>&1 || need_pkgs+=(unzip)
 [ -f /usr/include/simde/x86/avx512.h ] || need_pkgs+=(libsimde-dev)
 [ -f /usr/include/microhttpd.h ] || need_pkgs+=(libmicrohttpd-dev)
 [ -f /usr/include/jansson.h ] || need_pkgs+=(libjansson-dev)
+[ -f /usr/include/nettle/sha2.h ] || need_pkgs+=(nettle-dev)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-pip)
 # the live page's browser test (tests/py/test_page.py): Chromium and its driver
 [ -x /usr/bin/chromium ] || need_pkgs+=(chromium)

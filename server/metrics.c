@@ -44,6 +44,8 @@ struct srv_metrics {
     hist ttft, itl;
     int waiting, running;
     tl_kv_stats kv;
+    tl_disk_stats disk;
+    int has_disk;
     uint64_t timeouts;
     int conns;
 };
@@ -158,6 +160,14 @@ void srv_metrics_state(srv_metrics *mx, int waiting, int running, const tl_kv_st
     mx->waiting = waiting;
     mx->running = running;
     if (kv) mx->kv = *kv;
+    pthread_mutex_unlock(&mx->mu);
+}
+
+void srv_metrics_disk(srv_metrics *mx, const tl_disk_stats *d) {
+    if (!mx) return;
+    pthread_mutex_lock(&mx->mu);
+    mx->disk = *d;
+    mx->has_disk = 1;
     pthread_mutex_unlock(&mx->mu);
 }
 
@@ -287,6 +297,22 @@ static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
     sb_simple(b, "tokenloop_kv_bytes_per_position", "gauge",
               "KV cache memory one position takes (all layers, K and V, in the cache's types).",
               (double)mx->kv.block_bytes / (mx->kv.block_size > 0 ? mx->kv.block_size : 1));
+    if (mx->has_disk) {
+        sb_simple(b, "tokenloop_disk_cache_blocks", "gauge", "Prefix-cache blocks on disk (--cache-dir).",
+                  (double)mx->disk.files);
+        sb_simple(b, "tokenloop_disk_cache_bytes", "gauge", "Bytes of those blocks' files.", (double)mx->disk.bytes);
+        sb_simple(b, "tokenloop_disk_cache_budget_bytes", "gauge", "--cache-disk-mem.", (double)mx->disk.budget);
+        sb_simple(b, "tokenloop_disk_cache_written_total", "counter", "Blocks written to disk.",
+                  (double)mx->disk.written);
+        sb_simple(b, "tokenloop_disk_cache_loaded_total", "counter", "Blocks read back into the prefix cache.",
+                  (double)mx->disk.loaded);
+        sb_simple(b, "tokenloop_disk_cache_rejected_total", "counter",
+                  "Block files ignored: another model's, or damaged.", (double)mx->disk.rejected);
+        sb_simple(b, "tokenloop_disk_cache_dropped_total", "counter",
+                  "Blocks not written because the writer was behind.", (double)mx->disk.dropped);
+        sb_simple(b, "tokenloop_disk_cache_evicted_total", "counter", "Block files deleted for the budget.",
+                  (double)mx->disk.evicted);
+    }
     sb_simple(b, "tokenloop_prefix_cache_hit_tokens_total", "counter",
               "Prompt positions reused from the prefix cache.", (double)mx->kv.hit_tokens);
     sb_simple(b, "tokenloop_prefix_cache_query_tokens_total", "counter",

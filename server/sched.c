@@ -54,6 +54,7 @@ struct srv_sched {
     int n_ctx, n_batch, chunk, np, n_vocab, max_queue, max_rows, spec;
     int kv_blocks;       /* blocks in the KV pool: a request that needs more can never run */
     tl_kv_stats kv0;         /* the pool as made (its size, block bytes, types) */
+    int has_disk;            /* --cache-dir */
     const char *kv_why;      /* what set the pool's size, for refusals */
     tl_vocab_trie *trie; /* the vocabulary's byte trie for grammars, made at start */
     srv_loop *loop;      /* the live loop's readers (o->loop) */
@@ -597,6 +598,11 @@ static void publish_state(srv_sched *s) {
     int w = s->w_len, run = s->n_running;
     pthread_mutex_unlock(&s->mu);
     srv_metrics_state(s->mx, w, run, &kv);
+    if (s->has_disk) {
+        tl_disk_stats d;
+        tl_ctx_disk_stats(s->ctx, &d);
+        srv_metrics_disk(s->mx, &d);
+    }
 }
 
 static void idle_wait(srv_sched *s) {
@@ -696,6 +702,11 @@ static int sched_fail(tl_error *err, int status, const char *msg) {
 /* --kv-mem, or 0: the engine sizes the pool for np full sequences, cut to
  * what the machine's memory allows (tl_ctx_params.kv_bytes), and a request
  * that needs more than the pool holds gets a 4xx naming the limit. */
+static void disk_log(void *arg, const char *msg) {
+    (void)arg;
+    fprintf(stderr, "tokenloop serve: cache: %s\n", msg);
+}
+
 static size_t kv_bytes_for(const srv_opts *o) { return o->kv_mem_mib > 0 ? (size_t)o->kv_mem_mib << 20 : 0; }
 
 int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sched **out,
@@ -729,6 +740,11 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .kv_type_v = o->kv_type_v};
     cp.kv_bytes = kv_bytes_for(o);
     int rc = tl_ctx_new(m, &cp, &s->ctx, err);
+    if (rc == 0 && o->cache_dir) {
+        const uint64_t budget = (uint64_t)(o->cache_disk_mib > 0 ? o->cache_disk_mib : 8192) << 20;
+        rc = tl_ctx_disk_cache(s->ctx, o->cache_dir, budget, disk_log, NULL, err);
+        s->has_disk = rc == 0;
+    }
     if (rc) {
         sched_release_mem(s);
         return rc;
@@ -868,6 +884,7 @@ int srv_sched_pending(srv_sched *s) {
 
 void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out) { *out = s->kv0; }
 const char *srv_sched_sizing(const srv_sched *s) { return tl_ctx_sizing(s->ctx); }
+void srv_sched_disk_stats(const srv_sched *s, tl_disk_stats *out) { tl_ctx_disk_stats(s->ctx, out); }
 
 int srv_sched_n_ctx(const srv_sched *s) {
     return s->n_ctx;

@@ -28,6 +28,8 @@ typedef struct srv_opts {
     int n_threads;         /* -t (0 = all cores) */
     int numerics;          /* --numerics (tl_numerics; 0 = $TL_NUMERICS, else fast) */
     int kv_type_k, kv_type_v; /* --kv-type, --kv-type-k/-v (tl_kv_type; 0 = f16) */
+    const char *cache_dir; /* --cache-dir: the prefix cache on disk too (NULL: RAM only) */
+    int cache_disk_mib;    /* --cache-disk-mem: its budget (0 = 8192) */
     int spec;              /* --spec (tl_spec_mode) */
     const char *draft_path;     /* --draft FILE */
     const tl_model *draft;      /* that model, loaded (and checked) by the caller; NULL: none */
@@ -168,6 +170,8 @@ int srv_sched_n_ctx(const srv_sched *s);
 void srv_sched_kv_stats(const srv_sched *s, tl_kv_stats *out);
 /* tl_ctx_sizing of its context: how the context and the pool were sized. */
 const char *srv_sched_sizing(const srv_sched *s);
+/* tl_ctx_disk_stats of its context (thread-safe). */
+void srv_sched_disk_stats(const srv_sched *s, tl_disk_stats *out);
 /* Stops the thread (cancelling whatever still runs: those get an ERROR event) and frees. */
 void srv_sched_free(srv_sched *s);
 
@@ -185,6 +189,8 @@ void srv_metrics_ttft(srv_metrics *mx, double seconds);
 void srv_metrics_itl(srv_metrics *mx, double seconds);
 /* Gauges, set by the scheduler each step. */
 void srv_metrics_state(srv_metrics *mx, int waiting, int running, const tl_kv_stats *kv);
+/* The disk cache's figures (--cache-dir), shown from then on. */
+void srv_metrics_disk(srv_metrics *mx, const tl_disk_stats *d);
 /* The last state the scheduler published (any thread). */
 void srv_metrics_load(srv_metrics *mx, int *waiting, int *running, tl_kv_stats *kv);
 /* Prometheus text 0.0.4; *out malloc'ed. */

@@ -45,6 +45,10 @@ typedef struct tl_backend_ops {
     void (*forward)(void *be, const tl_fwd_batch *b, float *logits);
     /* every layer's keys and values of block from into block to */
     void (*copy_block)(void *be, int32_t from, int32_t to);
+    /* block b's keys and values, every layer, to or from block_bytes at p
+     * (layer by layer, K then V: the disk cache's layout) */
+    void (*read_block)(void *be, int32_t b, void *p);
+    void (*write_block)(void *be, int32_t b, const void *p);
     void (*free)(void *be);
 } tl_backend_ops;
 

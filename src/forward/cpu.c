@@ -1183,7 +1183,27 @@ static void cpu_copy_block(void *be, int32_t from, int32_t to) {
     }
 }
 
-static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_free};
+static void cpu_read_block(void *be, int32_t b, void *p) {
+    tl_cpu *c = be;
+    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
+    uint8_t *o = p;
+    for (int il = 0; il < c->m->hp.n_layer; il++, o += kb + vb) {
+        memcpy(o, c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, kb);
+        memcpy(o + kb, c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, vb);
+    }
+}
+
+static void cpu_write_block(void *be, int32_t b, const void *p) {
+    tl_cpu *c = be;
+    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
+    const uint8_t *i = p;
+    for (int il = 0; il < c->m->hp.n_layer; il++, i += kb + vb) {
+        memcpy(c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, i, kb);
+        memcpy(c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, i + kb, vb);
+    }
+}
+
+static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free};
 
 int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
     memset(out, 0, sizeof *out);

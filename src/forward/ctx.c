@@ -150,6 +150,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
+    tl_kvdisk_close(c->disk); /* writes what is queued */
+    free(c->stage);
     if (c->be.ops) c->be.ops->free(c->be.state);
     tl_kv_free(c->kv);
     free(c->tpos);
@@ -311,6 +313,7 @@ static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, t
         if (b->pending) sq->pend = c->seq_cnt[id];
         else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
     }
+    if (c->disk) tl_seq_offer_disk(c);
     return TL_OK;
 }
 

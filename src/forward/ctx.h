@@ -10,6 +10,7 @@
 #include "forward/cost.h"
 #include "forward/forward.h"
 #include "forward/kv.h"
+#include "forward/kvdisk.h"
 
 struct tl_ctx {
     const tl_model *m;
@@ -28,6 +29,11 @@ struct tl_ctx {
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     tl_cost cost;       /* tl_ctx_decode's seconds per call size */
     char sizing[320];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
+    tl_kvdisk *disk;    /* the prefix cache on disk (tl_ctx_disk_cache), or NULL */
+    uint8_t *stage;     /* [block_bytes] a block on its way to or from the disk */
 };
+
+/* Queues the blocks registered since the last call for the disk cache (seq.c). */
+void tl_seq_offer_disk(tl_ctx *c);
 
 #endif

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward/kvdisk.h"
+
 #define B TL_KV_BLOCK
 
 typedef struct kv_block {
@@ -18,6 +20,7 @@ typedef struct kv_block {
     uint64_t serial;     /* nonzero while registered */
     uint64_t parent;     /* key: the serial of the prefix before it ... */
     int32_t tok[B];      /* ... and its tokens */
+    uint8_t key[TL_KVKEY], pkey[TL_KVKEY]; /* with keys on: its prefix's content key, and its parent's */
     int32_t hnext;       /* hash chain */
     int32_t prev, next;  /* LRU list (cached) or free list (next only) */
 } kv_block;
@@ -34,6 +37,9 @@ struct tl_kv {
     uint64_t next_serial;
     uint64_t query_tokens, hit_tokens;
     tl_kv_seq *seq;
+    int keyed;           /* content keys on (tl_kv_key_on) */
+    int32_t *fresh;      /* [n_blocks] registered since the last tl_kv_take_fresh */
+    int n_fresh;
 };
 
 static uint64_t key_hash(uint64_t parent, const int32_t *tok) {
@@ -64,7 +70,8 @@ int tl_kv_new(int n_blocks, int n_seq, int n_ctx, tl_kv **out) {
         kv->seq[i].blk = malloc((size_t)kv->max_blk * sizeof(int32_t));
         kv->seq[i].tok = malloc((size_t)n_ctx * sizeof(int32_t));
         kv->seq[i].chains = malloc((size_t)kv->max_blk * sizeof(uint64_t));
-        fail = !kv->seq[i].blk || !kv->seq[i].tok || !kv->seq[i].chains;
+        kv->seq[i].keys = calloc((size_t)kv->max_blk, TL_KVKEY);
+        fail = !kv->seq[i].blk || !kv->seq[i].tok || !kv->seq[i].chains || !kv->seq[i].keys;
     }
     if (fail) {
         tl_kv_free(kv);
@@ -87,14 +94,36 @@ void tl_kv_free(tl_kv *kv) {
         free(kv->seq[i].blk);
         free(kv->seq[i].tok);
         free(kv->seq[i].chains);
+        free(kv->seq[i].keys);
     }
     free(kv->seq);
+    free(kv->fresh);
     free(kv->b);
     free(kv->hash);
     free(kv);
 }
 
 int tl_kv_n_blocks(const tl_kv *kv) { return kv->n_blocks; }
+
+int tl_kv_key_on(tl_kv *kv) {
+    if (!kv->fresh && !(kv->fresh = malloc((size_t)(kv->n_blocks ? kv->n_blocks : 1) * sizeof *kv->fresh))) return -1;
+    kv->keyed = 1;
+    return 0;
+}
+
+int tl_kv_take_fresh(tl_kv *kv, int32_t *out, int max) {
+    int n = kv->n_fresh < max ? kv->n_fresh : max;
+    memcpy(out, kv->fresh, (size_t)n * sizeof *out);
+    memmove(kv->fresh, kv->fresh + n, (size_t)(kv->n_fresh - n) * sizeof *out);
+    kv->n_fresh -= n;
+    return n;
+}
+
+void tl_kv_block_key(const tl_kv *kv, int32_t b, const uint8_t **key, const uint8_t **parent, const int32_t **tok) {
+    *key = kv->b[b].key;
+    *parent = kv->b[b].pkey;
+    *tok = kv->b[b].tok;
+}
 
 tl_kv_seq *tl_kv_seq_get(tl_kv *kv, int id) {
     return id >= 0 && id < kv->n_seq && kv->seq[id].open ? &kv->seq[id] : NULL;
@@ -138,6 +167,11 @@ static int32_t lookup(tl_kv *kv, uint64_t parent, const int32_t *tok) {
 
 static void unregister(tl_kv *kv, int32_t i) {
     kv_block *x = &kv->b[i];
+    for (int k = 0; k < kv->n_fresh; k++) /* evicted before the disk copy was taken */
+        if (kv->fresh[k] == i) {
+            kv->fresh[k] = kv->fresh[--kv->n_fresh];
+            break;
+        }
     for (int32_t *p = bucket(kv, x->parent, x->tok); *p >= 0; p = &kv->b[*p].hnext)
         if (*p == i) {
             *p = x->hnext;
@@ -185,6 +219,7 @@ int tl_kv_seq_open(tl_kv *kv, int cache) {
             s->cache = cache;
             s->len = s->n_blk = s->n_reg = s->pend = 0;
             s->chain = 0;
+            memset(s->key, 0, sizeof s->key);
             return id;
         }
     return -1;
@@ -215,6 +250,8 @@ int tl_kv_seq_truncate(tl_kv *kv, int id, int len, int32_t *copy_from, int32_t *
     s->pend = 0;
     if (s->n_reg > len / B) s->n_reg = len / B;
     s->chain = s->n_reg ? s->chains[s->n_reg - 1] : 0;
+    if (s->n_reg) memcpy(s->key, s->keys[s->n_reg - 1], TL_KVKEY);
+    else memset(s->key, 0, sizeof s->key);
     return 0;
 }
 
@@ -225,6 +262,7 @@ void tl_kv_seq_close(tl_kv *kv, int id) {
     while (s->n_blk > 0) block_release(kv, s->blk[--s->n_blk]);
     s->len = s->n_reg = s->pend = 0;
     s->chain = 0;
+    memset(s->key, 0, sizeof s->key);
     if (id != 0) s->open = 0;
 }
 
@@ -244,26 +282,62 @@ void tl_kv_seq_commit(tl_kv *kv, int id, int len) {
     if (!s || len < s->len) return;
     s->len = len;
     s->pend = 0;
-    for (; s->cache && s->n_reg < len / B; s->chains[s->n_reg++] = s->chain) {
+    for (; s->cache && s->n_reg < len / B; s->n_reg++) {
         const int32_t *tok = s->tok + (size_t)s->n_reg * B;
+        uint8_t key[TL_KVKEY];
+        if (kv->keyed) tl_kvdisk_key_next(s->key, tok, key);
         int32_t have = lookup(kv, s->chain, tok);
+        kv_block *x = &kv->b[s->blk[s->n_reg]];
         if (have >= 0) { /* someone computed the same prefix: its bits are ours */
             s->chain = kv->b[have].serial;
-            continue;
-        }
-        kv_block *x = &kv->b[s->blk[s->n_reg]];
-        if (x->serial) { /* already registered (reused block) */
+        } else if (x->serial) { /* already registered (reused block) */
             s->chain = x->serial;
-            continue;
+        } else {
+            x->parent = s->chain;
+            memcpy(x->tok, tok, sizeof x->tok);
+            x->serial = kv->next_serial++;
+            int32_t *p = bucket(kv, x->parent, x->tok);
+            x->hnext = *p;
+            *p = s->blk[s->n_reg];
+            s->chain = x->serial;
+            if (kv->keyed) {
+                memcpy(x->key, key, TL_KVKEY);
+                memcpy(x->pkey, s->key, TL_KVKEY);
+                kv->fresh[kv->n_fresh++] = s->blk[s->n_reg];
+            }
         }
-        x->parent = s->chain;
-        memcpy(x->tok, tok, sizeof x->tok);
-        x->serial = kv->next_serial++;
-        int32_t *p = bucket(kv, x->parent, x->tok);
-        x->hnext = *p;
-        *p = s->blk[s->n_reg];
-        s->chain = x->serial;
+        if (kv->keyed) memcpy(s->key, key, TL_KVKEY);
+        s->chains[s->n_reg] = s->chain;
+        memcpy(s->keys[s->n_reg], s->key, TL_KVKEY);
     }
+}
+
+int32_t tl_kv_seq_adopt(tl_kv *kv, int id, const int32_t *tok, const uint8_t key[TL_KVKEY]) {
+    tl_kv_seq *s = tl_kv_seq_get(kv, id);
+    if (!s || !s->cache || s->len % B || s->n_reg != s->len / B || s->n_blk != s->n_reg ||
+        s->len + B > kv->n_ctx || lookup(kv, s->chain, tok) >= 0)
+        return -1;
+    int32_t i = block_alloc(kv);
+    if (i < 0) return -1;
+    kv_block *x = &kv->b[i];
+    x->parent = s->chain;
+    memcpy(x->tok, tok, sizeof x->tok);
+    x->serial = kv->next_serial++;
+    memcpy(x->key, key, TL_KVKEY);
+    memcpy(x->pkey, s->key, TL_KVKEY);
+    int32_t *p = bucket(kv, x->parent, x->tok);
+    x->hnext = *p;
+    *p = i;
+    s->blk[s->n_blk++] = i;
+    memcpy(s->tok + s->len, tok, B * sizeof *tok);
+    s->len += B;
+    s->chain = x->serial;
+    memcpy(s->key, key, TL_KVKEY);
+    s->chains[s->n_reg] = s->chain;
+    memcpy(s->keys[s->n_reg], key, TL_KVKEY);
+    s->n_reg++;
+    kv->hit_tokens += B;
+    return i;
 }
 
 int tl_kv_seq_reuse(tl_kv *kv, int id, const int32_t *tok, size_t n, size_t max_reuse) {
@@ -282,6 +356,8 @@ int tl_kv_seq_reuse(tl_kv *kv, int id, const int32_t *tok, size_t n, size_t max_
         s->blk[s->n_blk++] = i;
         chain = kv->b[i].serial;
         s->chains[got] = chain;
+        memcpy(s->keys[got], kv->b[i].key, TL_KVKEY);
+        memcpy(s->key, kv->b[i].key, TL_KVKEY);
     }
     memcpy(s->tok, tok, (size_t)got * B * sizeof *tok);
     s->len = got * B;

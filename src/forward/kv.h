@@ -21,6 +21,8 @@ typedef struct tl_kv_seq {
     int pend;         /* positions written past len, not yet committed */
     uint64_t chain;   /* serial of the prefix through block n_reg - 1 (0: none) */
     uint64_t *chains; /* [max_blocks] chain after each registered block (truncation) */
+    uint8_t (*keys)[16]; /* [max_blocks] the content key after each (with keys on) */
+    uint8_t key[16];  /* the content key through block n_reg - 1 (zeros: none) */
     int32_t *blk;     /* [max_blocks] */
     int32_t *tok;     /* [n_ctx] the tokens at each position */
 } tl_kv_seq;
@@ -51,5 +53,19 @@ void tl_kv_seq_commit(tl_kv *kv, int id, int len);
  * an empty sequence; returns positions reused. */
 int tl_kv_seq_reuse(tl_kv *kv, int id, const int32_t *tok, size_t n, size_t max_reuse);
 void tl_kv_get_stats(const tl_kv *kv, tl_kv_stats *out);
+
+/* Content keys (the disk cache's): from now on each registered block also
+ * carries the key of the prefix through it (tl_kvdisk_key_next), and newly
+ * registered blocks are listed for tl_kv_take_fresh. -1 out of memory. */
+int tl_kv_key_on(tl_kv *kv);
+/* Up to max blocks registered since the last call (evicted ones left out). */
+int tl_kv_take_fresh(tl_kv *kv, int32_t *out, int max);
+void tl_kv_block_key(const tl_kv *kv, int32_t b, const uint8_t **key, const uint8_t **parent, const int32_t **tok);
+/* Appends to a sequence that ends on a registered block boundary a fresh
+ * block registered as the next one of its prefix with tokens tok and content
+ * key `key` (its K/V about to be written by the caller, from disk); the
+ * block, or -1 (no block, the context is full, or the prefix is cached in
+ * RAM after all). */
+int32_t tl_kv_seq_adopt(tl_kv *kv, int id, const int32_t *tok, const uint8_t key[16]);
 
 #endif

@@ -1,8 +1,16 @@
 /* seq: the sequence API over a context's KV cache (kv.h): open, reuse a
- * cached prefix, truncate (copying the kept part of a shared block through
- * the backend), commit pending positions, close. */
+ * cached prefix (from RAM, then from the disk cache), truncate (copying the
+ * kept part of a shared block through the backend), commit pending
+ * positions, close; and the disk cache's place in it (kvdisk.h): the
+ * identity its files carry, newly registered blocks handed to its writer. */
+#include <nettle/sha2.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "base/util.h"
 #include "forward/ctx.h"
+#include "load/gguf.h"
+#include "load/model.h"
 
 int tl_ctx_truncate(tl_ctx *c, int n_past, tl_error *err) { return tl_seq_truncate(c, 0, n_past, err); }
 
@@ -27,6 +35,7 @@ int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
         return tl_fail(err, TL_ERR_ARG, "cannot commit %d positions of sequence %d (%d pending)", n, seq,
                        sq->pend);
     tl_kv_seq_commit(c->kv, seq, sq->len + n);
+    if (c->disk) tl_seq_offer_disk(c);
     return TL_OK;
 }
 
@@ -45,7 +54,87 @@ int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
 }
 
 int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
-    return seq > 0 ? tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse) : 0;
+    if (seq <= 0) return 0;
+    int got = tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse);
+    if (!c->disk || got % TL_KV_BLOCK) return got;
+    /* the RAM match ended: the next blocks from disk, while they are there */
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    size_t lim = max_reuse < n ? max_reuse : n;
+    if (lim > (size_t)c->n_ctx) lim = (size_t)c->n_ctx;
+    for (size_t at = (size_t)got; at + TL_KV_BLOCK <= lim; at += TL_KV_BLOCK) {
+        uint8_t key[TL_KVKEY];
+        tl_kvdisk_key_next(s->key, tokens + at, key);
+        if (tl_kvdisk_get(c->disk, key, s->key, tokens + at, c->stage)) break;
+        const int32_t b = tl_kv_seq_adopt(c->kv, seq, tokens + at, key);
+        if (b < 0) break;
+        c->be.ops->write_block(c->be.state, b, c->stage);
+        got += TL_KV_BLOCK;
+    }
+    return got;
+}
+
+void tl_seq_offer_disk(tl_ctx *c) {
+    int32_t b[64];
+    for (int n; (n = tl_kv_take_fresh(c->kv, b, 64)) > 0;)
+        for (int i = 0; i < n; i++) {
+            const uint8_t *key, *parent;
+            const int32_t *tok;
+            tl_kv_block_key(c->kv, b[i], &key, &parent, &tok);
+            c->be.ops->read_block(c->be.state, b[i], c->stage);
+            tl_kvdisk_put(c->disk, key, parent, tok, c->stage);
+        }
+}
+
+/* What a block's bytes depend on besides its tokens: the model (its file's
+ * size, first MiB and 64 pages spread over it: another file differs there
+ * in practice), the numerics mode, the cache's types and layout. */
+static void disk_identity(const tl_ctx *c, uint8_t out[TL_KVKEY]) {
+    struct sha256_ctx s;
+    uint8_t d[SHA256_DIGEST_SIZE];
+    char head[256];
+    const tl_gguf *g = c->m->gguf;
+    const int n = snprintf(head, sizeof head, "tokenloop kv blocks 1|%s|k %s|v %s|block %zu|layers %d|file %llu",
+                           c->be.numerics, tl_kv_type_name(c->be.kv_type_k), tl_kv_type_name(c->be.kv_type_v),
+                           c->be.block_bytes, c->m->hp.n_layer, (unsigned long long)(g ? g->file_size : 0));
+    sha256_init(&s);
+    sha256_update(&s, (size_t)n, (const uint8_t *)head);
+    if (g && g->base && g->file_size) {
+        const uint64_t first = g->file_size < (1u << 20) ? g->file_size : (1u << 20), pg = 4096;
+        sha256_update(&s, first, g->base);
+        for (int i = 0; g->file_size > pg && i < 64; i++)
+            sha256_update(&s, pg, g->base + (g->file_size - pg) / 63 * (uint64_t)i);
+    }
+    sha256_digest(&s, sizeof d, d);
+    memcpy(out, d, TL_KVKEY);
+}
+
+int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_fn log, void *log_arg,
+                      tl_error *err) {
+    if (!c || c->disk) return tl_fail(err, TL_ERR_ARG, "the context has a disk cache already");
+    for (int id = 1; id < c->n_seq; id++)
+        if (tl_kv_seq_peek(c->kv, id)) return tl_fail(err, TL_ERR_ARG, "a disk cache is set before any sequence opens");
+    if (!(c->stage = malloc(c->be.block_bytes)) || tl_kv_key_on(c->kv)) {
+        free(c->stage);
+        c->stage = NULL;
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    }
+    uint8_t id[TL_KVKEY];
+    disk_identity(c, id);
+    int st = tl_kvdisk_open(dir, id, c->be.block_bytes, budget_bytes, log, log_arg, &c->disk, err);
+    if (st) {
+        free(c->stage);
+        c->stage = NULL;
+    }
+    return st;
+}
+
+void tl_ctx_disk_stats(const tl_ctx *c, tl_disk_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (c && c->disk) tl_kvdisk_stats(c->disk, out);
+}
+
+void tl_ctx_disk_flush(tl_ctx *c) {
+    if (c && c->disk) tl_kvdisk_flush(c->disk);
 }
 
 int tl_seq_len(const tl_ctx *c, int seq) {
