@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "cli.h"
 #include "trace_out.h"
 
@@ -21,6 +23,7 @@ typedef struct run_opts {
     int chat, show_probs, print_ids, ignore_eos;
     int hide_thinking, think_budget; /* think_budget -1: none */
     const char *trace;   /* --trace FILE.jsonl */
+    const char *session; /* chat --session FILE */
     int show_loop;
     tl_sampler_params sp;
 } run_opts;
@@ -57,6 +60,9 @@ static const char RUN_HELP[] =
     "                          docs/GRAMMAR.md lists; others are refused by name)\n"
     "      --chat              wrap the prompt in the model's chat template (run)\n"
     "      --system TEXT       system message for --chat and chat\n"
+    "      --session FILE      chat: resume the conversation in FILE if it exists, and keep\n"
+    "                          it there after every turn (its messages in FILE, the KV cache\n"
+    "                          of them in FILE.kv, so resuming computes nothing again)\n"
     "      --ignore-eos        do not stop at end-of-generation tokens (for benchmarks)\n"
     "      --hide-thinking     do not print the model's reasoning (<think>...</think>, for\n"
     "                          models whose chat template uses it, and gpt-oss's analysis\n"
@@ -97,6 +103,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); o->prompt = v;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             VAL(); o->prompt_file = v;
+        } else if (!strcmp(a, "--session") && is_chat) {
+            VAL(); o->session = v;
         } else if (!strcmp(a, "--system")) {
             VAL(); o->system = v;
         } else if (!strcmp(a, "--draft")) {
@@ -631,6 +639,90 @@ static int chat_turn(session *s, const run_opts *o, convo *c, text *answer, tl_g
     return rc;
 }
 
+/* ---- chat --session: the conversation in FILE (JSON), its KV in FILE.kv ---- */
+
+static const char *role_lit(const char *r) {
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(r, roles[i])) return roles[i];
+    return NULL;
+}
+
+/* Reads FILE's messages into c and FILE.kv into the context; a missing FILE
+ * is a new session. The KV is optional: without it (or from another model
+ * or setting) the next turn computes the conversation again. */
+static int session_resume(session *s, const char *path, convo *c) {
+    if (access(path, F_OK)) return 0;
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je), *msgs = root ? json_object_get(root, "messages") : NULL;
+    if (!json_is_array(msgs)) {
+        cli_error("--session %s: not a tokenloop chat session (%s)", path, root ? "no messages" : je.text);
+        json_decref(root);
+        return -1;
+    }
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *r = json_string_value(json_object_get(m, "role"));
+        const char *role = r ? role_lit(r) : NULL;
+        const char *content = json_string_value(json_object_get(m, "content"));
+        char *dup = role && content ? strdup(content) : NULL;
+        if (!dup || convo_add(c, role, dup)) {
+            free(dup);
+            cli_error("--session %s: message %zu is not a system, user or assistant message with content", path, i);
+            json_decref(root);
+            return -1;
+        }
+    }
+    json_decref(root);
+    char kvp[4096];
+    snprintf(kvp, sizeof kvp, "%s.kv", path);
+    tl_error err = {0};
+    int n = 0, nt = 0;
+    if (tl_ctx_load(s->ctx, 0, kvp, &n, &err)) {
+        fprintf(stderr, "tokenloop chat: %s: %s; the conversation is computed again\n", kvp, err.msg);
+    } else {
+        const int32_t *tok = tl_seq_tokens(s->ctx, 0, &nt);
+        c->cached = malloc((size_t)(nt ? nt : 1) * sizeof *c->cached);
+        if (!c->cached) {
+            cli_error("out of memory");
+            return -1;
+        }
+        memcpy(c->cached, tok, (size_t)nt * sizeof *tok);
+        c->n_cached = (size_t)nt;
+    }
+    fprintf(stderr, "tokenloop chat: resumed %s: %zu messages, %d positions of KV cache from %s\n", path, c->n, n,
+            kvp);
+    return 0;
+}
+
+/* FILE and FILE.kv after a turn, each written whole and renamed. */
+static int session_store(session *s, const char *path, const convo *c) {
+    json_t *root = json_object(), *msgs = json_array();
+    for (size_t i = 0; root && msgs && i < c->n; i++) {
+        json_t *m = json_object();
+        json_object_set_new(m, "role", json_string(c->msgs[i].role));
+        json_object_set_new(m, "content", json_string(c->msgs[i].content));
+        json_array_append_new(msgs, m);
+    }
+    json_object_set_new(root, "messages", msgs);
+    char tmp[4096], kvp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(kvp, sizeof kvp, "%s.kv", path);
+    int ok = root && msgs && !json_dump_file(root, tmp, JSON_INDENT(1)) && !rename(tmp, path);
+    json_decref(root);
+    if (!ok) {
+        cli_error("--session %s: cannot write it: %s", path, strerror(errno));
+        return -1;
+    }
+    tl_error err = {0};
+    if (tl_ctx_save(s->ctx, 0, kvp, &err)) {
+        cli_error("--session %s: %s", path, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int cmd_chat(int argc, char **argv) {
     run_opts o;
     int pr = parse_run(argc, argv, &o, 1);
@@ -643,7 +735,8 @@ int cmd_chat(int argc, char **argv) {
     }
     convo c = {0};
     int rc = 0;
-    if (o.system) {
+    if (o.session && session_resume(&s, o.session, &c)) rc = 1;
+    if (!rc && o.system && c.n == 0) { /* a resumed conversation keeps its own */
         char *sys = strdup(o.system);
         if (!sys || convo_add(&c, "system", sys)) {
             free(sys);
@@ -651,7 +744,7 @@ int cmd_chat(int argc, char **argv) {
             rc = 1;
         }
     }
-    fprintf(stderr, "tokenloop chat: type a message and press Enter; Ctrl-D ends.\n");
+    if (!rc) fprintf(stderr, "tokenloop chat: type a message and press Enter; Ctrl-D ends.\n");
     char line[16384];
     while (!rc) {
         fputs("> ", stderr);
@@ -683,6 +776,10 @@ int cmd_chat(int argc, char **argv) {
         putchar('\n');
         fflush(stdout);
         print_stats(&st, s.ctx);
+        if (o.session && session_store(&s, o.session, &c)) {
+            rc = 1;
+            break;
+        }
         if (st.stop == TL_STOP_CONTEXT) break;
     }
     convo_free(&c);

@@ -293,6 +293,18 @@ void tl_ctx_disk_stats(const tl_ctx *ctx, tl_disk_stats *out);
 /* Waits until every queued block is on disk (tests, before a planned exit). */
 void tl_ctx_disk_flush(tl_ctx *ctx);
 
+/* Sequence seq (0: the implicit one) to a file: its tokens and every
+ * position's keys and values, with the identity of what computed them (the
+ * model, numerics mode, KV types and layout: tl_ctx_disk_cache's), so that
+ * a later process resumes it without computing it again. Written to
+ * path.tmp and renamed. */
+int tl_ctx_save(tl_ctx *ctx, int seq, const char *path, tl_error *err);
+/* Reads a file tl_ctx_save wrote into sequence seq, which must be empty
+ * (seq 0: cleared first). A file of another model or setting is
+ * TL_ERR_FORMAT saying so; a damaged one TL_ERR_FORMAT too, the sequence
+ * left empty. *n_restored (may be NULL): the positions now in it. */
+int tl_ctx_load(tl_ctx *ctx, int seq, const char *path, int *n_restored, tl_error *err);
+
 /* ---- sampling -------------------------------------------------------------- */
 
 typedef struct tl_logit_bias {

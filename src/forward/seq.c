@@ -3,9 +3,12 @@
  * kept part of a shared block through the backend), commit pending
  * positions, close; and the disk cache's place in it (kvdisk.h): the
  * identity its files carry, newly registered blocks handed to its writer. */
+#include <errno.h>
 #include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "forward/ctx.h"
@@ -126,6 +129,107 @@ int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_
         c->stage = NULL;
     }
     return st;
+}
+
+/* ---- a sequence to a file and back ---------------------------------------- */
+
+#define SEQ_MAGIC "TLKVSEQ1"
+
+typedef struct {
+    char magic[8];
+    uint8_t ident[TL_KVKEY];
+    uint64_t block_bytes, n_tok, sum;
+} seq_head;
+
+/* Running checksum over what follows the header (FNV-1a on 64-bit words). */
+static uint64_t sum_add(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001B3ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
+int tl_ctx_save(tl_ctx *c, int seq, const char *path, tl_error *err) {
+    const tl_kv_seq *s = c ? tl_kv_seq_peek(c->kv, seq) : NULL;
+    if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
+    if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    seq_head h = {.block_bytes = c->be.block_bytes, .n_tok = (uint64_t)s->len};
+    memcpy(h.magic, SEQ_MAGIC, 8);
+    disk_identity(c, h.ident);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return tl_fail(err, TL_ERR_ARG, "path too long");
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return tl_fail(err, TL_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    int ok = fwrite(&h, sizeof h, 1, f) == 1;
+    uint64_t sum = sum_add(0xCBF29CE484222325ull, s->tok, (size_t)s->len * sizeof *s->tok);
+    ok = ok && fwrite(s->tok, sizeof *s->tok, (size_t)s->len, f) == (size_t)s->len;
+    for (int b = 0; ok && b < (s->len + TL_KV_BLOCK - 1) / TL_KV_BLOCK; b++) {
+        c->be.ops->read_block(c->be.state, s->blk[b], c->stage);
+        sum = sum_add(sum, c->stage, c->be.block_bytes);
+        ok = fwrite(c->stage, 1, c->be.block_bytes, f) == c->be.block_bytes;
+    }
+    h.sum = sum; /* the header again, with the checksum */
+    ok = ok && !fseek(f, 0, SEEK_SET) && fwrite(&h, sizeof h, 1, f) == 1;
+    ok = !fclose(f) && ok;
+    if (!ok || rename(tmp, path)) {
+        const int e = errno;
+        unlink(tmp);
+        return tl_fail(err, TL_ERR_IO, "cannot write %s: %s", path, strerror(e));
+    }
+    return TL_OK;
+}
+
+int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error *err) {
+    if (n_restored) *n_restored = 0;
+    tl_kv_seq *s = c ? tl_kv_seq_get(c->kv, seq) : NULL;
+    if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
+    if (seq == 0) tl_kv_seq_close(c->kv, 0);
+    if (s->len || s->n_blk) return tl_fail(err, TL_ERR_ARG, "sequence %d is not empty", seq);
+    if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    FILE *f = fopen(path, "rb");
+    if (!f) return tl_fail(err, TL_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    seq_head h;
+    uint8_t id[TL_KVKEY];
+    disk_identity(c, id);
+    int st = TL_OK;
+    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, SEQ_MAGIC, 8))
+        st = tl_fail(err, TL_ERR_FORMAT, "%s is not a saved sequence", path);
+    else if (memcmp(h.ident, id, TL_KVKEY) || h.block_bytes != c->be.block_bytes)
+        st = tl_fail(err, TL_ERR_FORMAT, "%s was computed by another model, numerics mode or KV type", path);
+    else if (h.n_tok > (uint64_t)c->n_ctx)
+        st = tl_fail(err, TL_ERR_CONTEXT_FULL, "%s holds %llu positions; the context has %d", path,
+                     (unsigned long long)h.n_tok, c->n_ctx);
+    const int n = st ? 0 : (int)h.n_tok;
+    if (!st && fread(s->tok, sizeof *s->tok, (size_t)n, f) != (size_t)n)
+        st = tl_fail(err, TL_ERR_FORMAT, "%s is short", path);
+    if (!st && tl_kv_seq_grow(c->kv, seq, n))
+        st = tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no room for the %d positions of %s", n, path);
+    uint64_t sum = sum_add(0xCBF29CE484222325ull, s->tok, (size_t)n * sizeof *s->tok);
+    for (int b = 0; !st && b < (n + TL_KV_BLOCK - 1) / TL_KV_BLOCK; b++) {
+        if (fread(c->stage, 1, c->be.block_bytes, f) != c->be.block_bytes) {
+            st = tl_fail(err, TL_ERR_FORMAT, "%s is short", path);
+            break;
+        }
+        sum = sum_add(sum, c->stage, c->be.block_bytes);
+        c->be.ops->write_block(c->be.state, s->blk[b], c->stage);
+    }
+    fclose(f);
+    if (!st && sum != h.sum) st = tl_fail(err, TL_ERR_FORMAT, "%s fails its checksum (damaged)", path);
+    if (st) {
+        int32_t a, b;
+        tl_kv_seq_truncate(c->kv, seq, 0, &a, &b); /* its blocks back to the pool */
+        return st;
+    }
+    tl_kv_seq_commit(c->kv, seq, n);
+    if (c->disk) tl_seq_offer_disk(c);
+    if (n_restored) *n_restored = n;
+    return TL_OK;
 }
 
 void tl_ctx_disk_stats(const tl_ctx *c, tl_disk_stats *out) {
