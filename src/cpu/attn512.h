@@ -558,9 +558,18 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
     ATTN512_ROWS16(6, F, NAME)                                                                                 \
     ATTN512_ROWS16(7, F, NAME)                                                                                 \
     ATTN512_ROWS16(8, F, NAME)
+/* The quantized instances double this file's compile time, which the
+ * SIMDe-emulated build (tests/simde) pays many times over under ASan; it
+ * sets TL_ATTN512_QDIRECT 0 and runs quantized decode through the widening
+ * path (the same bits). */
+#ifndef TL_ATTN512_QDIRECT
+#define TL_ATTN512_QDIRECT 1
+#endif
 ATTN512_ROWS16_ALL(1, rows16)
+#if TL_ATTN512_QDIRECT
 ATTN512_ROWS16_ALL(2, rowsq8)
 ATTN512_ROWS16_ALL(3, rowsq4)
+#endif
 #undef ATTN512_ROWS16_ALL
 #undef ATTN512_ROWS16
 
@@ -569,10 +578,13 @@ typedef void (*attn512_rows16_fn)(const tl_attn_rows *, const float *const *, fl
 static const attn512_rows16_fn attn512_rows16_by_r[3][8] = {
     {attn512_rows16_1, attn512_rows16_2, attn512_rows16_3, attn512_rows16_4, attn512_rows16_5, attn512_rows16_6,
      attn512_rows16_7, attn512_rows16_8},
+#if TL_ATTN512_QDIRECT
     {attn512_rowsq8_1, attn512_rowsq8_2, attn512_rowsq8_3, attn512_rowsq8_4, attn512_rowsq8_5, attn512_rowsq8_6,
      attn512_rowsq8_7, attn512_rowsq8_8},
     {attn512_rowsq4_1, attn512_rowsq4_2, attn512_rowsq4_3, attn512_rowsq4_4, attn512_rowsq4_5, attn512_rowsq4_6,
-     attn512_rowsq4_7, attn512_rowsq4_8}};
+     attn512_rowsq4_7, attn512_rowsq4_8},
+#endif
+};
 
 /* One token, or a few whose rows fit one call per block (T x G <= 8: a
  * verification step of 2 tokens for 3 or 4 query heads per KV head). Block
@@ -626,7 +638,8 @@ static void attn512_direct(const tl_attn_rows *a) {
 
 static void attn512_online(const tl_attn_rows *a) {
     /* the cache's blocks read as they are: K transposed, one type for K and V */
-    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == a->v_fmt) {
+    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == a->v_fmt &&
+        (TL_ATTN512_QDIRECT || a->k_fmt == TL_ATTN_F16)) {
         attn512_direct(a);
         return;
     }

@@ -89,4 +89,7 @@ static inline __m256i emu_mask_add_epi8(__m256i src, uint32_t m, __m256i a, __m2
 #define R8Z_PM 1
 #define UNROLL8 _Pragma("GCC unroll 1")
 #define R8_BF16 0 /* SIMDe's vdpbf16ps neither rounds nor flushes as the instruction does */
+/* the quantized caches' decode through the widening path (cpu/attn512.h):
+ * their direct instances would add half again to this file's compile time */
+#define TL_ATTN512_QDIRECT 0
 #include "cpu/kern_avx512.c"
