@@ -498,6 +498,8 @@ def main():
     ap.add_argument("--rope-factor", type=float, default=4.0, help="rope.scaling.factor (default 4)")
     ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
     ap.add_argument("--ctx", type=int, default=4096, help="context_length, the training context (default 4096)")
+    ap.add_argument("--n-head", type=int, help="query heads (default 4: heads of 32); 2 gives heads of 64, 1 of 128 "
+                    "(the KV heads: at most as many, default 2)")
     ap.add_argument("--rope-attn-factor", type=float, help="rope.scaling.attn_factor")
     ap.add_argument("--longrope", action="store_true",
                     help="add Phi-3 128k's rope_factors_long/short (the long ones apply when the context "
@@ -512,6 +514,11 @@ def main():
     ap.add_argument("--no-vocab", action="store_true",
                     help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()
+    if args.n_head:  # the shared shapes, for the small dense and MoE builders
+        global N_HEAD, N_HEAD_KV, HD
+        N_HEAD = args.n_head
+        N_HEAD_KV = min(N_HEAD_KV, N_HEAD)
+        HD = D // N_HEAD
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.type is None:
         args.type = "f16" if args.arch == "llama1b" or args.arch in BIG_MOE else "f32"

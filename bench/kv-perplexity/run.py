@@ -37,12 +37,13 @@ def cpu_name():
 
 
 def llama_ppl(model, text, n_ctx, threads, kv):
+    import llama_cpp
     from llama_cpp import Llama
     extra = {} if kv == "f16" else {"flash_attn": True, "type_k": TYPES[kv], "type_v": TYPES[kv]}
     llm = Llama(model_path=model, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
                 n_threads_batch=threads, logits_all=True, verbose=False, **extra)
-    add_bos = llm._model.add_bos_token() if hasattr(llm._model, "add_bos_token") else True
-    toks = llm.tokenize(text, add_bos=add_bos, special=False)
+    add_bos = bool(llama_cpp.llama_vocab_get_add_bos(llm._model.vocab))
+    toks = llm.tokenize(text.encode(), add_bos=add_bos, special=False)
     bos = llm.token_bos()
     nll, count = 0.0, 0
     for i in range(len(toks) // n_ctx):

@@ -67,10 +67,15 @@ MODELS = {
     "qwen3_kvq4": ["qwen3", "--seed", "13", "--type", "q8_0"],
     "gptoss_kvq8k": ["gpt-oss", "--seed", "27", "--type", "f16"],
     "mistral_kvq8v": ["mistral", "--seed", "14", "--type", "f32"],
+    # heads of 64 and 128: llama.cpp rotates q/k (v) of a quantized cache by a
+    # Walsh-Hadamard matrix there (64 and 128 for K, 64 for V)
+    "llama3_kvq8_hd64": ["llama3", "--seed", "16", "--type", "f32", "--n-head", "2"],
+    "qwen3_kvq4_hd128": ["qwen3", "--seed", "17", "--type", "q8_0", "--n-head", "1"],
 }
 # fixture -> (K type, V type): llama.cpp's -ctk/-ctv, with flash attention on
 KV_TYPES = {"llama3_kvq8": ("q8_0", "q8_0"), "qwen3_kvq4": ("q4_0", "q4_0"),
-            "gptoss_kvq8k": ("q8_0", "f16"), "mistral_kvq8v": ("f16", "q8_0")}
+            "gptoss_kvq8k": ("q8_0", "f16"), "mistral_kvq8v": ("f16", "q8_0"),
+            "llama3_kvq8_hd64": ("q8_0", "q8_0"), "qwen3_kvq4_hd128": ("q4_0", "q4_0")}
 GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes
