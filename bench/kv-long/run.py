@@ -49,8 +49,7 @@ def ts(recs, kind):
     for r in recs or []:
         if kind == "pp" and r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
             return r["avg_ts"]
-        if kind == "tg" and r.get("n_gen", 0) > 0 and (r.get("n_prompt", 0) == 0 or r.get("test_kind") == "gp"
-                                                       or "n_depth" in r):
+        if kind == "tg" and r.get("n_gen", 0) > 0:  # -p 0 runs, or ik's -gp (its prompt untimed)
             return r["avg_ts"]
     return None
 
@@ -88,6 +87,7 @@ def main():
         pr, pe = run_json(pcmd)
         dr, de = run_json(dcmd)
         res.append((name, ts(pr, "pp"), ts(dr, "tg"), pe or de))
+        print(f"  {name}: pp {res[-1][1]}, tg {res[-1][2]} {res[-1][3] or ''}", file=sys.stderr, flush=True)
     print(f"machine: {cpu_name()}, {a.t} threads; model {os.path.basename(a.m)}; KV {a.kv}; depth {a.d}\n")
     best_pp = max((x[1] for x in res[2:] if x[1]), default=None)
     best_tg = max((x[2] for x in res[2:] if x[2]), default=None)

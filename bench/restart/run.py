@@ -81,16 +81,26 @@ def main():
     ap.add_argument("-c", type=int, default=32768)
     ap.add_argument("-t", type=int, default=2)
     a = ap.parse_args()
-    parts = ["You are a coding agent. Follow the tool protocol exactly.\n"]
-    i = 0
-    while len(" ".join(parts)) < a.n * 4:  # about 4 characters a token
-        parts.append(f"<tool_result id={i}>file src/mod{i % 97}.c line {i * 13 % 997}: "
-                     f"value = compute(x{i}, y{i % 31}); /* checked {i * 7 % 101} times */</tool_result>\n")
-        i += 1
-    prompt = "".join(parts) + "\nSummarise the tool results above in one sentence:"
+    def make_prompt(k):
+        parts = ["You are a coding agent. Follow the tool protocol exactly.\n"]
+        for i in range(k):
+            parts.append(f"<tool_result id={i}>file src/mod{i % 97}.c line {i * 13 % 997}: "
+                         f"value = compute(x{i}, y{i % 31}); /* checked {i * 7 % 101} times */</tool_result>\n")
+        return "".join(parts) + "\nSummarise the tool results above in one sentence:"
+
     d = tempfile.mkdtemp(prefix="tl-restart-")
     try:
         p, port = start(a, d)
+        # as many tool results as fit a.n tokens (the server's own tokenizer)
+        lo, hi = 1, 4 * a.n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            c.request("POST", "/tokenize", body=json.dumps({"content": make_prompt(mid)}),
+                      headers={"Content-Type": "application/json"})
+            n_tok = len(json.loads(c.getresponse().read())["tokens"])
+            lo, hi = (mid, hi) if n_tok <= a.n else (lo, mid - 1)
+        prompt = make_prompt(lo)
         cold, toks_cold, usage = ask(port, prompt)
         p.terminate()
         p.wait()
