@@ -185,6 +185,18 @@ void tl_f16_row(const float *x, uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = tl_fp32_to_fp16(x[i]);
 }
 
+void tl_fwht(float *x, int n) {
+    const float scale = 1.0f / sqrtf((float)n);
+    for (int j = 0; j < n; j++) x[j] *= scale;
+    for (int len = 1; len < n; len <<= 1)
+        for (int i = 0; i < n; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                const float u = x[j], w = x[j + len];
+                x[j] = u + w;
+                x[j + len] = u - w;
+            }
+}
+
 #ifdef TL_X86
 /* rmsnorm_finish, eight at a time (two multiplies each, as the scalar). */
 __attribute__((target("avx2"))) static void rmsnorm_finish_avx2(float *out, const float *x, const float *w, int n,
@@ -217,6 +229,31 @@ __attribute__((target("avx2,f16c"))) static void rmsnorm_exact_avx2(float *out, 
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     rmsnorm_finish_avx2(out, x, w, n, eps, sum);
+}
+
+/* tl_fwht eight lanes at a time: strides 1, 2 and 4 inside a vector (the
+ * partner by a permute; each lane's sum or difference is the scalar's, u + w
+ * being w + u exactly and the difference always taken as u - w), the wider
+ * strides between vectors. n a multiple of 8. */
+__attribute__((target("avx2"))) static void fwht_avx2(float *x, int n) {
+    const __m256 sc = _mm256_set1_ps(1.0f / sqrtf((float)n));
+    for (int i = 0; i < n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+        __m256 p = _mm256_permute_ps(v, 0xB1); /* lanes swapped in pairs */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xAA);
+        p = _mm256_permute_ps(v, 0x4E); /* pairs swapped in fours */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xCC);
+        p = _mm256_permute2f128_ps(v, v, 0x01); /* halves swapped */
+        v = _mm256_blend_ps(_mm256_add_ps(v, p), _mm256_sub_ps(p, v), 0xF0);
+        _mm256_storeu_ps(x + i, v);
+    }
+    for (int len = 8; len < n; len <<= 1)
+        for (int i = 0; i < n; i += 2 * len)
+            for (int j = i; j < i + len; j += 8) {
+                const __m256 u = _mm256_loadu_ps(x + j), w = _mm256_loadu_ps(x + j + len);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(u, w));
+                _mm256_storeu_ps(x + j + len, _mm256_sub_ps(u, w));
+            }
 }
 
 /* vcvtps2ph rounds to nearest even as tl_fp32_to_fp16 does (NaN payloads aside). */
@@ -993,13 +1030,15 @@ BIND(avx2, 1)
 #undef BIND
 
 void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast) {
-    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online, NULL, NULL, NULL};
-    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online, NULL, NULL, NULL};
+    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online, NULL, NULL, NULL, NULL};
+    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online, NULL, NULL, NULL, NULL};
     m->rmsnorm = fast ? tl_rmsnorm_fast : tl_rmsnorm_exact;
     m->f16_row = tl_f16_row;
     m->rope = tl_rope;
+    m->fwht = tl_fwht;
 #ifdef TL_X86
     if (avx2) {
+        m->fwht = fwht_avx2;
         m->rope = rope_avx2;
         m->rmsnorm = fast ? rmsnorm_fast_avx2 : rmsnorm_exact_avx2;
         m->f16_row = f16_row_avx2;

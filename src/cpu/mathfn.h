@@ -171,6 +171,11 @@ void tl_rmsnorm_fast(float *out, const float *x, const float *w, int n, float ep
 void tl_rope(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
 /* f32 -> f16, round to nearest even (the KV cache's store). */
 void tl_f16_row(const float *x, uint16_t *y, int64_t n);
+/* x (n a power of two, at least 8) times the orthonormal Walsh-Hadamard
+ * matrix, in ggml's order (ggml_compute_forward_fwht): x * (1/sqrt(n)), then
+ * the butterflies (u + w, u - w) for strides 1, 2, ... n/2. Each stage is
+ * elementwise, so every vector width gives these bits. */
+void tl_fwht(float *x, int n);
 
 /* The functions above bound to one level (scalar or AVX2) and numerics mode
  * (fast selects rmsnorm's order), as the kernel table holds them. The AVX2
@@ -186,6 +191,7 @@ typedef struct tl_mathfn {
     void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
     void (*f16_row)(const float *x, uint16_t *y, int64_t n);
     void (*rope)(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
+    void (*fwht)(float *x, int n);
 } tl_mathfn;
 void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast);
 

@@ -651,26 +651,12 @@ static void add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
  * elements before k and v are rounded into the cache, which spreads a
  * head's outliers over its block (q4_0's perplexity on SmolLM2: +17% without,
  * +4% with); scores are unchanged in exact arithmetic, and the attention's
- * output is rotated back (the matrix is its own inverse). ggml's order
- * (ggml_compute_forward_fwht): x * (1/sqrt(n)) first, then the butterflies
- * (u + v, u - v) for strides 1, 2, ... n/2; each stage is elementwise, so
- * its bits do not depend on the vector width. */
-static void fwht(float *x, int n) {
-    const float scale = 1.0f / sqrtf((float)n);
-    for (int j = 0; j < n; j++) x[j] *= scale;
-    for (int len = 1; len < n; len <<= 1)
-        for (int i = 0; i < n; i += 2 * len)
-            for (int j = i; j < i + len; j++) {
-                const float u = x[j], w = x[j + len];
-                x[j] = u + w;
-                x[j + len] = u - w;
-            }
-}
-
+ * output is rotated back (the matrix is its own inverse): tl_fwht, in
+ * ggml's order. */
 static void unrotate_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     (void)arg;
     for (int t = t0; t < t1; t++)
-        for (int i = 0; i < c->q_dim; i += c->rot_v) fwht(c->att + (size_t)t * c->q_dim + i, c->rot_v);
+        for (int i = 0; i < c->q_dim; i += c->rot_v) c->kern.math.fwht(c->att + (size_t)t * c->q_dim + i, c->rot_v);
 }
 
 /* After the q/k/v projections: QK-norm, RoPE, q to f16, k and v into the cache. */
@@ -695,11 +681,11 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
         if (a->q_prescale)
             for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
         if (c->rot_k) { /* a quantized cache: rotated before it is rounded (fwht) */
-            for (int i = 0; i < c->q_dim; i += c->rot_k) fwht(q + i, c->rot_k);
-            for (int i = 0; i < c->kv_dim; i += c->rot_k) fwht(k + i, c->rot_k);
+            for (int i = 0; i < c->q_dim; i += c->rot_k) c->kern.math.fwht(q + i, c->rot_k);
+            for (int i = 0; i < c->kv_dim; i += c->rot_k) c->kern.math.fwht(k + i, c->rot_k);
         }
         if (c->rot_v)
-            for (int i = 0; i < c->kv_dim; i += c->rot_v) fwht(v + i, c->rot_v);
+            for (int i = 0; i < c->kv_dim; i += c->rot_v) c->kern.math.fwht(v + i, c->rot_v);
         if (!c->fast_attn) { /* the exact attention reads q as K's dot takes it */
             if (c->K.f->type == TL_F16)
                 c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);

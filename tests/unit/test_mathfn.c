@@ -317,6 +317,26 @@ static void check_attn(void) {
 
 /* The bound tables' RMSNorm, RoPE and f16 rows: AVX2 against scalar, and
  * the fast RMSNorm close to a double reference. */
+/* The Walsh-Hadamard rotation of a quantized cache: AVX2 equals scalar bit
+ * for bit, and it is its own inverse (orthonormal and symmetric) to float
+ * noise. */
+static void check_fwht(void) {
+    tl_mathfn ref, vec;
+    tl_mathfn_bind(&ref, 0, 1);
+    tl_mathfn_bind(&vec, 1, 1);
+    for (int n = 8; n <= 256; n *= 2) {
+        float x[256], a[256], b[256];
+        for (int i = 0; i < n; i++) x[i] = a[i] = b[i] = 4.0f * frand();
+        ref.fwht(a, n);
+        vec.fwht(b, n);
+        CHECK(same(a, b, n), "fwht n=%d: AVX2 equals scalar", n);
+        ref.fwht(a, n);
+        double e = 0;
+        for (int i = 0; i < n; i++) e = fmax(e, fabs((double)a[i] - x[i]));
+        CHECK(e < 1e-5, "fwht n=%d applied twice gives the input back (max error %g)", n, e);
+    }
+}
+
 static void check_norm_rope(void) {
     tl_mathfn ref[2], vec[2];
     for (int fast = 0; fast < 2; fast++) {
@@ -378,5 +398,6 @@ int main(void) {
     check_pv();
     check_attn();
     check_norm_rope();
+    check_fwht();
     return tl_test_summary();
 }
