@@ -113,7 +113,8 @@ static void disk_identity(const tl_ctx *c, uint8_t out[TL_KVKEY]) {
 
 int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_fn log, void *log_arg,
                       tl_error *err) {
-    if (!c || c->disk) return tl_fail(err, TL_ERR_ARG, "the context has a disk cache already");
+    if (!c) return tl_fail(err, TL_ERR_ARG, "no context");
+    if (c->disk) return tl_fail(err, TL_ERR_ARG, "the context has a disk cache already");
     for (int id = 1; id < c->n_seq; id++)
         if (tl_kv_seq_peek(c->kv, id)) return tl_fail(err, TL_ERR_ARG, "a disk cache is set before any sequence opens");
     if (!(c->stage = malloc(c->be.block_bytes)) || tl_kv_key_on(c->kv)) {

@@ -104,6 +104,32 @@ static int seq_calls(int ok) {
     return good;
 }
 
+/* A sequence to a file and back, and the disk cache: an unwritable place
+ * fails, a temporary one works. */
+static int persist_calls(int ok) {
+    tl_ctx *ctx = NULL;
+    if (ctx_of(1, &ctx)) return 0;
+    char dir[] = "/tmp/tl-api-null-XXXXXX", path[64];
+    int good;
+    if (!ok) {
+        int n = 0;
+        good = tl_ctx_save(ctx, 0, "/nonexistent/dir/s.kv", NULL) == TL_ERR_IO &&
+               tl_ctx_load(ctx, 0, "/nonexistent/dir/s.kv", &n, NULL) == TL_ERR_IO &&
+               tl_ctx_disk_cache(ctx, "/proc/tokenloop-cannot-be-here", 1 << 20, NULL, NULL, NULL) != TL_OK;
+    } else {
+        const int32_t tok[3] = {1, 2, 3};
+        int n = 0;
+        good = mkdtemp(dir) != NULL && snprintf(path, sizeof path, "%s/s.kv", dir) > 0 &&
+               tl_ctx_eval(ctx, tok, 3, 0, NULL) == TL_OK && tl_ctx_save(ctx, 0, path, NULL) == TL_OK &&
+               tl_ctx_load(ctx, 0, path, &n, NULL) == TL_OK && n == 3;
+        unlink(path);
+        good = good && tl_ctx_disk_cache(ctx, dir, 1 << 20, NULL, NULL, NULL) == TL_OK;
+    }
+    tl_ctx_free(ctx);
+    if (ok) rmdir(dir);
+    return good;
+}
+
 static int sampler_calls(int ok) {
     tl_sampler *s = NULL;
     tl_sampler_params sp = tl_sampler_default_params();
@@ -268,6 +294,7 @@ int main(void) {
         {"tl_ctx_new", ctx_calls},
         {"tl_ctx_eval, tl_ctx_truncate", eval_calls},
         {"tl_seq_open, tl_seq_truncate, tl_seq_commit, tl_ctx_decode", seq_calls},
+        {"tl_ctx_save, tl_ctx_load, tl_ctx_disk_cache", persist_calls},
         {"tl_sampler_new", sampler_calls},
         {"tl_grammar_parse", grammar_calls},
         {"tl_json_schema_to_gbnf", schema_calls},
