@@ -449,7 +449,7 @@ static int scan(tl_kvdisk *d, tl_error *err) {
     if (other > 3 || broken > 3)
         say(d, "ignored %d files of other models and %d broken ones in %s in all", other, broken, d->dir);
     if (!st) {
-        qsort(fs, n, sizeof *fs, by_mtime);
+        if (n) qsort(fs, n, sizeof *fs, by_mtime);
         for (size_t i = 0; i < n; i++) {
             if (insert(d, fs[i].key, 0) < 0) {
                 st = tl_fail(err, TL_ERR_NOMEM, "out of memory indexing %s", d->dir);
