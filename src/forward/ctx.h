@@ -31,6 +31,8 @@ struct tl_ctx {
     char sizing[320];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
     tl_kvdisk *disk;    /* the prefix cache on disk (tl_ctx_disk_cache), or NULL */
     uint8_t *stage;     /* [block_bytes] a block on its way to or from the disk */
+    uint8_t ident[16];  /* what computed its blocks (disk_identity), made once */
+    int has_ident;
 };
 
 /* Queues the blocks registered since the last call for the disk cache (seq.c). */

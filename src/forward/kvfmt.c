@@ -34,29 +34,28 @@ static void q4_0_store(const tl_mathfn *m, const float *x, void *row, int64_t n)
 }
 
 /* Block by block into the transposed layout: group g at g*bs*(block bytes),
- * the bs slots' d, then the quants element-major (see tl_attn_rows.k_tr). */
+ * the bs slots' d, then the quants element-major (see tl_attn_rows.k_tr);
+ * a Q4_0 byte holds two elements, so its 16 bytes go as Q8_0's 32 do. */
+static void quant_store_tr(tl_type t, const float *x, void *block, int slot, int bs, int64_t n) {
+    const size_t bb = t == TL_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+    uint8_t *b = block, q[sizeof(block_q8_0)];
+    for (int64_t g = 0; g < n / 32; g++) {
+        if (t == TL_Q8_0) tl_quantize_row_act(TL_Q8_0, x + g * 32, q, 32);
+        else tl_quantize_row(TL_Q4_0, x + g * 32, q, 32);
+        uint8_t *gp = b + (size_t)g * bs * bb;
+        memcpy(gp + 2 * (size_t)slot, q, 2); /* d */
+        for (size_t i = 0; i < bb - 2; i++) gp[2 * (size_t)bs + i * bs + slot] = q[2 + i];
+    }
+}
+
 static void q8_0_store_tr(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n) {
     (void)m;
-    uint8_t *b = block;
-    for (int64_t g = 0; g < n / 32; g++) {
-        block_q8_0 q;
-        tl_quantize_row_act(TL_Q8_0, x + g * 32, &q, 32);
-        uint8_t *gp = b + (size_t)g * bs * sizeof q;
-        memcpy(gp + 2 * (size_t)slot, &q.d, 2);
-        for (int i = 0; i < 32; i++) gp[2 * (size_t)bs + (size_t)i * bs + slot] = (uint8_t)q.qs[i];
-    }
+    quant_store_tr(TL_Q8_0, x, block, slot, bs, n);
 }
 
 static void q4_0_store_tr(const tl_mathfn *m, const float *x, void *block, int slot, int bs, int64_t n) {
     (void)m;
-    uint8_t *b = block;
-    for (int64_t g = 0; g < n / 32; g++) {
-        block_q4_0 q;
-        tl_quantize_row(TL_Q4_0, x + g * 32, &q, 32);
-        uint8_t *gp = b + (size_t)g * bs * sizeof q;
-        memcpy(gp + 2 * (size_t)slot, &q.d, 2);
-        for (int i = 0; i < 16; i++) gp[2 * (size_t)bs + (size_t)i * bs + slot] = q.qs[i];
-    }
+    quant_store_tr(TL_Q4_0, x, block, slot, bs, n);
 }
 
 static const tl_kv_format kv_f16 = {"f16", TL_F16, TL_ATTN_F16, 1, f16_row_bytes, f16_store, f16_store_tr};

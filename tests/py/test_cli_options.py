@@ -106,6 +106,21 @@ def main():
              ["logits", f"--model={M}", "--ids=1,2,3", "-o", o2, "--threads=2", "--batch-size=2", "--numerics=exact"])
         check(all(map(os.path.exists, (o1, o2))) and open(o1, "rb").read() == open(o2, "rb").read(),
               "logits: the same bytes both ways")
+        # every spelling of the KV cache types gives the same bytes as --kv-type
+        # (and q8_0 logits that differ from f16's: the option took)
+        outs = []
+        for k, kv in enumerate((["--kv-type", "q8_0"], ["--kv-type-k", "q8_0", "--kv-type-v", "q8_0"],
+                                ["-ctk", "q8_0", "-ctv", "q8_0"], ["--cache-type-k=q8_0", "--cache-type-v=q8_0"],
+                                ["--kv-type", "f16"])):
+            o = os.path.join(tmp, f"kv{k}.bin")
+            rc, _, err = tl("logits", "-m", M, "--ids", "1,2,3,4,5", "-o", o, "-t", "2", *kv)
+            check(rc == 0, f"logits {' '.join(kv)}: rc {rc}: {err[-200:]}")
+            outs.append(open(o, "rb").read() if rc == 0 else b"")
+        check(outs[0] and outs[1] == outs[0] and outs[2] == outs[0] and outs[3] == outs[0],
+              "--kv-type-k/-v, -ctk/-ctv and --cache-type-k/-v give --kv-type's logits")
+        check(outs[4] and outs[4] != outs[0], "a q8_0 cache's logits differ from an f16 one's")
+        usage_error("an unknown KV type", ["logits", "-m", M, "--ids", "1", "-o", o1, "--kv-type", "q5_0"],
+                    "not a KV cache type")
         same("logits --ids-file", ["logits", "--model", M, "--ids-file", ids, "-o", o1],
              ["logits", f"--model={M}", f"--ids-file={ids}", "-o", o2])
         rc, out, err = tl("bench", f"--model={M}", "--n-prompt=8", "--n-gen=2", "--n-depth=0", "--repetitions=1",

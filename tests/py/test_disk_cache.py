@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
 import tlserver  # noqa: E402
 from tlcheck import check  # noqa: E402
-from tlserver import SLOW, TL_BIN  # noqa: E402
+from tlserver import SLOW, TL_BIN, metric  # noqa: E402
 
 ROOT = tlcheck.ROOT
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -89,18 +89,6 @@ def tokenize():
         return json.loads(c.getresponse().read())["tokens"]
     finally:
         srv.stop()
-
-
-def metric(port, name):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request("GET", "/metrics")
-        for line in c.getresponse().read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    finally:
-        c.close()
-    return None
 
 
 def same(a, b):

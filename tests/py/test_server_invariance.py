@@ -192,18 +192,6 @@ def moe_checks():
         s2.stop()
 
 
-def metric(srv, name):
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30 * SLOW)
-    try:
-        c.request("GET", "/metrics")
-        for line in c.getresponse().read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    finally:
-        c.close()
-    return None
-
-
 def kv_type_checks():
     """Quantized KV caches (--kv-type): the same invariance, the prefix cache
     and speculation on q8_0 and q4_0 blocks (a cached prefix, a crowd, and
@@ -223,8 +211,8 @@ def kv_type_checks():
         try:
             if not check(srv.wait_ready(), f"{what}: server ready"):
                 continue
-            check(metric(srv, "tokenloop_kv_bytes_per_position") == per_pos[kv],
-                  f"{what}: /metrics bytes per position {metric(srv, 'tokenloop_kv_bytes_per_position')} "
+            check(tlserver.metric(srv.port, "tokenloop_kv_bytes_per_position") == per_pos[kv],
+                  f"{what}: /metrics bytes per position {tlserver.metric(srv.port, 'tokenloop_kv_bytes_per_position')} "
                   f"!= {per_pos[kv]}")
             ref["alone"] = chat(srv, TARGET)
             same(ref["alone"], in_crowd(chat, srv, TARGET, 3), f"{what}: greedy alone vs slot 3 of {N_CROWD}")

@@ -17,6 +17,19 @@ TL_BIN = os.path.abspath(os.environ.get("TL_BIN", os.path.join(ROOT, "build", "t
 SLOW = 4 if os.environ.get("TL_ASAN") == "1" else 1
 
 
+def metric(port, name, timeout=30):
+    """A gauge or counter from the server's /metrics, or None when absent."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * SLOW)
+    try:
+        c.request("GET", "/metrics")
+        for line in c.getresponse().read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    finally:
+        c.close()
+    return None
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
