@@ -263,6 +263,11 @@ typedef struct tl_kv_stats {
     int n_touched;       /* blocks ever handed out: the pool's memory written so far */
     uint64_t query_tokens; /* prompt tokens looked up in the prefix cache */
     uint64_t hit_tokens;   /* of those, positions reused */
+    /* Recurrent layers (Gated DeltaNet): a sequence's state is kept beside
+     * the cache, and a cached prefix resumes from a snapshot of it */
+    size_t state_bytes;    /* one sequence's recurrent state in memory (0: no such layers) */
+    int n_snapshots;       /* states of cached prefixes held */
+    size_t snapshot_bytes; /* their memory */
 } tl_kv_stats;
 void tl_ctx_kv_stats(const tl_ctx *ctx, tl_kv_stats *out);
 

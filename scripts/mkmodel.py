@@ -71,7 +71,18 @@ ARCHS = {
     # layers, YaRN (factor 32 over 4096 positions, as its files say), a biased
     # router with softmax over the chosen 4, biased experts, clamped SwiGLU
     "gpt-oss": dict(arch="gpt-oss", layers=4, base=150000.0, tied=False, swa=16, moe=(8, 4, 128, 0)),
+    # Qwen3.5/3.6 hybrids (build_qwen35): Gated DeltaNet layers with full
+    # attention every second layer (full_attention_interval), gated attention
+    # with partial interleaved M-RoPE; qwen35moe adds experts and a shared one.
+    "qwen35": dict(arch="qwen35", layers=4, base=10000000.0, tied=False, swa=0),
+    "qwen35moe": dict(arch="qwen35moe", layers=4, base=10000000.0, tied=False, swa=0, moe=(8, 3, 64, 128)),
 }
+
+# The hybrids' shapes: DeltaNet heads of 32 (2 key heads, 4 value heads), a
+# 4-wide convolution; attention heads of 64 (4 query, 2 KV), 16 of them
+# rotated in M-RoPE sections [3, 3, 2, 0] (text positions: every section the same).
+Q35 = dict(d_conv=4, d_state=32, n_kh=2, n_vh=4, hd=64, n_head=4, n_head_kv=2, n_rot=16, sections=[3, 3, 2, 0],
+           interval=2)
 
 # The router's weights are drawn this many times larger than a matrix's, so
 # that the chosen experts win by clear margins: a float rounding difference
@@ -186,13 +197,71 @@ def add_weight(w, name, arr, wtype, drop):
     the router (ffn_gate_inp, kept F32 as llama.cpp's quantizer keeps it) stay F32."""
     if name in drop:
         return
-    qt = TYPES[wtype] if arr.ndim >= 2 and "ffn_gate_inp" not in name and not name.endswith(".bias") else QT.F32
+    qt = (TYPES[wtype] if arr.ndim >= 2 and "ffn_gate_inp" not in name and "ssm_conv1d" not in name
+          and not name.endswith(".bias") else QT.F32)
     if qt == QT.F32:
         w.add_tensor(name, arr)
     elif qt == QT.F16:
         w.add_tensor(name, arr.astype(np.float16))
     else:
         w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+
+
+def build_qwen35(args, w, spec, g, put, n_vocab):
+    """The layers of a Qwen3.5/3.6 hybrid, as llama.cpp's converter names them."""
+    q = Q35
+    L = spec["layers"]
+    kd, vd = q["d_state"] * q["n_kh"], q["d_state"] * q["n_vh"]
+    conv_dim = 2 * kd + vd
+    w.add_ssm_conv_kernel(q["d_conv"])
+    w.add_ssm_inner_size(vd)
+    w.add_ssm_state_size(q["d_state"])
+    w.add_ssm_time_step_rank(q["n_vh"])
+    w.add_ssm_group_count(q["n_kh"])
+    w.add_full_attention_interval(q["interval"])
+    w.add_rope_dimension_sections(q["sections"])
+    w.add_key_length(q["hd"])
+    w.add_value_length(q["hd"])
+    moe = spec.get("moe")
+    hd, nh, nkv = q["hd"], q["n_head"], q["n_head_kv"]
+    for i in range(L):
+        b = f"blk.{i}."
+        put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
+        if (i + 1) % q["interval"]:  # a DeltaNet layer
+            put(b + "attn_qkv.weight", g.mat(conv_dim, D))
+            put(b + "attn_gate.weight", g.mat(vd, D))
+            put(b + "ssm_conv1d.weight", g.mat(conv_dim, q["d_conv"], 0.5))
+            put(b + "ssm_dt.bias", g.vec(q["n_vh"], 0.0, 0.5))
+            # -exp(A_log): decays between exp(-0.1 softplus) and exp(-2 softplus)
+            put(b + "ssm_a", -np.exp(g.rng.uniform(np.log(0.1), np.log(2.0), q["n_vh"])).astype(np.float32))
+            put(b + "ssm_beta.weight", g.mat(q["n_vh"], D))
+            put(b + "ssm_alpha.weight", g.mat(q["n_vh"], D))
+            put(b + "ssm_norm.weight", g.vec(q["d_state"], 1.0, 0.2))
+            put(b + "ssm_out.weight", g.mat(D, vd))
+        else:
+            put(b + "attn_q.weight", g.mat(2 * nh * hd, D))
+            put(b + "attn_k.weight", g.mat(nkv * hd, D))
+            put(b + "attn_v.weight", g.mat(nkv * hd, D))
+            put(b + "attn_q_norm.weight", g.vec(hd, 1.0, 0.2))
+            put(b + "attn_k_norm.weight", g.vec(hd, 1.0, 0.2))
+            put(b + "attn_output.weight", g.mat(D, nh * hd))
+        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
+        if moe:
+            n_exp, n_used, ff_exp, ff_sh = moe
+            put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
+            put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+            put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+            put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
+            put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
+            put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))
+            put(b + "ffn_up_shexp.weight", g.mat(ff_sh, D))
+            put(b + "ffn_down_shexp.weight", g.mat(D, ff_sh))
+        else:
+            put(b + "ffn_gate.weight", g.mat(FF, D))
+            put(b + "ffn_up.weight", g.mat(FF, D))
+            put(b + "ffn_down.weight", g.mat(D, FF))
+    put("output_norm.weight", g.vec(D, 1.0, 0.2))
+    put("output.weight", g.mat(n_vocab, D))
 
 
 def build(args):
@@ -211,11 +280,12 @@ def build(args):
     w.add_embedding_length(D)
     w.add_block_count(L)
     w.add_feed_forward_length(FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    hybrid = args.arch in ("qwen35", "qwen35moe")
+    w.add_head_count(Q35["n_head"] if hybrid else N_HEAD)
+    w.add_head_count_kv(Q35["n_head_kv"] if hybrid else N_HEAD_KV)
     w.add_layer_norm_rms_eps(EPS)
     w.add_rope_freq_base(spec["base"])
-    w.add_rope_dimension_count(HD)
+    w.add_rope_dimension_count(Q35["n_rot"] if hybrid else HD)
     w.add_vocab_size(n_vocab)
     if spec["swa"]:
         w.add_sliding_window(spec["swa"])
@@ -248,6 +318,13 @@ def build(args):
     drop = set(args.drop or [])
     put = lambda name, arr: add_weight(w, name, arr, args.type, drop)  # noqa: E731
     put("token_embd.weight", g.mat(n_vocab, D, 1.0))
+    if hybrid:
+        build_qwen35(args, w, spec, g, put, n_vocab)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return
     if args.arch == "llama3":
         put("rope_freqs.weight", llama3_rope_factors(spec["base"], HD))
     if args.longrope:  # Phi-3 128k's factors (not drawn from the stream; both away from 1)

@@ -50,6 +50,17 @@ typedef struct tl_backend_ops {
     void (*read_block)(void *be, int32_t b, void *p);
     void (*write_block)(void *be, int32_t b, const void *p);
     void (*free)(void *be);
+    /* Recurrent states (models with Gated DeltaNet layers; NULL otherwise).
+     * Each sequence's state stands at a position, and a forward call must
+     * continue a sequence from there. rs_seek puts it at pos: 0 starts over;
+     * a position it passed within the last block boundary or two goes back
+     * (speculation's rejected guesses); -1 when that state is gone. */
+    int (*rs_seek)(void *be, int seq, int pos);
+    /* The state at block boundary pos (a multiple of TL_KV_BLOCK that
+     * rs_seek could reach) into rs_bytes at p; -1 when it is not held. */
+    int (*rs_save)(void *be, int seq, int pos, void *p);
+    /* Puts the sequence at boundary pos with the state rs_save wrote. */
+    void (*rs_load)(void *be, int seq, int pos, const void *p);
 } tl_backend_ops;
 
 typedef struct tl_backend {
@@ -61,6 +72,8 @@ typedef struct tl_backend {
     size_t block_bytes;    /* bytes of one block, every layer's keys and values */
     int kv_type_k, kv_type_v; /* tl_kv_type of the cache's keys and values */
     tl_pool *pool;         /* its threads (the fork-join figures; shared by a draft's context) */
+    size_t rs_bytes;       /* one sequence's recurrent state at a block boundary (0: none) */
+    size_t rs_seq_bytes;   /* what a sequence's recurrent state holds in memory (0: none) */
 } tl_backend;
 
 /* The CPU backend for m (kernels chosen for this CPU and p->numerics). */

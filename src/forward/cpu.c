@@ -22,69 +22,7 @@
 #include "forward/kv.h"
 #include "forward/kvfmt.h"
 #include "load/packed.h"
-
-/* One of the cache's two halves (keys or values), per layer [n_blocks]
- * [TL_KV_BLOCK] rows of rb bytes in format f. */
-typedef struct kv_side {
-    uint8_t *mem;
-    const tl_kv_format *f;
-    size_t rb, hb;      /* bytes of a row (kv_dim elements) and of one head's part */
-    size_t layer;       /* bytes per layer */
-} kv_side;
-
-typedef struct tl_cpu {
-    const tl_model *m;
-    tl_kernels kern;
-    tl_pool *pool;
-    int own_pool;       /* 0: borrowed from another context (tl_ctx_params.share_threads) */
-    int n_ctx, n_batch;
-    int q_dim, kv_dim;
-    kv_side K, V;       /* the cache; with fast_attn a K block is kept transposed (tl_attn_rows.k_tr) */
-    int fa;             /* exact numerics with a quantized cache: llama.cpp's flash attention */
-    int rot_k, rot_v;   /* chunks of q/k and of v rotated for a quantized cache (fwht), or 0 */
-    uint8_t *qq;        /* [n_batch][qq_row] q in K's vec_dot_type (Q8_0) for the flash attention */
-    size_t qq_row;
-    const int *tpos, *tseq;      /* the call's (tl_fwd_batch) position and sequence of each token */
-    const int32_t *const *tblk;  /* and its sequence's block table */
-    float *x, *xb;      /* [n_batch][d] residual, normed */
-    float *q, *k, *v;   /* [n_batch][q_dim], [n_batch][kv_dim] x2 */
-    uint16_t *q16;      /* [n_batch][q_dim] q rounded to f16 */
-    float *att;         /* [n_batch][q_dim] attention output */
-    float *hb, *hb2;    /* [n_batch][n_ff] */
-    uint8_t *xa;        /* quantized activations: n_batch rows of xa_row bytes */
-    size_t xa_row;
-    float *scores;      /* [n_threads][n_ctx] */
-    uint8_t *wide;      /* [n_threads][wide_size]: weight rows widened for prompts */
-    size_t wide_size;
-    float *vacc;        /* [n_threads][9][head_dim]: 8 partial sums + result */
-    float *ascr;        /* [n_threads][ascr_n]: the fast attention's scratch */
-    int *att_run;       /* [n_batch + 1]: starts of the fast attention's runs */
-    float *apart;       /* apart_n floats: the segment states of runs split between
-                         * threads (att_job.base) */
-    size_t apart_n;
-    atomic_int *aleft;  /* [SPLIT_RUNS][n_head_kv]: the segments still running */
-    int n_att_runs;     /* runs in the current forward call */
-    size_t ascr_n;
-    int fast_attn;      /* the fast numerics' attention (tl_attn_online) */
-    float *rope_cs;     /* [n_batch][n_rot/2][2] cos, sin */
-    float *rope_cs_swa; /* the same for sliding-window layers' base (or NULL) */
-    uint16_t *gelu;     /* [65536] GELU table (GeGLU models), else NULL */
-    const tl_packed *pk; /* the model's packed weights for this kernel table (shared) */
-    /* Experts (TL_BLOCK_MOE), sized for n_batch tokens of k choices each: a
-     * (token, choice) pair's rows sit grouped by expert, tokens in order. */
-    float *rlog;        /* [n_batch][n_expert] router logits, then probabilities */
-    int *sel;           /* [n_batch][k] the chosen experts, best first */
-    float *selw;        /* [n_batch][k] their weights */
-    int *ecnt, *eoff;   /* [n_expert + 1] pairs per expert, first pair of each */
-    int *eact;          /* [n_expert] the experts with pairs, ascending */
-    int *ptok;          /* [n_batch * k] the token of each pair */
-    int *pair;          /* [n_batch][k] the pair of each (token, choice) */
-    uint8_t *xg;        /* [n_batch * k] activation rows of xg_row bytes, gathered by pair */
-    size_t xg_row;
-    float *eg, *eu;     /* [n_batch * k][n_ff_exp] gate and up of each pair */
-    float *ey;          /* [n_batch * k][d] each pair's expert output */
-    float *shg;         /* [n_batch] the shared expert's gate logit */
-} tl_cpu;
+#include "forward/cpu.h"
 
 /* ---------------------------------------------------------------- matmul */
 
@@ -170,7 +108,6 @@ static void mm_worker(void *arg, int ith, int nth) {
 /* Element-wise work on tokens [t0, t1) (norms, RoPE, activations, quantizing
  * a matmul's input): each token's arithmetic is the same however the tokens
  * are split, so prompts spread it over the pool; a decode step does it inline. */
-typedef void (*tok_fn)(tl_cpu *c, int t0, int t1, void *arg);
 
 typedef struct tok_job {
     tl_cpu *c;
@@ -186,7 +123,7 @@ static void tok_worker(void *arg, int ith, int nth) {
     if (lo < hi) j->fn(j->c, (int)lo, (int)hi, j->arg);
 }
 
-static void par_tokens(tl_cpu *c, int n, tok_fn fn, void *arg) {
+void tl_cpu_par_tokens(tl_cpu *c, int n, tok_fn fn, void *arg) {
     if (n < 4 || tl_pool_size(c->pool) == 1) {
         fn(c, 0, n, arg);
         return;
@@ -226,7 +163,37 @@ static size_t act_row(const tl_cpu *c, tl_w w, int *gemm) {
 
 /* Quantizes n_tok rows of x (width cols, stride cols) into the activation
  * format of w's type, then y_i = W_i x for each matrix. */
-static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
+/* llama.cpp multiplies float weights by tinyBLAS only when their rows are a
+ * multiple of 4 (llamafile_sgemm), else by ggml's vec_dot (a 1-row shared
+ * expert gate, a router of 6 experts): exact mode follows, row by row. */
+typedef struct ggml_dot_job {
+    tl_w w;
+    float *y;
+    const float *x;
+    tl_vec_dot_fn dot;
+} ggml_dot_job;
+
+static void ggml_dot_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const ggml_dot_job *j = arg;
+    const int64_t cols = j->w->ne[0], rows = j->w->ne[1];
+    const tl_type vt = tl_type_info(j->w->type)->vec_dot_type;
+    const size_t rb = tl_row_size((tl_type)j->w->type, cols), ab = tl_row_size(vt, cols);
+    for (int t = t0; t < t1; t++) {
+        uint8_t *a = c->xa + (size_t)t * ab;
+        c->kern.quantize[vt](j->x + (size_t)t * cols, a, cols);
+        for (int64_t r = 0; r < rows; r++)
+            j->y[(size_t)t * rows + r] = j->dot(cols, (const uint8_t *)j->w->data + (size_t)r * rb, a);
+    }
+}
+
+void tl_cpu_matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok) {
+    if (c->kern.mode == TL_NUM_EXACT && (w[0]->type == TL_F32 || w[0]->type == TL_F16) && w[0]->ne[1] % 4 &&
+        c->kern.vec_dot_id[w[0]->type]) {
+        for (int i = 1; i < n_mat; i++) tl_cpu_matmul(c, 1, &w[i], &y[i], x, n_tok);
+        ggml_dot_job j = {w[0], y[0], x, c->kern.vec_dot_id[w[0]->type]};
+        tl_cpu_par_tokens(c, n_tok, ggml_dot_tokens, &j);
+        return;
+    }
     int64_t cols = w[0]->ne[0];
     tl_type vt = tl_type_info(w[0]->type)->vec_dot_type;
     int gemm, g;
@@ -235,14 +202,14 @@ static void matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
         if (act_row(c, w[i], &g) != row || g != gemm || tl_type_info(w[i]->type)->vec_dot_type != vt ||
             (gemm && tl_kern_row_align(&c->kern, (tl_type)w[i]->type) !=
                          tl_kern_row_align(&c->kern, (tl_type)w[0]->type))) {
-            for (int k = 0; k < n_mat; k++) matmul(c, 1, &w[k], &y[k], x, n_tok);
+            for (int k = 0; k < n_mat; k++) tl_cpu_matmul(c, 1, &w[k], &y[k], x, n_tok);
             return;
         }
     tl_w pw[3];
     for (int i = 0; i < n_mat; i++)
         pw[i] = !gemm ? NULL : tl_kern_packs(&c->kern, (tl_type)w[i]->type) ? packed(c, w[i]) : w[i];
     quant_job qj = {(tl_type)w[0]->type, vt, x, cols, row, gemm};
-    par_tokens(c, n_tok, quant_tokens, &qj);
+    tl_cpu_par_tokens(c, n_tok, quant_tokens, &qj);
     mm_job j = {.k = &c->kern, .n_mat = n_mat, .xa = c->xa, .xa_row = row, .n_tok = n_tok,
                 .wide = c->wide, .wide_size = c->wide_size};
     for (int i = 0; i < n_mat; i++) {
@@ -634,13 +601,13 @@ static void norm_tokens(tl_cpu *c, int t0, int t1, void *arg) {
         c->kern.math.rmsnorm(j->out + (size_t)t * j->d, j->in + (size_t)t * j->d, j->w, j->d, c->m->hp.norm_eps);
 }
 
-static void norm_all(tl_cpu *c, int n, float *out, const float *in, tl_w w) {
+void tl_cpu_norm_all(tl_cpu *c, int n, float *out, const float *in, tl_w w) {
     norm_job j = {out, in, w->data, c->m->hp.n_embd};
-    par_tokens(c, n, norm_tokens, &j);
+    tl_cpu_par_tokens(c, n, norm_tokens, &j);
 }
 
 /* x += xb, the residual connection */
-static void add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+void tl_cpu_add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const size_t d = (size_t)c->m->hp.n_embd;
     for (size_t i = (size_t)t0 * d; i < (size_t)t1 * d; i++) c->x[i] += c->xb[i];
 }
@@ -705,26 +672,47 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     }
 }
 
+/* Qwen3.5's q projection holds per head q then its gate: split apart. */
+static void q_split_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    (void)arg;
+    const int hd = c->m->hp.head_dim;
+    for (int t = t0; t < t1; t++)
+        for (int h = 0; h < c->m->hp.n_head; h++) {
+            const float *src = c->qg + (size_t)t * 2 * c->q_dim + (size_t)h * 2 * hd;
+            memcpy(c->q + (size_t)t * c->q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
+            memcpy(c->qgate + (size_t)t * c->q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
+        }
+}
+
+/* att *= sigmoid(gate), as ggml_sigmoid computes it (libm's expf) */
+static void q_gate_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    (void)arg;
+    for (size_t i = (size_t)t0 * c->q_dim; i < (size_t)t1 * c->q_dim; i++)
+        c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
+}
+
 static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
-    norm_all(c, n, c->xb, c->x, A->norm);
+    tl_cpu_norm_all(c, n, c->xb, c->x, A->norm);
     tl_w w[3] = {A->wq, A->wk, A->wv};
-    float *y[3] = {c->q, c->k, c->v};
-    matmul(c, 3, w, y, c->xb, n);
+    float *y[3] = {A->q_gate ? c->qg : c->q, c->k, c->v};
+    tl_cpu_matmul(c, 3, w, y, c->xb, n);
+    if (A->q_gate) tl_cpu_par_tokens(c, n, q_split_tokens, NULL);
     add_bias(c->q, A->bq, n, c->q_dim);
     add_bias(c->k, A->bk, n, c->kv_dim);
     add_bias(c->v, A->bv, n, c->kv_dim);
-    par_tokens(c, n, attn_prep_tokens, (void *)A);
+    tl_cpu_par_tokens(c, n, attn_prep_tokens, (void *)A);
     att_job aj = {c, A->kv_layer, n, A->swa, A->sinks ? A->sinks->data : NULL, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
-    if (c->rot_v) par_tokens(c, n, unrotate_tokens, NULL);
+    if (c->rot_v) tl_cpu_par_tokens(c, n, unrotate_tokens, NULL);
+    if (A->q_gate) tl_cpu_par_tokens(c, n, q_gate_tokens, NULL);
     tl_w wo = A->wo;
     float *o = c->xb; /* reuse: [n][d] */
-    matmul(c, 1, &wo, &o, c->att, n);
+    tl_cpu_matmul(c, 1, &wo, &o, c->att, n);
     add_bias(o, A->bo, n, c->m->hp.n_embd);
-    if (A->post_norm) norm_all(c, n, o, o, A->post_norm);
-    par_tokens(c, n, add_tokens, NULL);
+    if (A->post_norm) tl_cpu_norm_all(c, n, o, o, A->post_norm);
+    tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
 }
 
 /* The gated activation of the feed-forward: hb = act(hb) * hb2. */
@@ -741,16 +729,16 @@ static void ffn_act_tokens(tl_cpu *c, int t0, int t1, void *arg) {
 }
 
 static void ffn_block(tl_cpu *c, const tl_ffn_block *F, int n) {
-    norm_all(c, n, c->xb, c->x, F->norm);
+    tl_cpu_norm_all(c, n, c->xb, c->x, F->norm);
     tl_w w[2] = {F->gate, F->up};
     float *y[2] = {c->hb, c->hb2};
-    matmul(c, 2, w, y, c->xb, n);
-    par_tokens(c, n, ffn_act_tokens, (void *)F);
+    tl_cpu_matmul(c, 2, w, y, c->xb, n);
+    tl_cpu_par_tokens(c, n, ffn_act_tokens, (void *)F);
     tl_w wd = F->down;
     float *o = c->xb;
-    matmul(c, 1, &wd, &o, c->hb, n);
-    if (F->post_norm) norm_all(c, n, o, o, F->post_norm);
-    par_tokens(c, n, add_tokens, NULL);
+    tl_cpu_matmul(c, 1, &wd, &o, c->hb, n);
+    if (F->post_norm) tl_cpu_norm_all(c, n, o, o, F->post_norm);
+    tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
 }
 
 /* ------------------------------------------------------------- experts */
@@ -990,14 +978,20 @@ static void combine_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     }
 }
 
-/* qwen2moe's shared expert: its SwiGLU output times sigmoid(gate logit),
- * the sigmoid as llama.cpp writes it (silu(x) / x, libm's expf), added. */
+/* The shared expert: its SwiGLU output times sigmoid(gate logit), the
+ * sigmoid as llama.cpp writes it for the family (libm's expf), added. */
+typedef struct shared_arg {
+    const float *so; /* [n][d] the shared expert's output */
+    int sigmoid;     /* tl_moe_block.sh_sigmoid */
+} shared_arg;
+
 static void shared_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const int d = c->m->hp.n_embd;
-    const float *so = arg; /* [n][d] the shared expert's output */
+    const shared_arg *sa = arg;
+    const float *so = sa->so;
     for (int t = t0; t < t1; t++) {
         const float l = c->shg[t];
-        const float gate = (l / (1.0f + expf(-l))) / l;
+        const float gate = sa->sigmoid ? 1.0f / (1.0f + expf(-l)) : (l / (1.0f + expf(-l))) / l;
         float *o = c->xb + (size_t)t * d;
         const float *y = so + (size_t)t * d;
         for (int r = 0; r < d; r++) o[r] = o[r] + y[r] * gate;
@@ -1012,10 +1006,10 @@ static void swiglu_tokens(tl_cpu *c, int t0, int t1, void *arg) {
 
 static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     const int ne = E->n_expert, k = E->n_used, d = c->m->hp.n_embd;
-    norm_all(c, n, c->xb, c->x, E->norm);
+    tl_cpu_norm_all(c, n, c->xb, c->x, E->norm);
     tl_w rw = E->router;
-    matmul(c, 1, &rw, &c->rlog, c->xb, n);
-    par_tokens(c, n, route_tokens, (void *)E);
+    tl_cpu_matmul(c, 1, &rw, &c->rlog, c->xb, n);
+    tl_cpu_par_tokens(c, n, route_tokens, (void *)E);
     /* pairs grouped by expert, tokens ascending within each */
     memset(c->ecnt, 0, (size_t)ne * sizeof *c->ecnt);
     for (int i = 0; i < n * k; i++) c->ecnt[c->sel[i]]++;
@@ -1041,13 +1035,13 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     const exp_mat mg = exp_mat_of(c, E->gate), mu = exp_mat_of(c, E->up);
     if (E->gate->type == E->up->type) { /* one gathered input, one pass for both */
         gather_arg ga = {&mg, k};
-        par_tokens(c, n, gather_tokens, &ga);
+        tl_cpu_par_tokens(c, n, gather_tokens, &ga);
         moe_job gj = {.n_mat = 2, .m = {mg, mu}, .y = {c->eg, c->eu}};
         moe_run(c, &gj, n_act, n * k);
     } else {
         for (int mi = 0; mi < 2; mi++) {
             gather_arg ga = {mi ? &mu : &mg, k};
-            par_tokens(c, n, gather_tokens, &ga);
+            tl_cpu_par_tokens(c, n, gather_tokens, &ga);
             moe_job gj = {.n_mat = 1, .m = {*ga.m}, .y = {mi ? c->eu : c->eg}};
             moe_run(c, &gj, n_act, n * k);
         }
@@ -1064,17 +1058,18 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
         int ff = (int)E->sh_gate->ne[1];
         tl_w w[2] = {E->sh_gate, E->sh_up};
         float *y[2] = {c->hb, c->hb2};
-        matmul(c, 2, w, y, c->xb, n);
+        tl_cpu_matmul(c, 2, w, y, c->xb, n);
         tl_w sr = E->sh_router;
-        matmul(c, 1, &sr, &c->shg, c->xb, n);
-        par_tokens(c, n, swiglu_tokens, &ff);
+        tl_cpu_matmul(c, 1, &sr, &c->shg, c->xb, n);
+        tl_cpu_par_tokens(c, n, swiglu_tokens, &ff);
         tl_w sd = E->sh_down;
-        matmul(c, 1, &sd, &so, c->hb, n);
+        tl_cpu_matmul(c, 1, &sd, &so, c->hb, n);
     }
-    par_tokens(c, n, combine_tokens, (void *)E);
-    if (E->sh_gate) par_tokens(c, n, shared_tokens, so);
-    if (E->post_norm) norm_all(c, n, c->xb, c->xb, E->post_norm);
-    par_tokens(c, n, add_tokens, NULL);
+    tl_cpu_par_tokens(c, n, combine_tokens, (void *)E);
+    shared_arg sa = {so, E->sh_sigmoid};
+    if (E->sh_gate) tl_cpu_par_tokens(c, n, shared_tokens, &sa);
+    if (E->post_norm) tl_cpu_norm_all(c, n, c->xb, c->xb, E->post_norm);
+    tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
 }
 
 /* The backend's forward (backend.h): the logits of tokens b->lrow land in
@@ -1107,6 +1102,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
             case TL_BLOCK_ATTN: attention_block(c, &B->u.attn, n); break;
             case TL_BLOCK_FFN: ffn_block(c, &B->u.ffn, n); break;
             case TL_BLOCK_MOE: moe_block(c, &B->u.moe, n); break;
+            case TL_BLOCK_GDN: tl_gdn_run(c, &B->u.gdn, n); break;
             }
         }
     }
@@ -1115,7 +1111,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
             c->kern.math.rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
                     hp->norm_eps);
         tl_w wo = m->output;
-        matmul(c, 1, &wo, &out, c->xb, nl);
+        tl_cpu_matmul(c, 1, &wo, &out, c->xb, nl);
         float cap = hp->logit_softcap;
         if (cap > 0.0f)
             for (size_t i = 0; i < (size_t)nl * hp->n_vocab; i++)
@@ -1129,7 +1125,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
  * bytes past a page, so every 512-bit access to activations, attention
  * outputs and the KV cache crossed a line. calloc keeps their pages lazily
  * zeroed; the raw pointer sits just before the aligned one for xfree. */
-static void *xcalloc(size_t n, size_t size, int *fail) {
+void *tl_cpu_calloc(size_t n, size_t size, int *fail) {
     if (!n) n = 1;
     if (size && n > ((size_t)PTRDIFF_MAX - 128) / size) {
         *fail = 1;
@@ -1145,7 +1141,7 @@ static void *xcalloc(size_t n, size_t size, int *fail) {
     return p;
 }
 
-static void xfree(void *p) {
+void tl_cpu_free_buf(void *p) {
     if (!p) return;
     void *raw;
     memcpy(&raw, (uint8_t *)p - sizeof(void *), sizeof raw);
@@ -1155,50 +1151,53 @@ static void xfree(void *p) {
 static void cpu_free(void *be) {
     tl_cpu *c = be;
     if (!c) return;
-    xfree(c->wide);
+    tl_cpu_free_buf(c->wide);
     if (c->own_pool) tl_pool_free(c->pool);
     tl_big_free(c->K.mem);
     tl_big_free(c->V.mem);
-    xfree(c->qq);
-    xfree(c->x);
-    xfree(c->xb);
-    xfree(c->q);
-    xfree(c->q16);
-    xfree(c->att);
-    xfree(c->k);
-    xfree(c->v);
-    xfree(c->hb);
-    xfree(c->hb2);
-    xfree(c->xa);
-    xfree(c->scores);
-    xfree(c->vacc);
-    xfree(c->ascr);
-    xfree(c->apart);
-    xfree(c->aleft);
-    xfree(c->att_run);
-    xfree(c->rope_cs);
-    xfree(c->rope_cs_swa);
-    xfree(c->gelu);
-    xfree(c->rlog);
-    xfree(c->sel);
-    xfree(c->selw);
-    xfree(c->ecnt);
-    xfree(c->eoff);
-    xfree(c->eact);
-    xfree(c->ptok);
-    xfree(c->pair);
-    xfree(c->xg);
-    xfree(c->eg);
-    xfree(c->eu);
-    xfree(c->ey);
-    xfree(c->shg);
+    tl_cpu_free_buf(c->qq);
+    tl_cpu_free_buf(c->x);
+    tl_cpu_free_buf(c->xb);
+    tl_cpu_free_buf(c->q);
+    tl_cpu_free_buf(c->q16);
+    tl_cpu_free_buf(c->att);
+    tl_cpu_free_buf(c->k);
+    tl_cpu_free_buf(c->v);
+    tl_cpu_free_buf(c->hb);
+    tl_cpu_free_buf(c->hb2);
+    tl_cpu_free_buf(c->xa);
+    tl_cpu_free_buf(c->scores);
+    tl_cpu_free_buf(c->vacc);
+    tl_cpu_free_buf(c->ascr);
+    tl_cpu_free_buf(c->apart);
+    tl_cpu_free_buf(c->aleft);
+    tl_cpu_free_buf(c->att_run);
+    tl_cpu_free_buf(c->rope_cs);
+    tl_cpu_free_buf(c->rope_cs_swa);
+    tl_cpu_free_buf(c->gelu);
+    tl_cpu_free_buf(c->rlog);
+    tl_cpu_free_buf(c->sel);
+    tl_cpu_free_buf(c->selw);
+    tl_cpu_free_buf(c->ecnt);
+    tl_cpu_free_buf(c->eoff);
+    tl_cpu_free_buf(c->eact);
+    tl_cpu_free_buf(c->ptok);
+    tl_cpu_free_buf(c->pair);
+    tl_cpu_free_buf(c->xg);
+    tl_cpu_free_buf(c->eg);
+    tl_cpu_free_buf(c->eu);
+    tl_cpu_free_buf(c->ey);
+    tl_cpu_free_buf(c->shg);
+    tl_cpu_free_buf(c->qg);
+    tl_cpu_free_buf(c->qgate);
+    tl_gdn_free(c->gdn);
     free(c);
 }
 
 static void cpu_copy_block(void *be, int32_t from, int32_t to) {
     tl_cpu *c = be;
     const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
-    for (int il = 0; il < c->m->hp.n_layer; il++) {
+    for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
         uint8_t *k = c->K.mem + (size_t)il * c->K.layer, *v = c->V.mem + (size_t)il * c->V.layer;
         memcpy(k + (size_t)to * kb, k + (size_t)from * kb, kb);
         memcpy(v + (size_t)to * vb, v + (size_t)from * vb, vb);
@@ -1209,7 +1208,7 @@ static void cpu_read_block(void *be, int32_t b, void *p) {
     tl_cpu *c = be;
     const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     uint8_t *o = p;
-    for (int il = 0; il < c->m->hp.n_layer; il++, o += kb + vb) {
+    for (int il = 0; il < c->m->hp.n_kv_layer; il++, o += kb + vb) {
         memcpy(o, c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, kb);
         memcpy(o + kb, c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, vb);
     }
@@ -1219,13 +1218,20 @@ static void cpu_write_block(void *be, int32_t b, const void *p) {
     tl_cpu *c = be;
     const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     const uint8_t *i = p;
-    for (int il = 0; il < c->m->hp.n_layer; il++, i += kb + vb) {
+    for (int il = 0; il < c->m->hp.n_kv_layer; il++, i += kb + vb) {
         memcpy(c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, i, kb);
         memcpy(c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, i + kb, vb);
     }
 }
 
-static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free};
+static int cpu_rs_seek(void *be, int seq, int pos) { return tl_gdn_seek(be, seq, pos); }
+static int cpu_rs_save(void *be, int seq, int pos, void *p) { return tl_gdn_snap_save(be, seq, pos, p); }
+static void cpu_rs_load(void *be, int seq, int pos, const void *p) { tl_gdn_snap_load(be, seq, pos, p); }
+
+static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free,
+                                       NULL, NULL, NULL};
+static const tl_backend_ops cpu_ops_rs = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free,
+                                          cpu_rs_seek, cpu_rs_save, cpu_rs_load};
 
 int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
     memset(out, 0, sizeof *out);
@@ -1240,7 +1246,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                        hp->head_dim % kf->block ? kf->name : vf->name, 32, hp->head_dim);
     const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0;
     const size_t k_rb = kf->row_bytes((int64_t)kv_dim), v_rb = vf->row_bytes((int64_t)kv_dim);
-    const size_t blk_bytes = (size_t)hp->n_layer * TL_KV_BLOCK * (k_rb + v_rb);
+    const size_t blk_bytes = (size_t)(hp->n_kv_layer > 0 ? hp->n_kv_layer : 1) * TL_KV_BLOCK * (k_rb + v_rb);
     const size_t per_seq = (size_t)(p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
     size_t n_blocks = p->kv_bytes ? p->kv_bytes / blk_bytes
                                   : per_seq * (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1);
@@ -1277,7 +1283,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     int fail = 0, nb = p->n_batch, nt = tl_pool_size(c->pool);
     c->K.layer = n_blocks * TL_KV_BLOCK * k_rb;
     c->V.layer = n_blocks * TL_KV_BLOCK * v_rb;
-    const size_t kn = (size_t)hp->n_layer * c->K.layer, vn = (size_t)hp->n_layer * c->V.layer;
+    const size_t kn = (size_t)hp->n_kv_layer * c->K.layer, vn = (size_t)hp->n_kv_layer * c->V.layer;
     const int n_ff = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp; /* dense or shared expert */
     int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
@@ -1295,69 +1301,74 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         tl_small_pages(c->K.mem, kn, kn);
         tl_small_pages(c->V.mem, vn, vn);
     }
-    c->x = xcalloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
-    c->xb = xcalloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
-    c->q = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
-    c->q16 = xcalloc((size_t)nb * c->q_dim, sizeof(uint16_t), &fail);
+    c->x = tl_cpu_calloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
+    c->xb = tl_cpu_calloc((size_t)nb * (widest > hp->n_embd ? widest : hp->n_embd), sizeof(float), &fail);
+    c->q = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(float), &fail);
+    c->q16 = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(uint16_t), &fail);
     if (c->fa && kf->type != TL_F16) {
         c->qq_row = (size_t)hp->n_head * tl_row_size(TL_Q8_0, hp->head_dim);
-        c->qq = xcalloc((size_t)nb, c->qq_row, &fail);
+        c->qq = tl_cpu_calloc((size_t)nb, c->qq_row, &fail);
     }
-    c->att = xcalloc((size_t)nb * c->q_dim, sizeof(float), &fail);
-    c->k = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
-    c->v = xcalloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
-    c->hb = xcalloc((size_t)nb * n_ff, sizeof(float), &fail);
-    c->hb2 = xcalloc((size_t)nb * n_ff, sizeof(float), &fail);
+    c->att = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(float), &fail);
+    if (m->arch->hybrid) {
+        c->qg = tl_cpu_calloc((size_t)nb * 2 * c->q_dim, sizeof(float), &fail);
+        c->qgate = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(float), &fail);
+    }
+    c->k = tl_cpu_calloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
+    c->v = tl_cpu_calloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
+    c->hb = tl_cpu_calloc((size_t)nb * n_ff, sizeof(float), &fail);
+    c->hb2 = tl_cpu_calloc((size_t)nb * n_ff, sizeof(float), &fail);
     if (hp->n_expert > 0) {
         const size_t np = (size_t)nb * hp->n_expert_used;
-        c->rlog = xcalloc((size_t)nb * hp->n_expert, sizeof(float), &fail);
-        c->sel = xcalloc(np, sizeof(int), &fail);
-        c->selw = xcalloc(np, sizeof(float), &fail);
-        c->ecnt = xcalloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
-        c->eoff = xcalloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
-        c->eact = xcalloc((size_t)hp->n_expert, sizeof(int), &fail);
-        c->ptok = xcalloc(np, sizeof(int), &fail);
-        c->pair = xcalloc(np, sizeof(int), &fail);
+        c->rlog = tl_cpu_calloc((size_t)nb * hp->n_expert, sizeof(float), &fail);
+        c->sel = tl_cpu_calloc(np, sizeof(int), &fail);
+        c->selw = tl_cpu_calloc(np, sizeof(float), &fail);
+        c->ecnt = tl_cpu_calloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
+        c->eoff = tl_cpu_calloc((size_t)hp->n_expert + 1, sizeof(int), &fail);
+        c->eact = tl_cpu_calloc((size_t)hp->n_expert, sizeof(int), &fail);
+        c->ptok = tl_cpu_calloc(np, sizeof(int), &fail);
+        c->pair = tl_cpu_calloc(np, sizeof(int), &fail);
         c->xg_row = xa_row;
-        c->xg = xcalloc(np, xa_row, &fail);
-        c->eg = xcalloc(np * hp->n_ff_exp, sizeof(float), &fail);
-        c->eu = xcalloc(np * hp->n_ff_exp, sizeof(float), &fail);
-        c->ey = xcalloc((np + (size_t)nb) * hp->n_embd, sizeof(float), &fail);
-        c->shg = xcalloc((size_t)nb, sizeof(float), &fail);
+        c->xg = tl_cpu_calloc(np, xa_row, &fail);
+        c->eg = tl_cpu_calloc(np * hp->n_ff_exp, sizeof(float), &fail);
+        c->eu = tl_cpu_calloc(np * hp->n_ff_exp, sizeof(float), &fail);
+        c->ey = tl_cpu_calloc((np + (size_t)nb) * hp->n_embd, sizeof(float), &fail);
+        c->shg = tl_cpu_calloc((size_t)nb, sizeof(float), &fail);
     }
     c->xa_row = xa_row;
-    c->xa = xcalloc((size_t)nb, xa_row, &fail);
-    c->scores = xcalloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
+    c->xa = tl_cpu_calloc((size_t)nb, xa_row, &fail);
+    c->scores = tl_cpu_calloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
-    c->wide = xcalloc((size_t)nt, c->wide_size, &fail);
-    c->vacc = xcalloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
+    c->wide = tl_cpu_calloc((size_t)nt, c->wide_size, &fail);
+    c->vacc = tl_cpu_calloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
     c->fast_attn = want_fast_attn;
     /* whole cache lines per thread */
     c->ascr_n = (tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE) + 15) & ~(size_t)15;
     if (c->fast_attn) {
-        c->ascr = xcalloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
-        c->att_run = xcalloc((size_t)nb + 1, sizeof(int), &fail);
+        c->ascr = tl_cpu_calloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
+        c->att_run = tl_cpu_calloc((size_t)nb + 1, sizeof(int), &fail);
         if (nt > 1) {
             /* SPLIT_T rows' worth over a whole context (a sequence's positions
              * stay below n_ctx; att_plan checks what a call needs) */
             const size_t n_seg = (size_t)(c->n_ctx + TL_ATTN_SEG - 1) / TL_ATTN_SEG + 1;
             c->apart_n = n_seg * SPLIT_T * hp->n_head * (hp->head_dim + 2);
             if (c->apart_n > SPLIT_MAX_FLOATS) c->apart_n = SPLIT_MAX_FLOATS;
-            c->apart = xcalloc(c->apart_n, sizeof(float), &fail);
-            c->aleft = xcalloc((size_t)SPLIT_RUNS * hp->n_head_kv, sizeof *c->aleft, &fail);
+            c->apart = tl_cpu_calloc(c->apart_n, sizeof(float), &fail);
+            c->aleft = tl_cpu_calloc((size_t)SPLIT_RUNS * hp->n_head_kv, sizeof *c->aleft, &fail);
         }
     }
-    c->rope_cs = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
-    if (hp->n_swa > 0) c->rope_cs_swa = xcalloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    c->rope_cs = tl_cpu_calloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    if (hp->n_swa > 0) c->rope_cs_swa = tl_cpu_calloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
     if (m->arch->act == TL_ACT_GELU) {
-        c->gelu = xcalloc(65536, sizeof(uint16_t), &fail);
+        c->gelu = tl_cpu_calloc(65536, sizeof(uint16_t), &fail);
         if (c->gelu) tl_gelu_table(c->gelu);
     }
     if (fail) {
         cpu_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p->n_ctx);
     }
-    if ((st = tl_model_packed(m, &c->kern, &c->pk, err))) {
+    if ((st = tl_model_packed(m, &c->kern, &c->pk, err)) ||
+        (hp->n_rec_layer > 0 && (st = tl_gdn_new(c, p->n_seq_max + 1, err)))) {
         cpu_free(c);
         return st;
     }
@@ -1375,8 +1386,12 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                                    (long long)ew[i]->ne[1], tl_type_info(ew[i]->type)->name);
                 }
         }
-    out->ops = &cpu_ops;
+    out->ops = c->gdn ? &cpu_ops_rs : &cpu_ops;
     out->state = c;
+    if (c->gdn) {
+        out->rs_bytes = tl_gdn_snap_bytes(c);
+        out->rs_seq_bytes = tl_gdn_seq_bytes(c);
+    }
     out->name = c->kern.name;
     out->numerics = c->kern.mode == TL_NUM_EXACT ? "exact" : "fast";
     out->n_blocks = (int)n_blocks;

@@ -139,8 +139,16 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     c->seq_cnt = calloc((size_t)c->n_seq, sizeof *c->seq_cnt);
     c->bseq0 = calloc(nb, sizeof *c->bseq0);
     c->blg = calloc(nb, 1);
+    if (c->be.rs_bytes) {
+        /* at least two per sequence, within 1 GiB unless one alone is larger */
+        const size_t cap_mem = ((size_t)1 << 30) / c->be.rs_bytes;
+        int cap = 2 * c->n_seq > 8 ? 2 * c->n_seq : 8;
+        if ((size_t)cap > cap_mem) cap = cap_mem > 0 ? (int)cap_mem : 1;
+        c->snaps = tl_rsnap_new(c->be.rs_bytes, cap);
+        c->rseq = calloc(nb, sizeof *c->rseq);
+    }
     if (tl_kv_new(c->be.n_blocks, c->n_seq, c->n_ctx, &c->kv) || !c->tpos || !c->tseq || !c->tblk || !c->lrow ||
-        !c->seq_cnt || !c->bseq0 || !c->blg) {
+        !c->seq_cnt || !c->bseq0 || !c->blg || (c->be.rs_bytes && (!c->snaps || !c->rseq))) {
         tl_ctx_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
     }
@@ -162,6 +170,8 @@ void tl_ctx_free(tl_ctx *c) {
     free(c->bseq0);
     free(c->blg);
     free(c->logits);
+    tl_rsnap_free(c->snaps);
+    free(c->rseq);
     free(c);
 }
 
@@ -191,7 +201,7 @@ size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v
     const tl_kv_format *kf = tl_kv_format_of(kv_types[kv_type_k]), *vf = tl_kv_format_of(kv_types[kv_type_v]);
     if (hp->head_dim % kf->block || hp->head_dim % vf->block) return 0;
     const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    return (size_t)hp->n_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
+    return (size_t)hp->n_kv_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
 }
 
 int tl_kv_type_parse(const char *name) {
@@ -216,9 +226,6 @@ static int logits_room(tl_ctx *c, size_t rows, tl_error *err) {
     return TL_OK;
 }
 
-/* Runs a batch whose rows go to out (at most max_rows), then commits each
- * sequence's new positions or leaves them pending. */
-static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);
 
 int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_error *err) {
     int nv = c->m->hp.n_vocab, past = tl_ctx_n_past(c);
@@ -238,7 +245,7 @@ int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_e
         for (int t = 0; t < nb; t++) c->blg[t] = (uint8_t)(all_logits || (last && t == nb - 1));
         tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
         float *out = c->logits + (all_logits ? done * (size_t)nv : 0);
-        if ((st = decode_into(c, &b, nb, out, err))) return st;
+        if ((st = tl_ctx_decode_into(c, &b, nb, out, err))) return st;
         done += (size_t)nb;
     }
     c->blogits_n = 0; /* the rows are tl_ctx_logits', not tl_ctx_batch_logits' */
@@ -298,8 +305,15 @@ static int batch_prepare(tl_ctx *c, const tl_batch *b, int max_rows, tl_error *e
     return TL_OK;
 }
 
-static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
-    int st = batch_prepare(c, b, max_rows, err);
+int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
+    int st = TL_OK;
+    /* a recurrent state continues from the committed length (what was pending is gone) */
+    for (int t = 0; c->be.ops->rs_seek && b && b->seq && t < b->n && t < c->n_batch; t++) {
+        const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, b->seq[t]);
+        if (sq && (t == 0 || b->seq[t] != b->seq[t - 1]) && (st = tl_seq_rs_reach(c, b->seq[t], sq->len, err)))
+            return st;
+    }
+    st = batch_prepare(c, b, max_rows, err);
     if (st) {
         c->blogits_n = 0;
         return st;
@@ -312,6 +326,8 @@ static int decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, t
         tl_kv_seq *sq = tl_kv_seq_get(c->kv, id);
         if (b->pending) sq->pend = c->seq_cnt[id];
         else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
+        /* a prompt's last boundary: where a longer prompt may resume */
+        if (c->snaps && !b->pending && c->seq_cnt[id] >= TL_KV_BLOCK) tl_seq_snapshot(c, id);
     }
     if (c->disk) tl_seq_offer_disk(c);
     return TL_OK;
@@ -322,7 +338,7 @@ int tl_ctx_decode(tl_ctx *c, const tl_batch *b, tl_error *err) {
     int st = logits_room(c, (size_t)c->n_logits_max, err);
     if (st) return st;
     double t0 = tl_now();
-    if ((st = decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
+    if ((st = tl_ctx_decode_into(c, b, c->n_logits_max, c->logits, err))) return st;
     tl_ctx_cost_record(c, b->n, tl_now() - t0);
     return TL_OK;
 }

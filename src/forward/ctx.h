@@ -11,6 +11,7 @@
 #include "forward/forward.h"
 #include "forward/kv.h"
 #include "forward/kvdisk.h"
+#include "forward/rsnap.h"
 
 struct tl_ctx {
     const tl_model *m;
@@ -33,7 +34,21 @@ struct tl_ctx {
     uint8_t *stage;     /* [block_bytes] a block on its way to or from the disk */
     uint8_t ident[16];  /* what computed its blocks (disk_identity), made once */
     int has_ident;
+    tl_rsnap *snaps;    /* recurrent states of cached prefixes (models with recurrent layers), or NULL */
+    int32_t *rseq;      /* [n_batch] a sequence's id repeated: its positions recomputed (rs_reach) */
 };
+
+/* Puts sequence seq's recurrent state at position len (<= its length): back
+ * from where it stands when it can, else from the latest snapshot of its
+ * cached prefix at or before len (or the start), the positions after it
+ * computed again. TL_OK without recurrent layers. */
+int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err);
+/* Keeps the recurrent state at seq's last registered block boundary as a
+ * snapshot of that prefix (once per prefix; nothing when it is not held). */
+void tl_seq_snapshot(tl_ctx *c, int seq);
+/* Runs a batch whose rows go to out (at most max_rows), then commits each
+ * sequence's new positions or leaves them pending (ctx.c). */
+int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);
 
 /* Queues the blocks registered since the last call for the disk cache (seq.c). */
 void tl_seq_offer_disk(tl_ctx *c);

@@ -28,7 +28,43 @@ int tl_seq_truncate(tl_ctx *c, int seq, int len, tl_error *err) {
     if (from >= 0) /* the kept part of a shared block: every layer's K and V */
         c->be.ops->copy_block(c->be.state, from, to);
     c->logits_n = c->blogits_n = 0;
+    return tl_seq_rs_reach(c, seq, len, err);
+}
+
+int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
+    if (!c->be.ops->rs_seek || c->be.ops->rs_seek(c->be.state, seq, len) == 0) return TL_OK;
+    tl_kv_seq *s = tl_kv_seq_get(c->kv, seq);
+    if (!s || len > s->len) return tl_fail(err, TL_ERR_ARG, "sequence %d cannot reach position %d", seq, len);
+    /* the latest snapshot of the prefix at or before len, else the start */
+    const void *snap = NULL;
+    int b = 0;
+    for (int i = s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK; i > 0 && !snap; i--)
+        if ((snap = tl_rsnap_get(c->snaps, s->chains[i - 1]))) b = i * TL_KV_BLOCK;
+    int32_t from, to;
+    if (tl_kv_seq_truncate(c->kv, seq, b, &from, &to)) /* a boundary: never a copy */
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    if (snap) c->be.ops->rs_load(c->be.state, seq, b, snap);
+    else c->be.ops->rs_seek(c->be.state, seq, 0);
+    /* the tokens stay in s->tok past its length: positions [b, len) again */
+    for (int at = b; at < len;) {
+        const int k = len - at < c->n_batch ? len - at : c->n_batch;
+        for (int i = 0; i < k; i++) c->rseq[i] = seq;
+        const tl_batch rb = {.n = k, .token = s->tok + at, .seq = c->rseq};
+        const int st = tl_ctx_decode_into(c, &rb, 0, NULL, err);
+        if (st) return st;
+        at += k;
+    }
+    c->logits_n = c->blogits_n = 0;
     return TL_OK;
+}
+
+void tl_seq_snapshot(tl_ctx *c, int seq) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    if (!c->snaps || !s || !s->cache || s->n_reg == 0) return;
+    const uint64_t chain = s->chains[s->n_reg - 1];
+    if (tl_rsnap_get(c->snaps, chain)) return;
+    void *p = tl_rsnap_put(c->snaps, chain);
+    if (p && c->be.ops->rs_save(c->be.state, seq, s->n_reg * TL_KV_BLOCK, p)) tl_rsnap_drop(c->snaps, chain);
 }
 
 int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
@@ -39,7 +75,7 @@ int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
                        sq->pend);
     tl_kv_seq_commit(c->kv, seq, sq->len + n);
     if (c->disk) tl_seq_offer_disk(c);
-    return TL_OK;
+    return tl_seq_rs_reach(c, seq, sq->len, err); /* the rejected guesses leave the state too */
 }
 
 const int32_t *tl_seq_tokens(const tl_ctx *c, int seq, int *n) {
@@ -53,12 +89,25 @@ int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
     if (id < 0)
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "all %d sequences are open", c->n_seq - 1);
     *seq = id;
+    if (c->be.ops->rs_seek) c->be.ops->rs_seek(c->be.state, id, 0);
     return TL_OK;
 }
 
 int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
     if (seq <= 0) return 0;
     int got = tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse);
+    if (c->snaps) { /* recurrent layers: only as far as a snapshot of the state reaches */
+        const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+        const void *snap = NULL;
+        int keep = 0;
+        for (int i = got / TL_KV_BLOCK; i > 0 && !snap; i--)
+            if ((snap = tl_rsnap_get(c->snaps, s->chains[i - 1]))) keep = i * TL_KV_BLOCK;
+        int32_t from, to;
+        if (keep < got && tl_kv_seq_truncate(c->kv, seq, keep, &from, &to)) keep = 0;
+        if (snap) c->be.ops->rs_load(c->be.state, seq, keep, snap);
+        else c->be.ops->rs_seek(c->be.state, seq, 0);
+        return keep;
+    }
     if (!c->disk || got % TL_KV_BLOCK) return got;
     /* the RAM match ended: the next blocks from disk, while they are there */
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
@@ -121,6 +170,9 @@ int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_
                       tl_error *err) {
     if (!c) return tl_fail(err, TL_ERR_ARG, "no context");
     if (c->disk) return tl_fail(err, TL_ERR_ARG, "the context has a disk cache already");
+    if (c->snaps)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "a disk cache of a model with recurrent layers (%s) is not supported yet",
+                       c->m->arch->name);
     for (int id = 1; id < c->n_seq; id++)
         if (tl_kv_seq_peek(c->kv, id)) return tl_fail(err, TL_ERR_ARG, "a disk cache is set before any sequence opens");
     if (!(c->stage = malloc(c->be.block_bytes)) || tl_kv_key_on(c->kv)) {
@@ -165,6 +217,9 @@ static uint64_t sum_add(uint64_t h, const void *p, size_t n) {
 int tl_ctx_save(tl_ctx *c, int seq, const char *path, tl_error *err) {
     const tl_kv_seq *s = c ? tl_kv_seq_peek(c->kv, seq) : NULL;
     if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
+    if (c->snaps)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "saving a sequence of a model with recurrent layers (%s) is not supported yet",
+                       c->m->arch->name);
     if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     seq_head h = {.block_bytes = c->be.block_bytes, .n_tok = (uint64_t)s->len};
     memcpy(h.magic, SEQ_MAGIC, 8);
@@ -198,6 +253,9 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
     if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
     if (seq == 0) tl_kv_seq_close(c->kv, 0);
     if (s->len || s->n_blk) return tl_fail(err, TL_ERR_ARG, "sequence %d is not empty", seq);
+    if (c->snaps)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "loading a sequence of a model with recurrent layers (%s) is not supported yet",
+                       c->m->arch->name);
     if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     FILE *f = fopen(path, "rb");
     if (!f) return tl_fail(err, TL_ERR_IO, "cannot read %s: %s", path, strerror(errno));
@@ -254,7 +312,11 @@ int tl_seq_len(const tl_ctx *c, int seq) {
 }
 
 void tl_seq_close(tl_ctx *c, int seq) {
-    if (seq > 0) tl_kv_seq_close(c->kv, seq);
+    if (seq <= 0) return;
+    /* a conversation's next turn extends this one: keep its last boundary's state */
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    if (c->snaps && s && c->be.ops->rs_seek(c->be.state, seq, s->len) == 0) tl_seq_snapshot(c, seq);
+    tl_kv_seq_close(c->kv, seq);
 }
 
 void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
@@ -262,5 +324,7 @@ void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     out->block_bytes = c->be.block_bytes;
     out->kv_type_k = c->be.kv_type_k;
     out->kv_type_v = c->be.kv_type_v;
+    out->state_bytes = c->be.rs_seq_bytes;
+    out->n_snapshots = tl_rsnap_count(c->snaps, &out->snapshot_bytes);
 }
 

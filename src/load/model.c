@@ -19,21 +19,26 @@
 
 static const tl_arch_info ARCHS[] = {
     /* name     arch           neox scale sandw qknorm act          qpre swa bias fused moe */
-    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 0, 1},
-    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6, 0, 0, 0},
-    {"qwen2", TL_ARCH_QWEN2, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 0},
-    {"qwen3", TL_ARCH_QWEN3, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 0},
+    {"llama", TL_ARCH_LLAMA, 0, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 0, 1, 0},
+    {"gemma3", TL_ARCH_GEMMA3, 1, 1, 1, 1, TL_ACT_GELU, 1, 6, 0, 0, 0, 0},
+    {"qwen2", TL_ARCH_QWEN2, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 0, 0},
+    {"qwen3", TL_ARCH_QWEN3, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 0, 0},
     /* llama.cpp turns Phi-3's sliding window off (its swa 0 here does too);
      * it scales q before the scores, as qpre does */
-    {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1, 0},
-    {"qwen3moe", TL_ARCH_QWEN3MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2},
-    {"qwen2moe", TL_ARCH_QWEN2MOE, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 2},
+    {"phi3", TL_ARCH_PHI3, 1, 0, 0, 0, TL_ACT_SILU, 1, 0, 0, 1, 0, 0},
+    {"qwen3moe", TL_ARCH_QWEN3MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2, 0},
+    {"qwen2moe", TL_ARCH_QWEN2MOE, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 1, 0, 2, 0},
     /* every other layer (the even ones) attends to a sliding window */
-    {"gpt-oss", TL_ARCH_GPTOSS, 1, 0, 0, 0, TL_ACT_SWIGLU_OAI, 0, 2, 1, 0, 2},
+    {"gpt-oss", TL_ARCH_GPTOSS, 1, 0, 0, 0, TL_ACT_SWIGLU_OAI, 0, 2, 1, 0, 2, 0},
+    /* Gated DeltaNet layers and gated attention; text positions make its
+     * interleaved M-RoPE the NeoX rotation (every section at the same position) */
+    {"qwen35", TL_ARCH_QWEN35, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 0, 1},
+    {"qwen35moe", TL_ARCH_QWEN35MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2, 1},
 };
 
 const char *tl_supported_architectures(void) {
-    return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss";
+    return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, "
+           "qwen35, qwen35moe";
 }
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -127,6 +132,46 @@ static int read_rope_scaling(tl_model *m, tl_error *err) {
     return TL_OK;
 }
 
+/* The hybrids' Gated DeltaNet shape (ssm.*) and their M-RoPE sections. Text
+ * positions put every section at the same position, so the rotation is
+ * NeoX's over n_rot dimensions provided the sections cover them all. */
+static int read_ssm(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    int st, inner;
+    if ((st = hp_int(m, "ssm.conv_kernel", 1, 0, &hp->ssm_d_conv, err)) ||
+        (st = hp_int(m, "ssm.state_size", 1, 0, &hp->ssm_d_state, err)) ||
+        (st = hp_int(m, "ssm.group_count", 1, 0, &hp->ssm_n_kh, err)) ||
+        (st = hp_int(m, "ssm.time_step_rank", 1, 0, &hp->ssm_n_vh, err)) ||
+        (st = hp_int(m, "ssm.inner_size", 1, 0, &inner, err)))
+        return st;
+    if (hp->ssm_d_conv < 1 || hp->ssm_d_conv > 16 || hp->ssm_d_state < 8 || hp->ssm_d_state % 8 ||
+        hp->ssm_d_state > 512 || hp->ssm_n_kh < 1 || hp->ssm_n_vh < hp->ssm_n_kh || hp->ssm_n_vh % hp->ssm_n_kh ||
+        inner != hp->ssm_n_vh * hp->ssm_d_state)
+        return tl_fail(err, TL_ERR_UNSUPPORTED,
+                       "Gated DeltaNet shape not supported: conv %d, state %d, key heads %d, value heads %d, inner %d",
+                       hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_kh, hp->ssm_n_vh, inner);
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", m->arch->name);
+    int64_t sec[4] = {0};
+    const tl_gguf_kv *kv = tl_gguf_find(m->gguf, key);
+    const int n = kv && kv->type == GGUF_TYPE_ARRAY && kv->arr_type != GGUF_TYPE_STRING && kv->arr_n <= 4
+                      ? (int)kv->arr_n : 0;
+    for (int i = 0; i < n; i++) sec[i] = tl_gguf_arr_int(kv, (uint64_t)i);
+    if (n > 0) {
+        int64_t sum = 0;
+        for (int i = 0; i < n; i++) sum += sec[i];
+        /* interleaved sections: pair i takes t, h, w by i % 3 while inside 3 * its section */
+        for (int i = 0; i < hp->n_rot / 2; i++) {
+            const int k = i % 3;
+            if (!(k < 3 && i < 3 * sec[k]))
+                return tl_fail(err, TL_ERR_UNSUPPORTED,
+                               "%s leaves rotary pair %d to the extra section (sections sum %lld of %d pairs)", key,
+                               i, (long long)sum, hp->n_rot / 2);
+        }
+    }
+    return TL_OK;
+}
+
 static int read_hparams(tl_model *m, tl_error *err) {
     tl_hparams *hp = &m->hp;
     int st;
@@ -178,6 +223,7 @@ static int read_hparams(tl_model *m, tl_error *err) {
         if (hp->n_ff_exp == 0) hp->n_ff_exp = m->arch->arch == TL_ARCH_LLAMA ? hp->n_ff : hp->n_ff / hp->n_expert_used;
         if (hp->n_ff_exp <= 0) return tl_fail(err, TL_ERR_FORMAT, "an expert's feed-forward width is 0");
     }
+    if (m->arch->hybrid && (st = read_ssm(m, err))) return st;
     /* llama.cpp: 1/sqrt(key_length), as a float */
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
@@ -259,7 +305,7 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
 #define BM(field, nm, a, b, req, dot)                                 \
     snprintf(n, sizeof n, "blk.%d." nm, il);                          \
     if ((st = bind(m, n, a, b, req, dot, &field, err))) return st;
-    if (oss) { /* its norm before the experts is named for the attention it follows */
+    if (oss || m->arch->hybrid) { /* its norm before the experts is named for the attention it follows */
         BM(E->norm, "post_attention_norm.weight", d, 0, 1, 0)
     } else {
         BM(E->norm, "ffn_norm.weight", d, 0, 1, 0)
@@ -272,7 +318,8 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
     BE(E->gate_b, "ffn_gate_exps.bias", ff, 0)
     BE(E->up_b, "ffn_up_exps.bias", ff, 0)
     BE(E->down_b, "ffn_down_exps.bias", d, 0)
-    if (m->arch->arch == TL_ARCH_QWEN2MOE) {
+    if (m->arch->arch == TL_ARCH_QWEN2MOE || m->arch->arch == TL_ARCH_QWEN35MOE) {
+        E->sh_sigmoid = m->arch->arch == TL_ARCH_QWEN35MOE;
         const int sff = hp->n_ff_shexp ? hp->n_ff_shexp : hp->n_ff;
         BM(E->sh_router, "ffn_gate_inp_shexp.weight", d, 0, 1, 0)
         BM(E->sh_gate, "ffn_gate_shexp.weight", d, sff, 1, 1)
@@ -369,6 +416,87 @@ static int bind_longrope(tl_model *m, tl_error *err) {
     return TL_OK;
 }
 
+/* Which layers of a hybrid are Gated DeltaNet: attention.recurrent_layers
+ * when the file lists them, else all but every full_attention_interval-th
+ * (default 4), as llama.cpp reads them. */
+static int hybrid_is_rec(const tl_model *m, int il, int *rec, tl_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", m->arch->name);
+    const tl_gguf_kv *kv = tl_gguf_find(m->gguf, key);
+    if (kv) {
+        if (kv->type != GGUF_TYPE_ARRAY || kv->arr_type == GGUF_TYPE_STRING || kv->arr_n < (uint64_t)m->hp.n_layer)
+            return tl_fail(err, TL_ERR_FORMAT, "metadata %s is not an array of %d flags", key, m->hp.n_layer);
+        *rec = tl_gguf_arr_int(kv, (uint64_t)il) != 0;
+        return TL_OK;
+    }
+    int interval, st;
+    if ((st = hp_int(m, "full_attention_interval", 0, 4, &interval, err))) return st;
+    if (interval < 1) return tl_fail(err, TL_ERR_FORMAT, "metadata %s.full_attention_interval is 0", m->arch->name);
+    *rec = (il + 1) % interval != 0;
+    return TL_OK;
+}
+
+/* A Qwen3.5/3.6 layer: Gated DeltaNet or gated attention, then the dense
+ * feed-forward or the experts, each after its RMSNorm (the second named
+ * post_attention_norm). */
+static int bind_hybrid_layer(tl_model *m, int il, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    tl_layer *L = &m->layers[il];
+    const int d = hp->n_embd, hd = hp->head_dim, ds = hp->ssm_d_state;
+    const int kd = hp->ssm_n_kh * ds, vd = hp->ssm_n_vh * ds, conv_dim = 2 * kd + vd;
+    int rec = 0, st;
+    if ((st = hybrid_is_rec(m, il, &rec, err))) return st;
+    char n[96];
+#define B(field, nm, a, b, dot)                                                    \
+    snprintf(n, sizeof n, "blk.%d." nm, il);                                       \
+    if ((st = bind(m, n, a, b, 1, dot, &field, err))) return st;
+    L->n_block = 2;
+    if (rec) {
+        L->block[0].kind = TL_BLOCK_GDN;
+        tl_gdn_block *G = &L->block[0].u.gdn;
+        G->rec_layer = hp->n_rec_layer++;
+        B(G->norm, "attn_norm.weight", d, 0, 0)
+        B(G->wqkv, "attn_qkv.weight", d, conv_dim, 1)
+        B(G->wz, "attn_gate.weight", d, vd, 1)
+        B(G->wbeta, "ssm_beta.weight", d, hp->ssm_n_vh, 1)
+        B(G->walpha, "ssm_alpha.weight", d, hp->ssm_n_vh, 1)
+        B(G->conv, "ssm_conv1d.weight", hp->ssm_d_conv, conv_dim, 0)
+        B(G->dt_bias, "ssm_dt.bias", hp->ssm_n_vh, 0, 0)
+        B(G->a, "ssm_a", hp->ssm_n_vh, 0, 0)
+        B(G->ssm_norm, "ssm_norm.weight", ds, 0, 0)
+        B(G->wout, "ssm_out.weight", vd, d, 1)
+        if (G->conv->type != TL_F32)
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor blk.%d.ssm_conv1d.weight must be F32, is %s", il,
+                           tl_type_info(G->conv->type)->name);
+    } else {
+        L->block[0].kind = TL_BLOCK_ATTN;
+        tl_attn_block *A = &L->block[0].u.attn;
+        A->kv_layer = hp->n_kv_layer++;
+        A->q_gate = 1;
+        B(A->norm, "attn_norm.weight", d, 0, 0)
+        B(A->wq, "attn_q.weight", d, 2 * hp->n_head * hd, 1)
+        B(A->wk, "attn_k.weight", d, hp->n_head_kv * hd, 1)
+        B(A->wv, "attn_v.weight", d, hp->n_head_kv * hd, 1)
+        B(A->wo, "attn_output.weight", hp->n_head * hd, d, 1)
+        B(A->q_norm, "attn_q_norm.weight", hd, 0, 0)
+        B(A->k_norm, "attn_k_norm.weight", hd, 0, 0)
+    }
+    if (hp->n_expert > 0) {
+        L->block[1].kind = TL_BLOCK_MOE;
+        if ((st = bind_moe(m, il, &L->block[1].u.moe, err))) return st;
+    } else {
+        L->block[1].kind = TL_BLOCK_FFN;
+        tl_ffn_block *F = &L->block[1].u.ffn;
+        F->act = m->arch->act;
+        B(F->norm, "post_attention_norm.weight", d, 0, 0)
+        B(F->gate, "ffn_gate.weight", d, hp->n_ff, 1)
+        B(F->up, "ffn_up.weight", d, hp->n_ff, 1)
+        B(F->down, "ffn_down.weight", hp->n_ff, d, 1)
+    }
+#undef B
+    return TL_OK;
+}
+
 static int bind_weights(tl_model *m, tl_error *err) {
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd, hd = hp->head_dim, st;
@@ -393,6 +521,12 @@ static int bind_weights(tl_model *m, tl_error *err) {
         return st;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    if (m->arch->hybrid) {
+        for (int i = 0; i < hp->n_layer; i++)
+            if ((st = bind_hybrid_layer(m, i, err))) return st;
+        return TL_OK;
+    }
+    m->hp.n_kv_layer = hp->n_layer;
     for (int i = 0; i < hp->n_layer; i++) {
         tl_layer *L = &m->layers[i];
         /* every family here: attention, then a dense feed-forward */
@@ -589,6 +723,13 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
         const tl_ffn_block *f = &b->u.ffn;
         const tl_w w[] = {f->gate, f->up, f->down, f->norm, f->post_norm};
         nmat = 3;
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
+        break;
+    }
+    case TL_BLOCK_GDN: {
+        const tl_gdn_block *g = &b->u.gdn;
+        const tl_w w[] = {g->wqkv, g->wz, g->wbeta, g->walpha, g->wout, g->norm, g->conv, g->dt_bias, g->a, g->ssm_norm};
+        nmat = 5;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
     }

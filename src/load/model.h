@@ -21,6 +21,8 @@ typedef enum tl_arch {
     TL_ARCH_QWEN3MOE,
     TL_ARCH_QWEN2MOE,
     TL_ARCH_GPTOSS,
+    TL_ARCH_QWEN35,
+    TL_ARCH_QWEN35MOE,
 } tl_arch;
 
 #define TL_MAX_EXPERT_USED 32
@@ -55,6 +57,8 @@ typedef struct tl_arch_info {
                        * then up rows (Phi-3); bound as views, run as separate */
     int moe;          /* 0: dense only; 1: experts when <arch>.expert_count says so
                        * (llama: Mixtral); 2: always experts */
+    int hybrid;       /* 1: Gated DeltaNet layers between full-attention ones, whose q
+                       * carries an output gate (Qwen3.5/3.6) */
 } tl_arch_info;
 
 /* RoPE scaling (<arch>.rope.scaling.type), as llama.cpp reads it. */
@@ -93,6 +97,13 @@ typedef struct tl_hparams {
     int n_ff_exp;        /* one expert's feed-forward width */
     int n_ff_shexp;      /* the shared expert's width (qwen2moe), or 0 */
     float expert_w_scale;/* the chosen weights times this (0 or 1: not scaled) */
+    int n_kv_layer;      /* layers with keys and values in the cache (attention blocks) */
+    /* Gated DeltaNet (hybrids): ssm.* keys */
+    int n_rec_layer;     /* layers with a recurrent state */
+    int ssm_d_conv;      /* the causal convolution's width (ssm.conv_kernel) */
+    int ssm_d_state;     /* a head's key and value size (ssm.state_size) */
+    int ssm_n_kh;        /* key (and query) heads (ssm.group_count) */
+    int ssm_n_vh;        /* value heads (ssm.time_step_rank), a multiple of ssm_n_kh */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -109,6 +120,7 @@ typedef enum tl_block_kind {
     TL_BLOCK_ATTN = 1, /* self-attention over the sequence's cached keys and values */
     TL_BLOCK_FFN,      /* dense gated feed-forward */
     TL_BLOCK_MOE,      /* a router choosing k of n gated feed-forward experts per token */
+    TL_BLOCK_GDN,      /* Gated DeltaNet: linear attention over a recurrent state per sequence */
 } tl_block_kind;
 
 typedef struct tl_attn_block {
@@ -123,6 +135,8 @@ typedef struct tl_attn_block {
                                   * that weighs no value (gpt-oss), or NULL */
     int kv_layer;                /* which of the KV cache's layers holds its keys and values */
     int swa;                     /* 1: attends to a sliding window of hparams.n_swa positions */
+    int q_gate;                  /* 1: wq's rows hold per head q then a gate of the same size, and
+                                  * the attention's output is multiplied by sigmoid(gate) (Qwen3.5) */
 } tl_attn_block;
 
 typedef struct tl_ffn_block {
@@ -143,6 +157,8 @@ typedef struct tl_moe_block {
     tl_w sh_gate, sh_up, sh_down;/* a shared expert every token runs (qwen2moe), or NULL */
     tl_w sh_router;              /* ffn_gate_inp_shexp [d]: the shared expert's output times
                                   * sigmoid(this . x), or NULL */
+    int sh_sigmoid;              /* that sigmoid as 1 / (1 + exp(-x)) (Qwen3.5); else silu(x) / x,
+                                  * as llama.cpp's qwen2moe graph writes it */
     tl_w post_norm;              /* [d] f32, or NULL */
     int n_expert, n_used;
     tl_gating gating;
@@ -151,12 +167,33 @@ typedef struct tl_moe_block {
     tl_ffn_act act;
 } tl_moe_block;
 
+/* Gated DeltaNet (llama.cpp's qwen35 graph): per token, a projection to q,
+ * k, v of every head (conv_dim = 2 * n_kh * d_state + n_vh * d_state), a
+ * causal convolution of width d_conv over it, SiLU, q and k L2-normalised;
+ * per value head h a decay g = softplus(alpha + dt_bias) * a (a < 0) and a
+ * write strength beta = sigmoid(beta); the state S (d_state x d_state per
+ * value head, key head h % n_kh) decays by exp(g), takes the delta rule's
+ * update beta (v - S k) k^T, and gives o = S q / sqrt(d_state); then an RMSNorm
+ * of o gated by silu(z), and the output projection. */
+typedef struct tl_gdn_block {
+    tl_w norm;                   /* [d] f32, before the block */
+    tl_w wqkv;                   /* attn_qkv [conv_dim, d] */
+    tl_w wz;                     /* attn_gate [n_vh * d_state, d]: the output gate z */
+    tl_w wbeta, walpha;          /* ssm_beta, ssm_alpha [n_vh, d] */
+    tl_w conv;                   /* ssm_conv1d [conv_dim][d_conv] f32: oldest tap first */
+    tl_w dt_bias, a;             /* [n_vh] f32 */
+    tl_w ssm_norm;               /* [d_state] f32 */
+    tl_w wout;                   /* ssm_out [d, n_vh * d_state] */
+    int rec_layer;               /* which of the sequences' recurrent states it owns */
+} tl_gdn_block;
+
 typedef struct tl_block {
     tl_block_kind kind;
     union {
         tl_attn_block attn;
         tl_ffn_block ffn;
         tl_moe_block moe;
+        tl_gdn_block gdn;
     } u;
 } tl_block;
 
