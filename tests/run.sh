@@ -31,10 +31,10 @@ run_one() { # name, command...
     [ "$f" -eq 0 ] || failed_progs+=("$name")
 }
 
-# Random mixtures of experts for test_batch (Q8_0: the packed, tiled path).
+# Random mixtures of experts and hybrids for test_batch (Q8_0: the packed, tiled path).
 PYM=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PYM=.venv/bin/python
-for a in qwen3moe qwen2moe; do
+for a in qwen3moe qwen2moe qwen35 qwen35moe; do
     "$PYM" scripts/mkmodel.py "$a" "models/random/batch_$a.gguf" --seed 11 --type q8_0 ||
         echo "!! scripts/mkmodel.py $a failed"
 done

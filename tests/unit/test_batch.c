@@ -15,6 +15,8 @@
 #define GEMMA "models/gemma-3-270m-q4_k_m.gguf"
 #define MOE_QWEN3 "models/random/batch_qwen3moe.gguf"
 #define MOE_QWEN2 "models/random/batch_qwen2moe.gguf"
+#define HYB_QWEN35 "models/random/batch_qwen35.gguf"
+#define HYB_QWEN35MOE "models/random/batch_qwen35moe.gguf"
 #define NS 3
 
 static uint64_t rng = 88172645463325252ull;
@@ -126,6 +128,57 @@ static void prefix_reuse(tl_model *m, const int32_t *ids, int n, const float *re
     tl_ctx_kv_stats(c, &st);
     CHECK(st.hit_tokens > 0 && st.query_tokens >= st.hit_tokens, "stats: %llu hits of %llu",
           (unsigned long long)st.hit_tokens, (unsigned long long)st.query_tokens);
+    tl_ctx_free(c);
+}
+
+/* Recurrent layers: guesses past a block boundary rejected (the state goes
+ * back), then a truncation further back than the state keeps (recomputed
+ * from a snapshot or the start): every later row as a cold run's. */
+static void rollback(tl_model *m, const int32_t *ids, int n, const float *ref) {
+    tl_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .n_seq_max = 2, .n_logits_max = 64};
+    tl_ctx *c;
+    tl_error err = {0};
+    if (n < 36 || tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "rollback: %d tokens, ctx: %s", n, err.msg);
+        return;
+    }
+    int nv = tl_model_n_vocab(m), a, bad = 0;
+    int32_t sid[256], tok[256];
+    uint8_t want[256];
+    CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < n; i++) sid[i] = a, want[i] = 1;
+    tl_batch b0 = {13, ids, sid, want, 0};
+    CHECK(tl_ctx_decode(c, &b0, &err) == 0, "%s", err.msg);
+    /* 9 guesses at 13..21, right up to 17, wrong from 18 */
+    memcpy(tok, ids + 13, 9 * sizeof *tok);
+    for (int i = 5; i < 9; i++) tok[i] = ids[(i * 7) % 13];
+    tl_batch b1 = {9, tok, sid, want, 1};
+    CHECK(tl_ctx_decode(c, &b1, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 5; i++)
+        bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(13 + i) * nv, (size_t)nv * sizeof(float)) != 0;
+    CHECK(tl_seq_commit(c, a, 5, &err) == 0 && tl_seq_len(c, a) == 18, "commit: %s", err.msg);
+    for (int at = 18; at < n;) { /* the rest in calls of up to 11 */
+        const int k = n - at < 11 ? n - at : 11;
+        tl_batch b2 = {k, ids + at, sid, want, 0};
+        CHECK(tl_ctx_decode(c, &b2, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < k; i++)
+            bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(at + i) * nv, (size_t)nv * sizeof(float)) != 0;
+        at += k;
+    }
+    CHECK(bad == 0, "rollback: %d rows after rejected guesses differ from cold", bad);
+    for (int cut = 7; cut <= 20; cut += 13) {
+        bad = 0;
+        CHECK(tl_seq_truncate(c, a, cut, &err) == 0 && tl_seq_len(c, a) == cut, "truncate to %d: %s", cut, err.msg);
+        tl_batch b3 = {n - cut, ids + cut, sid, want, 0};
+        CHECK(tl_ctx_decode(c, &b3, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < n - cut; i++)
+            bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(cut + i) * nv, (size_t)nv * sizeof(float)) != 0;
+        CHECK(bad == 0, "truncate to %d: %d rows differ from cold", cut, bad);
+    }
+    tl_kv_stats st;
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.state_bytes > 0 && st.n_snapshots > 0 && st.snapshot_bytes > 0, "state %zu bytes, %d snapshots",
+          st.state_bytes, st.n_snapshots);
     tl_ctx_free(c);
 }
 
@@ -242,14 +295,17 @@ static void gemma(void) {
 
 /* The same on mixtures of experts (random weights, tests/run.sh makes them):
  * a token's row must not depend on which other tokens chose its experts, or
- * how many did. */
+ * how many did; and on the hybrids, whose Gated DeltaNet layers keep a
+ * recurrent state per sequence: token by token, in chunks, beside other
+ * sequences, from a snapshot of a cached prefix, after rejected guesses. */
 static void experts(void) {
-    static const char *files[] = {MOE_QWEN3, MOE_QWEN2};
+    static const char *files[] = {MOE_QWEN3, MOE_QWEN2, HYB_QWEN35, HYB_QWEN35MOE};
     static const char river[] = "The river flows past the old mill and into the sea, where the boats of the "
                                 "fishermen wait for the tide to turn, and the gulls circle over the harbour "
                                 "wall until evening comes";
     const char *texts[NS] = {river,
-                             "Seven apples, three pears and a basket of plums were on the table",
+                             "Seven apples, three pears and a basket of plums were on the table, and the "
+                             "children counted them twice before supper",
                              "In the beginning the town had one road, one bridge and one well"};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         tl_model *m;
@@ -271,6 +327,7 @@ static void experts(void) {
             interleaved(m, ids, n, ref, 1, 2, files[f]);
             interleaved(m, ids, n, ref, 20, 3, files[f]);
             prefix_reuse(m, ids[0], n[0], ref[0]);
+            if (f >= 2) rollback(m, ids[0], n[0], ref[0]);
         }
         for (int s = 0; s < NS; s++) {
             free(ref[s]);
