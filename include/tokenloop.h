@@ -266,6 +266,7 @@ typedef struct tl_kv_stats {
     /* Recurrent layers (Gated DeltaNet): a sequence's state is kept beside
      * the cache, and a cached prefix resumes from a snapshot of it */
     size_t state_bytes;    /* one sequence's recurrent state in memory (0: no such layers) */
+    size_t state_read_bytes; /* what a step of one sequence reads of it (its state at a block boundary) */
     int n_snapshots;       /* states of cached prefixes held */
     size_t snapshot_bytes; /* their memory */
 } tl_kv_stats;
@@ -501,7 +502,8 @@ typedef struct tl_trace_step {
     int n_seqs;
     uint64_t weight_bytes; /* weights read (once per call) */
     uint64_t kv_bytes;   /* KV cache read (each sequence's positions, once) */
-    double gbps;         /* (weight_bytes + kv_bytes) / wall_s / 1e9 */
+    uint64_t state_bytes; /* recurrent state read (each sequence's, once; 0 without such layers) */
+    double gbps;         /* (weight_bytes + kv_bytes + state_bytes) / wall_s / 1e9 */
     int kv_used, kv_cached, kv_blocks; /* KV blocks held, cached-only, in the pool */
     uint64_t tokens_in;  /* prompt tokens evaluated so far */
     uint64_t tokens_cached; /* prompt tokens skipped as cached so far */

@@ -471,6 +471,13 @@ BIG_MOE = {
                          ff_exp=768, base=1000000.0, ctx=40960, std=0.02),
     "gptoss-20b": dict(arch="gpt-oss", d=2880, layers=8, heads=64, heads_kv=8, hd=64, n_exp=32, used=4,
                        ff_exp=2880, base=150000.0, ctx=131072, std=0.02, swa=128),
+    # Qwen3.6-35B-A3B's layers (2048 wide; Gated DeltaNet with 16 key and 32
+    # value heads of 128, a 4-wide convolution; gated attention with 16/2
+    # heads of 256, 64 dimensions rotated; 256 experts of width 512, 8 used,
+    # and a shared one of 512) at 8 of its 40 layers: 6 DeltaNet, 2 attention
+    "qwen35moe-a3b": dict(arch="qwen35moe", d=2048, layers=8, heads=16, heads_kv=2, hd=256, n_exp=256, used=8,
+                          ff_exp=512, base=10000000.0, ctx=262144, std=0.02, n_rot=64, sections=[11, 11, 10, 0],
+                          ssm=dict(d_conv=4, d_state=128, n_kh=16, n_vh=32, interval=4), ff_sh=512),
 }
 SMOLLM2 = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -498,9 +505,19 @@ def build_big_moe(args):
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(p["base"])
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(p.get("n_rot", hd))
     w.add_vocab_size(n_vocab)
     oss = p["arch"] == "gpt-oss"
+    ssm = p.get("ssm")
+    if ssm:
+        w.add_ssm_conv_kernel(ssm["d_conv"])
+        w.add_ssm_inner_size(ssm["d_state"] * ssm["n_vh"])
+        w.add_ssm_state_size(ssm["d_state"])
+        w.add_ssm_time_step_rank(ssm["n_vh"])
+        w.add_ssm_group_count(ssm["n_kh"])
+        w.add_full_attention_interval(ssm["interval"])
+        w.add_rope_dimension_sections(p["sections"])
+        w.add_expert_shared_feed_forward_length(p["ff_sh"])
     if oss:
         w.add_sliding_window(p["swa"])
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -521,6 +538,28 @@ def build_big_moe(args):
                      (b + "ffn_up_exps.weight", (ne, ff, d), "mat"), (b + "ffn_up_exps.bias", (ne, ff), "bias"),
                      (b + "ffn_down_exps.weight", (ne, d, ff), "mat"), (b + "ffn_down_exps.bias", (ne, d), "bias")]
             continue
+        if ssm:
+            kd, vd = ssm["d_state"] * ssm["n_kh"], ssm["d_state"] * ssm["n_vh"]
+            plan += [(b + "attn_norm.weight", (d,), "norm")]
+            if (i + 1) % ssm["interval"]:
+                plan += [(b + "attn_qkv.weight", (2 * kd + vd, d), "mat"), (b + "attn_gate.weight", (vd, d), "mat"),
+                         (b + "ssm_conv1d.weight", (2 * kd + vd, ssm["d_conv"]), "conv"),
+                         (b + "ssm_dt.bias", (ssm["n_vh"],), "bias"), (b + "ssm_a", (ssm["n_vh"],), "decay"),
+                         (b + "ssm_beta.weight", (ssm["n_vh"], d), "mat"),
+                         (b + "ssm_alpha.weight", (ssm["n_vh"], d), "mat"),
+                         (b + "ssm_norm.weight", (ssm["d_state"],), "norm"), (b + "ssm_out.weight", (d, vd), "mat")]
+            else:
+                plan += [(b + "attn_q.weight", (2 * q, d), "mat"), (b + "attn_k.weight", (kv, d), "mat"),
+                         (b + "attn_v.weight", (kv, d), "mat"), (b + "attn_q_norm.weight", (hd,), "norm"),
+                         (b + "attn_k_norm.weight", (hd,), "norm"), (b + "attn_output.weight", (d, q), "mat")]
+            plan += [(b + "post_attention_norm.weight", (d,), "norm"),
+                     (b + "ffn_gate_inp.weight", (ne, d), "router"), (b + "ffn_gate_exps.weight", (ne, ff, d), "mat"),
+                     (b + "ffn_up_exps.weight", (ne, ff, d), "mat"), (b + "ffn_down_exps.weight", (ne, d, ff), "mat"),
+                     (b + "ffn_gate_inp_shexp.weight", (d,), "bias"),
+                     (b + "ffn_gate_shexp.weight", (p["ff_sh"], d), "mat"),
+                     (b + "ffn_up_shexp.weight", (p["ff_sh"], d), "mat"),
+                     (b + "ffn_down_shexp.weight", (d, p["ff_sh"]), "mat")]
+            continue
         plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (q, d), "mat"),
                  (b + "attn_k.weight", (kv, d), "mat"), (b + "attn_v.weight", (kv, d), "mat"),
                  (b + "attn_q_norm.weight", (hd,), "norm"), (b + "attn_k_norm.weight", (hd,), "norm"),
@@ -537,6 +576,10 @@ def build_big_moe(args):
             return rng.standard_normal(shape, dtype=np.float32) * (4 * p["std"])
         if kind == "bias":
             return rng.standard_normal(shape, dtype=np.float32) * 0.1
+        if kind == "conv":
+            return rng.standard_normal(shape, dtype=np.float32) * 0.5
+        if kind == "decay":  # -exp(A_log), A_log uniform in [log 0.1, log 2]
+            return -np.exp(rng.uniform(np.log(0.1), np.log(2.0), shape)).astype(np.float32)
         out = np.empty(shape, dtype=np.float16 if args.type == "f16" else np.float32)
         flat = out.reshape(-1, shape[-1])
         for r in range(0, flat.shape[0], 8192):  # bounded float32 temporaries
@@ -544,7 +587,7 @@ def build_big_moe(args):
         return out if args.type in ("f16", "f32") else to_type(out, args.type)[0]
 
     for name, shape, kind in plan:
-        qt = QT.F32 if kind in ("norm", "router", "bias") else TYPES[args.type]
+        qt = QT.F32 if kind in ("norm", "router", "bias", "conv", "decay") else TYPES[args.type]
         byte_shape = gguf.quant_shape_to_byte_shape(shape, qt)
         nbytes = int(np.prod(byte_shape))
         if qt in (QT.F32, QT.F16):

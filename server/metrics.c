@@ -297,6 +297,15 @@ static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
     sb_simple(b, "tokenloop_kv_bytes_per_position", "gauge",
               "KV cache memory one position takes (all layers, K and V, in the cache's types).",
               (double)mx->kv.block_bytes / (mx->kv.block_size > 0 ? mx->kv.block_size : 1));
+    if (mx->kv.state_bytes) {
+        sb_simple(b, "tokenloop_state_bytes_per_sequence", "gauge",
+                  "Memory of one sequence's recurrent state (Gated DeltaNet layers).", (double)mx->kv.state_bytes);
+        sb_simple(b, "tokenloop_state_snapshots", "gauge",
+                  "Recurrent states kept at cached prefixes' block boundaries, where a prompt may resume.",
+                  (double)mx->kv.n_snapshots);
+        sb_simple(b, "tokenloop_state_snapshot_bytes", "gauge", "Memory of those states.",
+                  (double)mx->kv.snapshot_bytes);
+    }
     if (mx->has_disk) {
         sb_simple(b, "tokenloop_disk_cache_blocks", "gauge", "Prefix-cache blocks on disk (--cache-dir).",
                   (double)mx->disk.files);

@@ -324,10 +324,10 @@ int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, t
     for (int id = 0; id < c->n_seq; id++) {
         if (!c->seq_cnt[id]) continue;
         tl_kv_seq *sq = tl_kv_seq_get(c->kv, id);
+        const int reg = sq->n_reg;
         if (b->pending) sq->pend = c->seq_cnt[id];
         else tl_kv_seq_commit(c->kv, id, sq->len + c->seq_cnt[id]);
-        /* a prompt's last boundary: where a longer prompt may resume */
-        if (c->snaps && !b->pending && c->seq_cnt[id] >= TL_KV_BLOCK) tl_seq_snapshot(c, id);
+        if (!b->pending) tl_seq_snapshot_after(c, id, c->seq_cnt[id], reg);
     }
     if (c->disk) tl_seq_offer_disk(c);
     return TL_OK;

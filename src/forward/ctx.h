@@ -46,6 +46,10 @@ int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err);
 /* Keeps the recurrent state at seq's last registered block boundary as a
  * snapshot of that prefix (once per prefix; nothing when it is not held). */
 void tl_seq_snapshot(tl_ctx *c, int seq);
+/* After n positions of seq were committed, with reg blocks registered
+ * before: the snapshot policy (tl_seq_snapshot when a prompt's chunk, or
+ * guesses, ended past a new block boundary; a decoded token alone never). */
+void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg);
 /* Runs a batch whose rows go to out (at most max_rows), then commits each
  * sequence's new positions or leaves them pending (ctx.c). */
 int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err);

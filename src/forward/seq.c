@@ -58,6 +58,15 @@ int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
     return TL_OK;
 }
 
+/* Where a later prompt can resume: the end of each prompt (its chunks
+ * commit many positions at once) and of each conversation (tl_seq_close).
+ * Decoded tokens, one per commit, would fill the store with states no prompt
+ * asks for. */
+void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    if (c->snaps && s && n >= 2 && s->n_reg > reg) tl_seq_snapshot(c, seq);
+}
+
 void tl_seq_snapshot(tl_ctx *c, int seq) {
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
     if (!c->snaps || !s || !s->cache || s->n_reg == 0) return;
@@ -73,9 +82,12 @@ int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
     if (n < 0 || n > sq->pend)
         return tl_fail(err, TL_ERR_ARG, "cannot commit %d positions of sequence %d (%d pending)", n, seq,
                        sq->pend);
+    const int reg = sq->n_reg;
     tl_kv_seq_commit(c->kv, seq, sq->len + n);
     if (c->disk) tl_seq_offer_disk(c);
-    return tl_seq_rs_reach(c, seq, sq->len, err); /* the rejected guesses leave the state too */
+    const int st = tl_seq_rs_reach(c, seq, sq->len, err); /* the rejected guesses leave the state too */
+    if (!st) tl_seq_snapshot_after(c, seq, n, reg);
+    return st;
 }
 
 const int32_t *tl_seq_tokens(const tl_ctx *c, int seq, int *n) {
@@ -325,6 +337,7 @@ void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     out->kv_type_k = c->be.kv_type_k;
     out->kv_type_v = c->be.kv_type_v;
     out->state_bytes = c->be.rs_seq_bytes;
+    out->state_read_bytes = c->be.rs_bytes;
     out->n_snapshots = tl_rsnap_count(c->snaps, &out->snapshot_bytes);
 }
 

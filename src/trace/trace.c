@@ -32,6 +32,7 @@ struct tl_tracer {
     uint64_t step;
     uint64_t weight_bytes;
     size_t pos_bytes;
+    size_t state_bytes; /* a sequence's recurrent state read per step (tl_kv_stats.state_read_bytes) */
     int n_rows;
     tl_trace_seq *seqs;
     int *pos0; /* each sequence's positions before the call */
@@ -73,6 +74,7 @@ int tl_tracer_new(const tl_ctx *ctx, tl_trace_fn fn, void *user, tl_tracer **out
     tl_kv_stats kv;
     tl_ctx_kv_stats(ctx, &kv);
     t->pos_bytes = kv.block_bytes / TL_KV_BLOCK;
+    t->state_bytes = kv.state_read_bytes;
     *out = t;
     return TL_OK;
 }
@@ -205,10 +207,11 @@ void tl_tracer_emit(tl_tracer *t) {
         const int len = tl_seq_len(t->ctx, s->seq);
         s->pos = len >= 0 ? len : t->pos0[i] + s->n_fed;
         st.kv_bytes += (uint64_t)(t->pos0[i] + s->n_fed) * t->pos_bytes;
+        st.state_bytes += t->state_bytes;
     }
     st.seqs = t->seqs;
     st.n_seqs = t->n_seqs;
-    st.gbps = st.wall_s > 0 ? (double)(st.weight_bytes + st.kv_bytes) / st.wall_s / 1e9 : 0;
+    st.gbps = st.wall_s > 0 ? (double)(st.weight_bytes + st.kv_bytes + st.state_bytes) / st.wall_s / 1e9 : 0;
     tl_kv_stats kv;
     tl_ctx_kv_stats(t->ctx, &kv);
     st.kv_used = kv.n_used;

@@ -111,9 +111,10 @@ size_t tl_trace_json(const tl_trace_step *st, const tl_model *model, char *buf, 
         }
         put(&w, "]}", 2);
     }
-    pf(&w, "],\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"gbps\":%.3f,\"kv_blocks\":{\"used\":%d,\"cached\":%d,"
-           "\"total\":%d},\"totals\":{\"tokens_in\":%llu,\"tokens_cached\":%llu,\"tokens_out\":%llu,",
-       (unsigned long long)st->weight_bytes, (unsigned long long)st->kv_bytes, st->gbps, st->kv_used, st->kv_cached,
+    pf(&w, "],\"weight_bytes\":%llu,\"kv_bytes\":%llu,\"state_bytes\":%llu,\"gbps\":%.3f,\"kv_blocks\":{\"used\":%d,"
+           "\"cached\":%d,\"total\":%d},\"totals\":{\"tokens_in\":%llu,\"tokens_cached\":%llu,\"tokens_out\":%llu,",
+       (unsigned long long)st->weight_bytes, (unsigned long long)st->kv_bytes, (unsigned long long)st->state_bytes,
+       st->gbps, st->kv_used, st->kv_cached,
        st->kv_blocks, (unsigned long long)st->tokens_in, (unsigned long long)st->tokens_cached,
        (unsigned long long)st->tokens_out);
     if (st->ttft_s >= 0) pf(&w, "\"ttft_ms\":%.3f,", st->ttft_s * 1e3);

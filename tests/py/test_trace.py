@@ -144,6 +144,7 @@ def main():
               "greedy: each token is its step's most probable, with 5 alternatives")
         check(all(ln["weight_bytes"] > 50e6 and ln["kv_bytes"] > 0 and ln["gbps"] > 0 for ln in lines),
               "bytes read and GB/s")
+        check(all(ln["state_bytes"] == 0 for ln in lines), "no recurrent state read by a transformer")
         greedy = tokens(lines)
 
         # the same request through the server: the same tokens and probabilities

@@ -1,0 +1,109 @@
+"""A hybrid model (Gated DeltaNet layers with a recurrent state beside
+attention layers: a random qwen35moe made by scripts/mkmodel.py) through the
+server, at temperature 0, in both numerics modes:
+- a prompt served again comes from the prefix cache (cached_tokens, resumed
+  from a snapshot of the recurrent state) with the same tokens and
+  log-probabilities as cold, bit for bit;
+- a prompt that extends a served conversation (its prompt, its answer, more)
+  resumes from the snapshot kept when the first request ended, and answers as
+  a cold server does;
+- speculative decoding (n-gram guesses, rejected ones rolled back in the
+  state) gives the same tokens as --spec off, and did guess;
+- the trace and /metrics report the state.
+Run: TL_BIN=build/tokenloop python3 tests/py/test_hybrid.py"""
+import http.client
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tlcheck  # noqa: E402
+import tlserver  # noqa: E402
+from tlcheck import check  # noqa: E402
+from tlserver import SLOW  # noqa: E402
+
+ROOT = tlcheck.ROOT
+MODEL = os.path.join(ROOT, "models", "random", "hybrid_qwen35moe.gguf")
+# repetitive, so that n-gram guesses get accepted; ~300 tokens
+PROMPT = "Inventory log. " + " ".join(
+    f"Shelf {i % 7} holds {['jars', 'ropes', 'lamps'][i % 3]} number {i % 5}." for i in range(40))
+EXTRA = " Shelf 3 holds jars number 2. Shelf 4 holds"
+
+
+def ask(srv, prompt, n=40):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300 * SLOW)
+    try:
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0,
+                                                              "logprobs": 3}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        body = json.loads(r.read())
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {json.dumps(body)[:300]}")
+        ch = body["choices"][0]
+        u = body["usage"]
+        return {"text": ch["text"], "tokens": ch["logprobs"]["tokens"], "lp": ch["logprobs"]["token_logprobs"],
+                "cached": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                "prompt": u["prompt_tokens"], "spec": u.get("speculative") or {}}
+    finally:
+        c.close()
+
+
+def serve(numerics, *args):
+    srv = tlserver.Server(MODEL, ["-np", "2", "-t", "2", "-c", "1024", "--numerics", numerics, *args])
+    check(srv.wait_ready(), f"{numerics} {' '.join(args)}: server ready")
+    return srv
+
+
+def same(a, b, what):
+    return check(a["tokens"] == b["tokens"] and a["lp"] == b["lp"],
+                 f"{what}: {a['text'][:60]!r} vs {b['text'][:60]!r}")
+
+
+def run(numerics):
+    srv = serve(numerics, "--spec", "off")
+    try:
+        cold = ask(srv, PROMPT)
+        check(cold["cached"] == 0 and cold["prompt"] > 200, f"[{numerics}] cold: {cold['cached']} cached of "
+              f"{cold['prompt']}")
+        again = ask(srv, PROMPT)
+        check(again["cached"] >= 192, f"[{numerics}] the same prompt again: {again['cached']} cached")
+        same(again, cold, f"[{numerics}] from the state's snapshot = cold")
+        longer = PROMPT + cold["text"] + EXTRA
+        ext = ask(srv, longer)
+        check(ext["cached"] >= cold["prompt"] // 16 * 16,
+              f"[{numerics}] the conversation extended: {ext['cached']} cached (the first prompt had "
+              f"{cold['prompt']})")
+        m = tlserver.metric(srv.port, "tokenloop_state_bytes_per_sequence")
+        check(m is not None and m > 0, f"[{numerics}] /metrics: state bytes per sequence {m}")
+        m = tlserver.metric(srv.port, "tokenloop_state_snapshots")
+        check(m is not None and m >= 1, f"[{numerics}] /metrics: {m} state snapshots")
+    finally:
+        srv.stop()
+    ref = serve(numerics, "--spec", "off")
+    try:
+        same(ext, ask(ref, longer), f"[{numerics}] an extended conversation from a snapshot = cold")
+    finally:
+        ref.stop()
+    spec = serve(numerics, "--spec", "ngram")
+    try:
+        s = ask(spec, PROMPT)
+        same(s, cold, f"[{numerics}] speculative = --spec off")
+        check(s["spec"].get("drafted", 0) > 0, f"[{numerics}] n-gram guesses were made: {s['spec']}")
+    finally:
+        spec.stop()
+
+
+def main():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "qwen35moe", MODEL, "--seed",
+                        "41", "--type", "q8_0"], capture_output=True, text=True)
+    if not check(p.returncode == 0, f"mkmodel.py qwen35moe: {p.stderr[-300:]}"):
+        tlcheck.finish()
+    for numerics in ("fast", "exact"):
+        run(numerics)
+    tlcheck.finish()
+
+
+if __name__ == "__main__":
+    main()
