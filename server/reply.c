@@ -316,7 +316,7 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     /* tool calls: the content before them, the calls parsed out */
     size_t clen = blen;
     if (!bad && !harmony && r->kind == SRV_CHAT && r->tool_mode)
-        calls = tools_split(r->tool_fmt, body, blen, r->id, &clen);
+        calls = tools_split(r->tool_fmt, body, blen, r->id, r->tool_strs, &clen);
     if (calls) finish = "tool_calls";
     json_t *txt = bad ? NULL : calls && !clen ? json_null() : api_jstr_bytes(body, clen);
     api_buf_free(&text);
@@ -502,7 +502,7 @@ static int stream_tools(const api_ctx *a, const srv_req *r, api_stream *st, cons
                         int last, api_buf *out) {
     api_buf content = {0};
     json_t *calls = json_array();
-    int rc = !calls || tools_stream(&st->tools, r->tool_fmt, t, n, r->id, &content, calls);
+    int rc = !calls || tools_stream(&st->tools, r->tool_fmt, t, n, r->id, r->tool_strs, &content, calls);
     const char *lost = tools_lost_open(r->tool_fmt);
     /* the end, as the whole reply has it: text after the calls is dropped;
      * an unterminated call with none before it is content, tag included */

@@ -60,6 +60,7 @@ void srv_req_release(srv_req *r) {
     tl_matcher_free(r->matcher);
     tl_sampler_free(r->smp);
     tl_grammar_free(r->grammar);
+    json_decref(r->tool_strs);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     close(r->efd);

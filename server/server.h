@@ -11,6 +11,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "tokenloop.h"
 
 #define SRV_MAX_TOP 20
@@ -101,7 +103,9 @@ typedef struct srv_req {
     tl_sampler *smp;                 /* owned until admission takes them: made by srv_sched_submit, */
     tl_matcher *matcher;             /* which checks that they can be, so they are made once */
     int tool_mode;                   /* TOOLS_* (server/tools.h): the reply is split into tool calls */
-    int tool_fmt;                    /* TOOLS_HERMES/LLAMA3/MISTRAL: their format */
+    int tool_fmt;                    /* TOOLS_HERMES/LLAMA3/MISTRAL/...: their format */
+    json_t *tool_strs;               /* owned, TOOLS_QWEN_XML: {function: [its string parameters]}
+                                      * (their values are raw text; the others JSON), or NULL */
     int think;                       /* the reply may reason (tl_chat_think_markers) */
     int think_started;               /* the prompt opened the reasoning */
     int think_budget;                /* reasoning tokens before the close is forced; -1: none */

@@ -4,6 +4,9 @@
  *   support):      <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
  *   Llama 3.1/3.2: {"name": "f", "parameters": {...}}   (the whole reply)
  *   Mistral v3:    [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]
+ *   Qwen3.5/3.6, Qwen3-Coder (XML):
+ *                  <tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n</tool_call>
+ *                  (a string parameter's value as raw text, the others as JSON)
  *
  * The format follows from the chat template. Templates that render tools
  * themselves (a `tools` variable) get the definitions that way; the others
@@ -41,12 +44,15 @@ static const fmt_def FMT[] = {
     [TOOLS_MISTRAL] = {"[TOOL_CALLS]", 0, NULL, 1, "arguments", 1, 0},
     /* harmony's calls are messages (src/chat/harmony.c); the trigger is the recipient's */
     [TOOLS_HARMONY] = {" to=functions.", 0, NULL, 0, "arguments", 0, 0},
+    /* the call between the tags is XML, not JSON (take_calls' xml_call) */
+    [TOOLS_QWEN_XML] = {OPEN, 0, CLOSE, 0, "arguments", 0, 0},
 };
 
 int tools_format(const char *tmpl, int native) {
     if (!native || !tmpl) return TOOLS_HERMES;
     if (tl_chat_harmony(tmpl)) return TOOLS_HARMONY;
     if (strstr(tmpl, "[TOOL_CALLS]")) return TOOLS_MISTRAL;
+    if (strstr(tmpl, "<function=")) return TOOLS_QWEN_XML;
     if (strstr(tmpl, "<|python_tag|>") || strstr(tmpl, "\"parameters\": dictionary")) return TOOLS_LLAMA3;
     return TOOLS_HERMES;
 }
@@ -214,9 +220,142 @@ static int harmony_grammar(const tools_req *t, tl_grammar **out, tl_error *err) 
     return rc;
 }
 
+/* Whether a parameter's schema is a string, written as raw text in XML. */
+static int string_param(json_t *ps) {
+    json_t *ty = json_object_get(ps, "type"), *en = json_object_get(ps, "enum");
+    if (json_is_string(ty)) return !strcmp(json_string_value(ty), "string");
+    if (ty || !json_is_array(en) || !json_array_size(en)) return 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(en, i, v) if (!json_is_string(v)) return 0;
+    return 1;
+}
+
+json_t *tools_string_params(json_t *tools) {
+    json_t *out = json_object();
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function"), *list = json_array();
+        json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+        const char *k;
+        json_t *ps;
+        json_object_foreach(props, k, ps) if (string_param(ps)) json_array_append_new(list, json_string(k));
+        if (!out || !list || json_object_set_new(out, json_string_value(json_object_get(fn, "name")), list)) {
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* GBNF for a literal (quoted, escaped) into b. */
+static int gbnf_lit(api_buf *b, const char *s) {
+    int bad = api_buf_add(b, "\"", 1);
+    for (; *s && !bad; s++) {
+        char e[8];
+        if (*s == '"' || *s == '\\') snprintf(e, sizeof e, "\\%c", *s);
+        else if (*s == '\n') snprintf(e, sizeof e, "\\n");
+        else snprintf(e, sizeof e, "%c", *s);
+        bad = api_buf_add(b, e, strlen(e));
+    }
+    return bad || api_buf_add(b, "\"", 1);
+}
+
+/* Qwen3.5's XML calls: per function its parameters in the schema's order,
+ * the required ones always there; a string's value raw text (no newline
+ * before a '<'; its enum's values, or up to maxLength characters), any other
+ * value JSON by its schema. */
+static int xml_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
+    api_buf b = {0};
+    int bad = 0, rc = 0, k = 0;
+    bad |= api_buf_add(&b, "root ::= \"" OPEN "\\n\" xcall \"" CLOSE "\"", strlen("root ::= \"" OPEN "\\n\" xcall \"" CLOSE "\""));
+    if (t->parallel) {
+        static const char MORE[] = " (\"\\n" OPEN "\\n\" xcall \"" CLOSE "\")*";
+        bad |= api_buf_add(&b, MORE, sizeof MORE - 1);
+    }
+    static const char TEXT[] = "\nxtext ::= ([^\\n<] | \"<\" [^/] | \"\\n\" [^<])*\nxcall ::= ";
+    bad |= api_buf_add(&b, TEXT, sizeof TEXT - 1);
+    size_t i;
+    json_t *tool;
+    json_array_foreach(t->tools, i, tool) {
+        const char *name = json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+        if (t->only && strcmp(name, t->only)) continue;
+        char r[32];
+        snprintf(r, sizeof r, "%sx%d", k ? " | " : "", k);
+        bad |= api_buf_add(&b, r, strlen(r));
+        k++;
+    }
+    bad |= api_buf_add(&b, "\n", 1);
+    k = 0;
+    json_array_foreach(t->tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (t->only && strcmp(name, t->only)) continue;
+        json_t *params = json_object_get(fn, "parameters"), *props = json_object_get(params, "properties"),
+               *req = json_object_get(params, "required");
+        char r[64];
+        snprintf(r, sizeof r, "x%d ::= ", k);
+        api_buf head = {0};
+        bad |= api_buf_add(&b, r, strlen(r));
+        char open_fn[160];
+        snprintf(open_fn, sizeof open_fn, "<function=%s>\n", name);
+        bad |= gbnf_lit(&b, open_fn);
+        const char *pk;
+        json_t *ps;
+        int j = 0;
+        json_object_foreach(props, pk, ps) {
+            int required = 0;
+            size_t q;
+            json_t *rv;
+            json_array_foreach(req, q, rv) required |= json_is_string(rv) && !strcmp(json_string_value(rv), pk);
+            char open_p[160];
+            snprintf(open_p, sizeof open_p, "<parameter=%s>\n", pk);
+            bad |= api_buf_add(&b, " (", 2) || gbnf_lit(&b, open_p);
+            snprintf(r, sizeof r, " x%d-%d \"\\n</parameter>\\n\")%s", k, j, required ? "" : "?");
+            bad |= api_buf_add(&b, r, strlen(r));
+            /* the value's rule */
+            snprintf(r, sizeof r, "x%d-%d ::= ", k, j);
+            bad |= api_buf_add(&head, r, strlen(r));
+            json_t *en = json_object_get(ps, "enum"), *ml = json_object_get(ps, "maxLength");
+            if (string_param(ps) && json_is_array(en)) {
+                size_t e;
+                json_t *ev;
+                json_array_foreach(en, e, ev) bad |= (e && api_buf_add(&head, " | ", 3)) || gbnf_lit(&head, json_string_value(ev));
+                bad |= api_buf_add(&head, "\n", 1);
+            } else if (string_param(ps)) {
+                if (json_is_integer(ml) && json_integer_value(ml) >= 0 && json_integer_value(ml) < 4096)
+                    snprintf(r, sizeof r, "[^\\n<]{0,%d}\n", (int)json_integer_value(ml));
+                else
+                    snprintf(r, sizeof r, "xtext\n");
+                bad |= api_buf_add(&head, r, strlen(r));
+            } else {
+                char *text = json_dumps(ps, JSON_COMPACT), *gbnf = NULL, pre[32];
+                if (!rc) rc = tl_json_schema_to_gbnf(text ? text : "{}", text ? strlen(text) : 2, &gbnf, err);
+                snprintf(pre, sizeof pre, "x%d-%d-", k, j);
+                snprintf(r, sizeof r, "x%d-%d-root\n", k, j);
+                bad |= api_buf_add(&head, r, strlen(r));
+                if (!rc) bad |= gbnf_prefixed(&head, gbnf, pre);
+                free(text);
+                tl_free(gbnf);
+            }
+            j++;
+        }
+        bad |= api_buf_add(&b, " \"</function>\\n\"\n", strlen(" \"</function>\\n\"\n"));
+        bad |= head.n && api_buf_add(&b, head.p, head.n);
+        api_buf_free(&head);
+        k++;
+    }
+    if (!rc && bad) rc = tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    if (!rc) rc = tl_grammar_parse(b.p, b.n, out, err);
+    api_buf_free(&b);
+    return rc;
+}
+
 int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err) {
     *out = NULL;
     if (fmt == TOOLS_HARMONY) return harmony_grammar(t, out, err);
+    if (fmt == TOOLS_QWEN_XML) return xml_grammar(t, out, err);
     json_t *alts = json_array(), *schema = json_object();
     size_t i;
     json_t *tool;
@@ -304,16 +443,63 @@ static json_t *call_of(int fmt, json_t *o, int index, const char *req_id) {
     return c;
 }
 
+/* One XML call, s[0..n) between the tags, as {"name", "arguments"}: a
+ * string parameter (strs) keeps its text, another is parsed as JSON (its
+ * text if it does not parse); NULL if it is not a call. */
+static json_t *xml_call(const char *s, size_t n, json_t *strs) {
+    while (n && (*s == '\n' || *s == ' ')) s++, n--;
+    static const char FN[] = "<function=", PA[] = "<parameter=", PE[] = "</parameter>";
+    if (n < sizeof FN - 1 || memcmp(s, FN, sizeof FN - 1)) return NULL;
+    const char *p = s + sizeof FN - 1, *end = s + n, *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt || gt == p) return NULL;
+    json_t *name = json_stringn(p, (size_t)(gt - p)), *args = json_object();
+    json_t *str_list = name ? json_object_get(strs, json_string_value(name)) : NULL;
+    for (p = gt + 1; name && args;) {
+        const char *a = memmem(p, (size_t)(end - p), PA, sizeof PA - 1);
+        if (!a) break;
+        const char *kb = a + sizeof PA - 1, *ke = memchr(kb, '>', (size_t)(end - kb));
+        if (!ke) break;
+        const char *vb = ke + 1, *ve = memmem(vb, (size_t)(end - vb), PE, sizeof PE - 1);
+        if (!ve) break;
+        p = ve + sizeof PE - 1;
+        if (vb < ve && *vb == '\n') vb++; /* the value sits between newlines */
+        if (ve > vb && ve[-1] == '\n') ve--;
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)(ke - kb < 255 ? ke - kb : 255), kb);
+        int is_str = 0;
+        size_t q;
+        json_t *sv;
+        json_array_foreach(str_list, q, sv) is_str |= !strcmp(json_string_value(sv), key);
+        json_t *v = is_str ? NULL : json_loadb(vb, (size_t)(ve - vb), JSON_DECODE_ANY, NULL);
+        if (!v) v = json_stringn(vb, (size_t)(ve - vb));
+        if (!v || json_object_set_new(args, key, v)) {
+            json_decref(args);
+            args = NULL;
+        }
+    }
+    json_t *o = name && args ? json_pack("{s:o, s:o}", "name", name, "arguments", args) : NULL;
+    if (!o) {
+        json_decref(name);
+        json_decref(args);
+    }
+    return o;
+}
+
 /* The calls in s[0..n), which starts just after the open text (at it, for
  * Llama 3): appended to calls (with "index" if indexed), *n_calls counting
  * the reply's calls so far. Returns the bytes they took, 0 while they are
  * incomplete, -1 if they cannot parse, -2 out of memory. */
-static long take_calls(int fmt, const char *s, size_t n, const char *req_id, json_t *calls, int *n_calls,
-                       int indexed) {
+static long take_calls(int fmt, const char *s, size_t n, const char *req_id, json_t *strs, json_t *calls,
+                       int *n_calls, int indexed) {
     const fmt_def *f = &FMT[fmt];
     json_t *v = NULL;
     size_t used;
-    if (f->close) {
+    if (fmt == TOOLS_QWEN_XML) {
+        const char *c = memmem(s, n, f->close, strlen(f->close));
+        if (!c) return 0;
+        v = xml_call(s, (size_t)(c - s), strs);
+        used = (size_t)(c - s) + strlen(f->close);
+    } else if (f->close) {
         const char *c = memmem(s, n, f->close, strlen(f->close));
         if (!c) return 0;
         v = json_loadb(s, (size_t)(c - s), 0, NULL);
@@ -342,7 +528,7 @@ static long take_calls(int fmt, const char *s, size_t n, const char *req_id, jso
     return (long)used;
 }
 
-json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, size_t *content_len) {
+json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, json_t *strs, size_t *content_len) {
     const fmt_def *f = &FMT[fmt];
     const size_t ol = strlen(f->open);
     const char *open = memmem(text, n, f->open, ol);
@@ -355,7 +541,7 @@ json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, siz
     int k = 0;
     while (calls && p && p < end) {
         const char *b = f->keep_open ? p : p + ol;
-        long used = take_calls(fmt, b, (size_t)(end - b), req_id, calls, &k, 0);
+        long used = take_calls(fmt, b, (size_t)(end - b), req_id, strs, calls, &k, 0);
         if (used == -2) {
             json_decref(calls);
             return NULL;
@@ -393,8 +579,8 @@ json_t *tools_harmony_call(const char *name, const char *args, size_t n, int k, 
 
 const char *tools_lost_open(int fmt) { return FMT[fmt].keep_open ? "" : FMT[fmt].open; }
 
-int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, api_buf *content,
-                 json_t *calls) {
+int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, json_t *strs,
+                 api_buf *content, json_t *calls) {
     const fmt_def *f = &FMT[fmt];
     const size_t ol = strlen(f->open);
     if (n && api_buf_add(&s->hold, text, n)) return -1;
@@ -445,7 +631,7 @@ int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const 
             s->hold.n = hn - skip;
             continue;
         }
-        long used = take_calls(fmt, h, hn, req_id, calls, &s->n_calls, 1);
+        long used = take_calls(fmt, h, hn, req_id, strs, calls, &s->n_calls, 1);
         if (used == -2) return -1;
         /* incomplete: wait for more; cannot parse: held to the end, which
          * treats it as a whole reply does */

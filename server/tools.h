@@ -9,7 +9,7 @@
 
 enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
 /* Call formats (see tools.c). */
-enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2, TOOLS_HARMONY = 3 };
+enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2, TOOLS_HARMONY = 3, TOOLS_QWEN_XML = 4 };
 
 /* A request's tools (borrowed from its JSON body). */
 typedef struct tools_req {
@@ -42,9 +42,12 @@ int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err);
  * (with "index" if index >= 0): the arguments compacted when they parse as
  * JSON, "{}" when empty, else as written. */
 json_t *tools_harmony_call(const char *name, const char *args, size_t n, int k, int index, const char *req_id);
+/* Qwen3.5's XML calls write string parameters as raw text and the others as
+ * JSON: {function name: [its string parameters]} from the tools, or NULL. */
+json_t *tools_string_params(json_t *tools);
 /* A whole reply: the calls in it (NULL if none) and the length of the
- * content before them. */
-json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, size_t *content_len);
+ * content before them. strs: tools_string_params' (TOOLS_QWEN_XML), or NULL. */
+json_t *tools_split(int fmt, const char *text, size_t n, const char *req_id, json_t *strs, size_t *content_len);
 
 /* A streamed reply (tools_stream_st, in api.h): text is held back while it
  * may be the start of a tag; each call is emitted once its block is
@@ -57,7 +60,7 @@ typedef struct tools_stream_st {
     int plain; /* the reply has shown it holds no calls (a format whose calls open it) */
 } tools_stream_st;
 
-int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, api_buf *content,
-                 json_t *calls);
+int tools_stream(tools_stream_st *s, int fmt, const char *text, size_t n, const char *req_id, json_t *strs,
+                 api_buf *content, json_t *calls);
 
 #endif

@@ -224,6 +224,8 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
         tl_error err = {0};
         const char *tm = tl_model_chat_template(a->m);
         r->tool_fmt = tools_format(tm, tm && strstr(tm, "tools"));
+        if (r->tool_fmt == TOOLS_QWEN_XML && !(r->tool_strs = tools_string_params(t.tools)))
+            return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         rc = tools_grammar(&t, r->tool_fmt, &r->grammar, &err);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         if (rc) return BAD("tools", "%s", err.msg);

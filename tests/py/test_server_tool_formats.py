@@ -2,7 +2,9 @@
 random-weight models (scripts/mkmodel.py) that carry real chat templates:
 Llama 3.1's ({"name": ..., "parameters": ...} as the whole reply) and
 Mistral v3's ([TOOL_CALLS] [{"name": ..., "arguments": ...}], with
-[TOOL_CALLS] a control token). The server picks the format from the
+[TOOL_CALLS] a control token) and Qwen3.5's (XML: <tool_call> <function=...>
+<parameter=...>, on a random hybrid qwen35 model, with and without its
+reasoning, through the chat, Responses and Messages dialects). The server picks the format from the
 template; required and named choices make the model write it; every call's
 arguments validate against the function's schema; streamed equals whole
 (names, arguments, indices); Mistral's ids are nine letters and digits,
@@ -38,6 +40,9 @@ FAMILIES = {
     "mistral": dict(template="mistral-v3.jinja", eos=None,
                     control=["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                              "[TOOL_RESULTS]", "[/TOOL_RESULTS]"]),
+    "qwen3.5": dict(template="qwen3.5.jinja", eos="<|im_end|>", control=["<|im_start|>", "<|im_end|>"],
+                    tokens=["<think>", "</think>"], arch="qwen35",
+                    kwargs={"chat_template_kwargs": {"enable_thinking": False}}),
 }
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
@@ -53,10 +58,12 @@ MSGS = [{"role": "user", "content": "What is the weather in Paris, and what is 2
 
 
 def make_model(path, fam):
-    args = [sys.executable, MKMODEL, "qwen3", path, "--vocab", VOCAB, "--seed", "11",
+    args = [sys.executable, MKMODEL, fam.get("arch", "qwen3"), path, "--vocab", VOCAB, "--seed", "11",
             "--template", os.path.join(TEMPLATES, fam["template"])]
     for c in fam["control"]:
         args += ["--add-control", c]
+    for c in fam.get("tokens", []):
+        args += ["--add-token", c]
     if fam["eos"]:
         args += ["--eos", fam["eos"]]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)
@@ -106,6 +113,33 @@ def streamed(cl, **kw):
     return finish, content or None, [calls[i] for i in sorted(calls)]
 
 
+def qwen35_more(srv, cl):
+    """Qwen3.5: the reasoning its prompt opens comes first (cut by a budget),
+    then the call; the same calls through the Responses and Messages dialects."""
+    kw = dict(model="m", messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=400, temperature=0.8, seed=1,
+              parallel_tool_calls=False, extra_body={"max_thinking_tokens": 12})
+    r = cl.chat.completions.create(**kw)
+    m = r.choices[0].message
+    reasoning = getattr(m, "reasoning_content", None) or (m.model_extra or {}).get("reasoning_content")
+    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]
+    check(r.choices[0].finish_reason == "tool_calls" and valid(calls) and reasoning,
+          f"qwen3.5 with reasoning: {r.choices[0].finish_reason} {calls} reasoning {reasoning!r:.60}")
+    # each dialect's own way to keep the reasoning short: effort none, a thinking budget
+    body = {"model": "m", "input": MSGS[0]["content"], "tool_choice": "required", "max_output_tokens": 400,
+            "temperature": 0.8, "seed": 2, "parallel_tool_calls": False, "reasoning": {"effort": "none"},
+            "tools": [{"type": "function", **t["function"]} for t in TOOLS]}
+    out = post(srv.url + "/v1/responses", body)
+    fc = [{"name": o["name"], "arguments": o["arguments"]} for o in out.get("output", []) if o["type"] == "function_call"]
+    check(valid(fc), f"qwen3.5 Responses: function_call items {fc}")
+    body = {"model": "m", "max_tokens": 400, "temperature": 0.8, "messages": MSGS, "tool_choice": {"type": "any"},
+            "thinking": {"type": "enabled", "budget_tokens": 10},
+            "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]}
+    out = post(srv.url + "/v1/messages", body)
+    tu = [{"name": b["name"], "arguments": json.dumps(b["input"])} for b in out.get("content", [])
+          if b["type"] == "tool_use"]
+    check(out.get("stop_reason") == "tool_use" and valid(tu), f"qwen3.5 Messages: tool_use blocks {tu}")
+
+
 def family(name, fam, tmp):
     model = os.path.join(tmp, name + ".gguf")
     if not make_model(model, fam):
@@ -122,6 +156,8 @@ def family(name, fam, tmp):
         for choice, seed, parallel in choices:
             kw = dict(model="m", messages=MSGS, tools=TOOLS, tool_choice=choice, max_tokens=400, temperature=0.8,
                       seed=seed, parallel_tool_calls=parallel)
+            if fam.get("kwargs"):
+                kw["extra_body"] = fam["kwargs"]
             fin, content, calls = whole(cl, **kw)
             named = isinstance(choice, dict)
             check(fin == "tool_calls" and valid(calls) and not content
@@ -151,6 +187,8 @@ def family(name, fam, tmp):
             except openai.APIError as e:
                 ok, err = False, str(e)
             check(ok, f"{name}: the history with calls and results renders: {err:.300}")
+        if name == "qwen3.5":
+            qwen35_more(srv, cl)
         if name == "mistral":
             tok = post(srv.url + "/tokenize", {"content": "[TOOL_CALLS]", "add_special": False})["tokens"]
             check(len(tok) == 1, f"[TOOL_CALLS] is one token: {tok}")

@@ -573,11 +573,19 @@ static void test_tool_formats(void) {
                         "{\"name\": \"g\", \"arguments\": {\"y\": \"]\"}}]", "", "f,g", "{\"x\":1}"},
         {TOOLS_MISTRAL, "no calls [TOOL_CALL here", "no calls [TOOL_CALL here", "", NULL},
         {TOOLS_LLAMA3, "{\"name\" is not JSON", "{\"name\" is not JSON", "", NULL},
+        /* Qwen3.5's XML: f's s is a string parameter (raw text, even as digits), x is JSON */
+        {TOOLS_QWEN_XML, "Checking.\n\n<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n<parameter=s>\n12\n"
+                         "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>",
+         "Checking.", "f,g", "{\"x\":1,\"s\":\"12\"}"},
+        {TOOLS_QWEN_XML, "<tool_call>\n<function=f>\n<parameter=s>\na <b> c\nd\n</parameter>\n</function>\n</tool_call>",
+         "", "f", "{\"s\":\"a <b> c\\nd\"}"},
+        {TOOLS_QWEN_XML, "<tool_call> is what I would write", "<tool_call> is what I would write", "", NULL},
     };
+    json_t *strs = json_pack("{s:[s]}", "f", "s");
     for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
         const size_t n = strlen(C[i].text);
         size_t clen = 0;
-        json_t *calls = tools_split(C[i].fmt, C[i].text, n, "chatcmpl-abc", &clen);
+        json_t *calls = tools_split(C[i].fmt, C[i].text, n, "chatcmpl-abc", strs, &clen);
         char names[64] = "";
         for (size_t j = 0; j < json_array_size(calls); j++) {
             json_t *f = json_object_get(json_array_get(calls, j), "function");
@@ -604,7 +612,7 @@ static void test_tool_formats(void) {
                 int rc = 0;
                 for (size_t at = 0; !rc && at < n; at += step)
                     rc = tools_stream(&st, C[i].fmt, C[i].text + at, at + step > n ? n - at : step, "chatcmpl-abc",
-                                      &content, got);
+                                      strs, &content, got);
                 /* the end, as reply.c's stream_tools has it */
                 if (!rc && !st.in_call && !st.seen_call) rc = api_buf_add(&content, st.hold.p, st.hold.n);
                 else if (!rc && st.in_call && !st.n_calls)
@@ -626,7 +634,7 @@ static void test_tool_formats(void) {
             int rc = 0;
             for (size_t at = 0; !rc && at < n; at += step)
                 rc = tools_stream(&st, C[i].fmt, C[i].text + at, at + step > n ? n - at : step, "chatcmpl-abc",
-                                  &content, got);
+                                  strs, &content, got);
             int same = !rc && json_array_size(got) == json_array_size(calls) && content.n == clen &&
                        (!clen || !memcmp(content.p, C[i].text, clen));
             for (size_t j = 0; same && j < json_array_size(got); j++) {
@@ -645,8 +653,10 @@ static void test_tool_formats(void) {
     CHECK(tools_format("{{ '[TOOL_CALLS] [' }}{% for t in tools %}", 1) == TOOLS_MISTRAL &&
               tools_format("<|python_tag|>{{ tools }}", 1) == TOOLS_LLAMA3 &&
               tools_format("<tool_call>{{ tools }}", 1) == TOOLS_HERMES &&
-              tools_format("[TOOL_CALLS]", 0) == TOOLS_HERMES,
+              tools_format("[TOOL_CALLS]", 0) == TOOLS_HERMES &&
+              tools_format("<tool_call>\n<function=example_function_name>{{ tools }}", 1) == TOOLS_QWEN_XML,
           "the format follows the template");
+    json_decref(strs);
 }
 
 int main(void) {
