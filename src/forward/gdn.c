@@ -25,8 +25,9 @@
  *
  * What a sequence keeps per layer: S at its last two block boundaries (two
  * slots, by boundary parity), in exact mode the state after its last token,
- * and a ring of the last RING positions' inputs (the convolution's input row,
- * k, v, g, beta, and the fast form's delta and G). That is enough to go back
+ * and a ring of the last two blocks' and the convolution window's inputs (the
+ * convolution's input row and k; exact mode's v, g and beta; the fast form's
+ * delta and G). That is enough to go back
  * to any position since the previous boundary (speculation's rejected
  * guesses: replayed from the boundary in exact mode, the ring cut in fast
  * mode) and to snapshot the state at a boundary for the prefix cache. */
@@ -44,7 +45,7 @@
 #endif
 
 #define BLK TL_KV_BLOCK
-#define RING 48 /* > 2 blocks + the convolution's window */
+#define NONE ((size_t)-1) /* a ring field this numerics mode does not keep */
 
 /* The few vector steps the recurrence is made of, at one CPU level; the
  * AVX2 ones give the scalar ones' bits (elementwise fma, one dot order). */
@@ -116,7 +117,7 @@ __attribute__((target("avx2,fma"))) static void sdot_avx2(int d, const float *S,
 }
 #endif
 
-/* One ring entry's fields, in floats from its start. */
+/* One ring entry's fields, in floats from its start (NONE: not kept). */
 typedef struct gdn_ent {
     size_t conv, k, v, g, b, d, G, size;
 } gdn_ent;
@@ -124,6 +125,7 @@ typedef struct gdn_ent {
 struct tl_gdn {
     int n_seq, n_rec, exact;
     int ds, n_kh, n_vh, kd, vd, conv_dim, d_conv;
+    int ring;           /* positions kept: two blocks and the convolution's window */
     size_t s_floats;    /* one layer's state: n_vh heads of ds x ds */
     size_t lay;         /* floats per (sequence, layer): two slots, the exact run state, the ring */
     gdn_ent e;
@@ -145,9 +147,9 @@ struct tl_gdn {
 
 static float *lay_of(const tl_gdn *g, int seq, int l) { return g->mem + ((size_t)seq * g->n_rec + l) * g->lay; }
 static float *slot_of(const tl_gdn *g, float *lay, int b) { return lay + (size_t)((b / BLK) & 1) * g->s_floats; }
-static float *run_of(const tl_gdn *g, float *lay) { return lay + 2 * g->s_floats; }
+static float *run_of(const tl_gdn *g, float *lay) { return g->exact ? lay + 2 * g->s_floats : NULL; }
 static float *ring_of(const tl_gdn *g, float *lay, int p) {
-    return lay + 3 * g->s_floats + (size_t)(p % RING) * g->e.size;
+    return lay + (g->exact ? 3 : 2) * g->s_floats + (size_t)(p % g->ring) * g->e.size;
 }
 
 size_t tl_gdn_snap_bytes(const tl_cpu *c) {
@@ -184,16 +186,24 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
     g->conv_dim = 2 * g->kd + g->vd;
     g->d_conv = hp->ssm_d_conv;
     g->s_floats = (size_t)g->n_vh * g->ds * g->ds;
+    /* exact mode replays from k, v, g and beta; the fast form reads k,
+     * delta and G of the block's earlier positions */
     size_t o = 0;
+    g->e = (gdn_ent){NONE, NONE, NONE, NONE, NONE, NONE, NONE, 0};
     g->e.conv = o, o += (size_t)g->conv_dim;
     g->e.k = o, o += (size_t)g->kd;
-    g->e.v = o, o += (size_t)g->vd;
-    g->e.g = o, o += (size_t)g->n_vh;
-    g->e.b = o, o += (size_t)g->n_vh;
-    g->e.d = o, o += (size_t)g->vd;
-    g->e.G = o, o += (size_t)g->n_vh;
+    if (g->exact) {
+        g->e.v = o, o += (size_t)g->vd;
+        g->e.g = o, o += (size_t)g->n_vh;
+        g->e.b = o, o += (size_t)g->n_vh;
+    } else {
+        g->e.d = o, o += (size_t)g->vd;
+        g->e.G = o, o += (size_t)g->n_vh;
+    }
     g->e.size = (o + 15) & ~(size_t)15;
-    g->lay = 3 * g->s_floats + (size_t)RING * g->e.size;
+    g->ring = 2 * BLK + g->d_conv - 1;
+    /* the state after the last token: exact mode's alone */
+    g->lay = (g->exact ? 3 : 2) * g->s_floats + (size_t)g->ring * g->e.size;
     g->f = (gdn_fns){axpy_ref, scale_ref, dot_ref, sdot_ref};
 #ifdef GDN_X86
     if (c->kern.level >= TL_CPU_AVX2) g->f = (gdn_fns){axpy_avx2, scale_avx2, dot_avx2, sdot_avx2};
@@ -329,6 +339,7 @@ static void conv_tokens(tl_cpu *c, int t0, int t1, const tl_gdn_block *G, float 
         for (int j = 0; j < K; j++) in[j] = conv_row(g, lay, r, p - (K - 1) + j);
         for (int ch = 0; ch < cd; ch++) {
             float s = 0.0f;
+            /* ggml_ssm_conv: a float sum, each product rounded (no fma) */
             for (int j = 0; j < K; j++) s += (in[j] ? in[j][ch] : 0.0f) * w[(size_t)ch * K + j];
             row[ch] = s;
         }
@@ -472,16 +483,18 @@ static void keep_runs(tl_cpu *c, const tl_gdn_block *G) {
     for (int r = 0; r < g->n_run; r++) {
         const int s = g->run_seq[r], p_end = g->run_p0[r] + g->run_n[r];
         float *lay = lay_of(g, s, G->rec_layer);
-        for (int p = p_end - RING > g->run_p0[r] ? p_end - RING : g->run_p0[r]; p < p_end; p++) {
+        for (int p = p_end - g->ring > g->run_p0[r] ? p_end - g->ring : g->run_p0[r]; p < p_end; p++) {
             const int t = g->tidx[g->run_t0[r] + p - g->run_p0[r]];
             float *e = ring_of(g, lay, p);
-            memcpy(e + g->e.conv, g->qkv + (size_t)t * g->conv_dim, (size_t)g->conv_dim * sizeof(float));
-            memcpy(e + g->e.k, g->k + (size_t)t * g->kd, (size_t)g->kd * sizeof(float));
-            memcpy(e + g->e.v, g->v + (size_t)t * g->vd, (size_t)g->vd * sizeof(float));
-            memcpy(e + g->e.g, g->g + (size_t)t * g->n_vh, (size_t)g->n_vh * sizeof(float));
-            memcpy(e + g->e.b, g->b + (size_t)t * g->n_vh, (size_t)g->n_vh * sizeof(float));
-            memcpy(e + g->e.d, g->d + (size_t)t * g->vd, (size_t)g->vd * sizeof(float));
-            memcpy(e + g->e.G, g->G + (size_t)t * g->n_vh, (size_t)g->n_vh * sizeof(float));
+            const struct {
+                size_t at;
+                const float *src;
+                int n;
+            } F[] = {{g->e.conv, g->qkv, g->conv_dim}, {g->e.k, g->k, g->kd}, {g->e.v, g->v, g->vd},
+                     {g->e.g, g->g, g->n_vh},        {g->e.b, g->b, g->n_vh}, {g->e.d, g->d, g->vd},
+                     {g->e.G, g->G, g->n_vh}};
+            for (size_t f = 0; f < sizeof F / sizeof *F; f++)
+                if (F[f].at != NONE) memcpy(e + F[f].at, F[f].src + (size_t)t * F[f].n, (size_t)F[f].n * sizeof(float));
         }
         if (G->rec_layer == g->n_rec - 1) { /* the last layer: the sequence has moved */
             g->pos[s] = p_end;
@@ -523,7 +536,7 @@ int tl_gdn_seek(tl_cpu *c, int seq, int pos) {
         for (int l = 0; l < g->n_rec; l++) {
             float *lay = lay_of(g, seq, l);
             memset(slot_of(g, lay, 0), 0, g->s_floats * sizeof(float));
-            memset(run_of(g, lay), 0, g->s_floats * sizeof(float));
+            if (g->exact) memset(run_of(g, lay), 0, g->s_floats * sizeof(float));
         }
         g->pos[seq] = g->lo[seq] = 0;
         return 0;
@@ -577,7 +590,7 @@ void tl_gdn_snap_load(tl_cpu *c, int seq, int pos, const void *p) {
     for (int l = 0; l < g->n_rec; l++) {
         float *lay = lay_of(g, seq, l);
         memcpy(slot_of(g, lay, pos), in, g->s_floats * sizeof(float));
-        memcpy(run_of(g, lay), in, g->s_floats * sizeof(float));
+        if (g->exact) memcpy(run_of(g, lay), in, g->s_floats * sizeof(float));
         in += g->s_floats;
         for (int i = 0; i < g->d_conv - 1; i++) {
             const int q = pos - (g->d_conv - 1) + i;
