@@ -149,6 +149,12 @@ int cmd_info(int argc, char **argv) {
                                        t < TL_KV_Q4_0 ? "," : "");
         }
         putchar('\n');
+        int n_rec = 0;
+        const size_t sb = tl_model_state_bytes(m, &n_rec);
+        if (sb)
+            printf("recurrent state per sequence: %.2f MiB in %d Gated DeltaNet layers (the KV cache is the attention "
+                   "layers')\n",
+                   (double)sb / (1 << 20), n_rec);
     }
     tl_model_free(m);
     return 0;

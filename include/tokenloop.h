@@ -70,6 +70,10 @@ int tl_model_n_expert(const tl_model *model, int *n_used);
  * and V); 0 when the model cannot have that cache (a head size that is not a
  * multiple of the type's 32-element block) or runs no weights. */
 size_t tl_model_kv_bytes_per_pos(const tl_model *model, int kv_type_k, int kv_type_v);
+/* The recurrent state one sequence carries whatever its length (Gated
+ * DeltaNet layers: each value head's state and the convolution's window, in
+ * f32), and how many layers keep one; 0 for a transformer. */
+size_t tl_model_state_bytes(const tl_model *model, int *n_layers);
 /* The chat template from the file's metadata, or NULL. */
 const char *tl_model_chat_template(const tl_model *model);
 

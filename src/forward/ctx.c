@@ -204,6 +204,16 @@ size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v
     return (size_t)hp->n_kv_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
 }
 
+size_t tl_model_state_bytes(const tl_model *m, int *n_layers) {
+    if (n_layers) *n_layers = m && m->arch ? m->hp.n_rec_layer : 0;
+    if (!m || !m->arch || !m->hp.n_rec_layer) return 0;
+    const tl_hparams *hp = &m->hp;
+    const size_t conv_dim = (size_t)(2 * hp->ssm_n_kh + hp->ssm_n_vh) * hp->ssm_d_state;
+    return (size_t)hp->n_rec_layer *
+           ((size_t)hp->ssm_n_vh * hp->ssm_d_state * hp->ssm_d_state + (size_t)(hp->ssm_d_conv - 1) * conv_dim) *
+           sizeof(float);
+}
+
 int tl_kv_type_parse(const char *name) {
     for (int i = 0; name && i < (int)(sizeof kv_type_names / sizeof *kv_type_names); i++)
         if (!strcmp(name, kv_type_names[i])) return i;
