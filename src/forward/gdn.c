@@ -381,18 +381,19 @@ static void fast_head(tl_gdn *g, float *lay, int r, int h, float *scr) {
     const int ds = g->ds, kh = h % g->n_kh, p_end = g->run_p0[r] + g->run_n[r];
     const float scale = 1.0f / sqrtf((float)ds);
     const size_t hs = (size_t)h * ds * ds;
-    float *sk = scr, *sq = scr + (size_t)BLK * ds, *acc = sq + (size_t)BLK * ds, *acc2 = acc + ds;
+    float *sk = scr, *sq = NULL, *acc = scr + 2 * (size_t)BLK * ds, *acc2 = acc + ds;
     for (int p = g->run_p0[r]; p < p_end;) {
         const int B = p / BLK * BLK, e_end = B + BLK < p_end ? B + BLK : p_end, nt = e_end - p;
         const float *S = slot_of(g, lay, B) + hs;
-        const float *xk[BLK], *xq[BLK];
+        /* S^T k and S^T q of the segment's tokens in one pass over S */
+        const float *x[2 * BLK], **xk = x, **xq = x + nt;
         for (int i = 0; i < nt; i++) {
             const int t = g->tidx[g->run_t0[r] + p + i - g->run_p0[r]];
             xk[i] = g->k + (size_t)t * g->kd + kh * ds;
             xq[i] = g->q + (size_t)t * g->kd + kh * ds;
         }
-        g->f.sdot(ds, S, nt, xk, sk);
-        g->f.sdot(ds, S, nt, xq, sq);
+        g->f.sdot(ds, S, 2 * nt, x, sk);
+        sq = sk + (size_t)nt * ds;
         for (int i = 0; i < nt; i++) {
             const int pp = p + i, t = g->tidx[g->run_t0[r] + pp - g->run_p0[r]];
             const float Gt = (pp == B ? 0.0f : hist_at(g, lay, r, pp - 1, h).G) + g->g[(size_t)t * g->n_vh + h];
