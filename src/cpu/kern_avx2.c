@@ -511,6 +511,47 @@ static float dot_f32(int64_t n, const void *w, const void *a) {
     return s;
 }
 
+/* F32 rows x F32 activations, 2 rows x 4 tokens at a time: eight
+ * independent chains, each dot_f32's (one accumulator, 8 at a time, the same
+ * tail), so every output has dot_f32's bits; one chain alone waits on each
+ * fma's latency (an F32 router over a prompt). y[t * ys + r]. */
+static void tile_f32(int64_t n, const float *w, size_t ws, int nr, const float *a, size_t as, int nt, float *y,
+                     size_t ys) {
+    for (int r0 = 0; r0 < nr; r0 += 2) {
+        const int rn = nr - r0 < 2 ? nr - r0 : 2;
+        for (int t0 = 0; t0 < nt; t0 += 4) {
+            const int tn = nt - t0 < 4 ? nt - t0 : 4;
+            __m256 acc[2][4];
+            for (int r = 0; r < 2; r++)
+                for (int t = 0; t < 4; t++) acc[r][t] = _mm256_setzero_ps();
+            const float *w0 = w + (size_t)r0 * ws, *w1 = w0 + (rn > 1 ? ws : 0);
+            const float *a0 = a + (size_t)t0 * as, *a1 = a0 + (tn > 1 ? as : 0), *a2 = a0 + (tn > 2 ? 2 * as : 0),
+                        *a3 = a0 + (tn > 3 ? 3 * as : 0);
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8) {
+                const __m256 x0 = _mm256_loadu_ps(w0 + i), x1 = _mm256_loadu_ps(w1 + i);
+                const __m256 b0 = _mm256_loadu_ps(a0 + i), b1 = _mm256_loadu_ps(a1 + i), b2 = _mm256_loadu_ps(a2 + i),
+                             b3 = _mm256_loadu_ps(a3 + i);
+                acc[0][0] = _mm256_fmadd_ps(x0, b0, acc[0][0]);
+                acc[0][1] = _mm256_fmadd_ps(x0, b1, acc[0][1]);
+                acc[0][2] = _mm256_fmadd_ps(x0, b2, acc[0][2]);
+                acc[0][3] = _mm256_fmadd_ps(x0, b3, acc[0][3]);
+                acc[1][0] = _mm256_fmadd_ps(x1, b0, acc[1][0]);
+                acc[1][1] = _mm256_fmadd_ps(x1, b1, acc[1][1]);
+                acc[1][2] = _mm256_fmadd_ps(x1, b2, acc[1][2]);
+                acc[1][3] = _mm256_fmadd_ps(x1, b3, acc[1][3]);
+            }
+            const float *wr[2] = {w0, w1}, *at[4] = {a0, a1, a2, a3};
+            for (int r = 0; r < rn; r++)
+                for (int t = 0; t < tn; t++) {
+                    float s = hsum_f8(acc[r][t]);
+                    for (int64_t k = i; k < n; k++) s = fma1(wr[r][k], at[t][k], s);
+                    y[(size_t)(t0 + t) * ys + (size_t)(r0 + r)] = s;
+                }
+        }
+    }
+}
+
 /* ---- activation quantizers ------------------------------------------------------------ */
 
 static inline float hmax_f8(__m256 v) {
@@ -647,6 +688,7 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;
+    k->tile_f32 = tile_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;
     k->quantize[TL_Q8_1] = quantize_q8_1;
     k->quantize[TL_Q8_K] = quantize_q8_K;

@@ -60,6 +60,10 @@ typedef struct tl_kernels {
      * vec_dot's order (F32: ggml_vec_dot_f32, not tinyBLAS); else NULL */
     tl_vec_dot_fn vec_dot_id[TL_TYPE_COUNT];
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
+    /* F32 rows (stride w_stride floats) x F32 activations (stride a_stride
+     * floats) in vec_dot[TL_F32]'s order, y[t * y_stride + r]; may be NULL */
+    void (*tile_f32)(int64_t n, const float *w, size_t w_stride, int nr, const float *a, size_t a_stride, int nt,
+                     float *y, size_t y_stride);
     tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
     /* f16 x f16 dot with f32 accumulation (attention scores against an f16 K cache) */

@@ -59,6 +59,9 @@ static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8
         k->gemm[TL_Q8_0](cols, wide, tl_row_size(TL_Q8_0, cols), nr, xa, xa_row, nt, y, y_stride);
     } else if (gemm) {
         gemm(cols, wr, rb, nr, xa, xa_row, nt, y, y_stride);
+    } else if (tt == TL_F32 && !dot_as && k->tile_f32 && rb % sizeof(float) == 0 && xa_row % sizeof(float) == 0) {
+        k->tile_f32(cols, (const float *)(const void *)wr, rb / sizeof(float), nr, (const float *)(const void *)xa,
+                    xa_row / sizeof(float), nt, y, y_stride);
     } else {
         tl_vec_dot_fn dot = dot_as ? dot_as : k->vec_dot[tt];
         for (int t = 0; t < nt; t++)

@@ -43,7 +43,12 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
     const uint64_t nseq = p->n_seq_max > 0 ? (uint64_t)p->n_seq_max : 1;
     const char *src = "nothing";
     const uint64_t avail = tl_sysmem_available(&src), file = m->gguf ? m->gguf->file_size : 0;
-    const uint64_t keep = file + ((uint64_t)256 << 20);
+    /* recurrent layers: each sequence's state (its boundary states and
+     * recent inputs, about 4 snapshots' worth) and the snapshot store's
+     * (up to 2 per sequence, within 1 GiB) come first */
+    const uint64_t sb = tl_model_state_bytes(m, NULL), snaps = 2 * (nseq + 1) * sb;
+    const uint64_t states = sb ? 4 * (nseq + 1) * sb + (snaps < ((uint64_t)1 << 30) ? snaps : ((uint64_t)1 << 30)) : 0;
+    const uint64_t keep = file + ((uint64_t)256 << 20) + states;
     const uint64_t budget = avail > keep ? (avail - keep) / 4 * 3 : 0;
     const int train = hp->n_ctx_train > 0 ? hp->n_ctx_train : 4096, floor_ctx = train < 4096 ? train : 4096;
     const double gib = (double)(1u << 30);
@@ -66,17 +71,19 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
     if (n < 0 || (size_t)n >= cap) n = (int)cap - 1;
     const uint64_t want = (uint64_t)bpp * (uint64_t)((p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK * TL_KV_BLOCK) * nseq;
     if (p->kv_bytes) {
-        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB (asked)", (double)p->kv_bytes / gib);
+        n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB (asked)", (double)p->kv_bytes / gib);
     } else if (avail && want > budget) {
         const uint64_t blk = (uint64_t)bpp * TL_KV_BLOCK;
         p->kv_bytes = (size_t)(budget > blk ? budget / blk * blk : blk);
-        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB, cut from the %.2f GiB full sequences need to 3/4 of "
+        n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB, cut from the %.2f GiB full sequences need to 3/4 of "
                  "what the %.2f GiB %s leaves after the model and 256 MiB", (double)p->kv_bytes / gib, (double)want / gib,
                  (double)avail / gib, src);
     } else {
-        snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB: %d full sequence%s (%s: %.2f GiB available)",
-                 (double)want / gib, (int)nseq, nseq > 1 ? "s" : "", src, (double)avail / gib);
+        n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB: %d full sequence%s (%s: %.2f GiB available)",
+                      (double)want / gib, (int)nseq, nseq > 1 ? "s" : "", src, (double)avail / gib);
     }
+    if (states && n >= 0 && (size_t)n < cap)
+        snprintf(why + n, cap - (size_t)n, "; %.2f GiB kept for recurrent states", (double)states / gib);
     return TL_OK;
 }
 

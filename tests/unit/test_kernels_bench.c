@@ -675,6 +675,35 @@ static void check_dot_f16_x4(const tl_kernels *k, rng *r) {
     free(y);
 }
 
+/* tile_f32 (F32 rows x F32 tokens, a router over a prompt) must equal
+ * vec_dot[TL_F32] element by element, bitwise, for every tile edge. */
+static void check_tile_f32(const tl_kernels *k, rng *r) {
+    if (!k->tile_f32) return;
+    static const int64_t ns[] = {8, 13, 64, 2048};
+    static const int shapes[][2] = {{1, 1}, {2, 4}, {3, 5}, {7, 9}};
+    const size_t ws = 2056, as = 2064; /* strides wider than any n */
+    float *w = malloc(7 * ws * sizeof *w), *a = malloc(9 * as * sizeof *a), *y = malloc(9 * 7 * sizeof *y);
+    CHECK(w && a && y, "alloc");
+    for (size_t i = 0; w && a && y && i < sizeof ns / sizeof *ns; i++)
+        for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+            const int nr = shapes[sh][0], nt = shapes[sh][1];
+            for (size_t j = 0; j < 7 * ws; j++) w[j] = frand(r);
+            for (size_t j = 0; j < 9 * as; j++) a[j] = frand(r);
+            k->tile_f32(ns[i], w, ws, nr, a, as, nt, y, 7);
+            int bad = 0;
+            for (int t = 0; t < nt; t++)
+                for (int q = 0; q < nr; q++) {
+                    const float one = k->vec_dot[TL_F32](ns[i], w + (size_t)q * ws, a + (size_t)t * as);
+                    bad += memcmp(&one, &y[(size_t)t * 7 + q], sizeof one) != 0;
+                }
+            CHECK(bad == 0, "%s tile_f32 n=%lld %dx%d: %d outputs differ from vec_dot", k->name, (long long)ns[i], nr,
+                  nt, bad);
+        }
+    free(w);
+    free(a);
+    free(y);
+}
+
 static void check_dot_f16(const tl_kernels *k, rng *r) {
     static const int64_t ns[] = {1, 7, 8, 31, 64, 100, 128, 256, 4099};
     uint16_t *x = malloc(4099 * 2), *y = malloc(4099 * 2);
@@ -916,6 +945,7 @@ int main(void) {
         check_gemm(&k, &r);
         check_dot_f16(&k, &r);
         check_dot_f16_x4(&k, &r);
+        check_tile_f32(&k, &r);
         tl_kernels kf = k;
         if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kf, TL_NUM_FAST);
         else tl_kernels_fill_avx512(&kf, level >= TL_CPU_AVX512VNNI, TL_NUM_FAST);
