@@ -9,8 +9,11 @@ server, at temperature 0, in both numerics modes:
   a cold server does;
 - speculative decoding (n-gram guesses, rejected ones rolled back in the
   state) gives the same tokens as --spec off, and did guess;
+- a prompt among 15 other streams (their states updated in the same forward
+  calls) answers as it does alone;
 - the trace and /metrics report the state.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_hybrid.py"""
+import concurrent.futures
 import http.client
 import json
 import os
@@ -86,6 +89,18 @@ def run(numerics):
         same(ext, ask(ref, longer), f"[{numerics}] an extended conversation from a snapshot = cold")
     finally:
         ref.stop()
+    crowd = tlserver.Server(MODEL, ["-np", "16", "-t", "2", "-c", "4096", "--numerics", numerics, "--spec", "off"])
+    try:
+        if check(crowd.wait_ready(), f"[{numerics}] -np 16 server ready"):
+            others = [f"Note {i}: " + PROMPT[: 40 + 13 * i] for i in range(15)]
+            with concurrent.futures.ThreadPoolExecutor(16) as ex:
+                futs = [ex.submit(ask, crowd, o, 40) for o in others]
+                mine = ex.submit(ask, crowd, PROMPT)
+                for f in futs:
+                    f.result(timeout=600 * SLOW)
+                same(mine.result(timeout=600 * SLOW), cold, f"[{numerics}] among 15 other streams = alone")
+    finally:
+        crowd.stop()
     spec = serve(numerics, "--spec", "ngram")
     try:
         s = ask(spec, PROMPT)
