@@ -229,10 +229,9 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
     g->G = tl_cpu_calloc(nb * g->n_vh, sizeof(float), &fail);
     g->o = tl_cpu_calloc(nb * g->vd, sizeof(float), &fail);
     g->ones = tl_cpu_calloc((size_t)(g->conv_dim > g->vd ? g->conv_dim : g->vd), sizeof(float), &fail);
-    /* per thread: the convolution's row; or 2 x BLK rows of S^T k, S^T q,
-     * a row of delta's and o's sums, and a head's state (exact replay) */
+    /* per thread: the convolution's row (or the gate's silu); or S^T k and
+     * S^T q of a block's tokens and a row each of delta's and o's sums */
     g->scr_n = (size_t)g->conv_dim + 2 * BLK * (size_t)g->ds + 2 * (size_t)g->ds + 64;
-    if (g->scr_n < g->s_floats + 64) g->scr_n = g->s_floats + 64;
     g->scr_n = (g->scr_n + 15) & ~(size_t)15;
     g->scr = tl_cpu_calloc((size_t)nt * g->scr_n, sizeof(float), &fail);
     g->tidx = tl_cpu_calloc(nb, sizeof(int), &fail);
