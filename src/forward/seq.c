@@ -31,6 +31,22 @@ int tl_seq_truncate(tl_ctx *c, int seq, int len, tl_error *err) {
     return tl_seq_rs_reach(c, seq, len, err);
 }
 
+/* Positions [from, to) of seq computed again (its length and state at from;
+ * the tokens stay in its token array past its length). */
+static int replay(tl_ctx *c, int seq, int from, int to, tl_error *err) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    for (int at = from; at < to;) {
+        const int k = to - at < c->n_batch ? to - at : c->n_batch;
+        for (int i = 0; i < k; i++) c->rseq[i] = seq;
+        const tl_batch rb = {.n = k, .token = s->tok + at, .seq = c->rseq};
+        const int st = tl_ctx_decode_into(c, &rb, 0, NULL, err);
+        if (st) return st;
+        at += k;
+    }
+    c->logits_n = c->blogits_n = 0;
+    return TL_OK;
+}
+
 int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
     if (!c->be.ops->rs_seek || c->be.ops->rs_seek(c->be.state, seq, len) == 0) return TL_OK;
     tl_kv_seq *s = tl_kv_seq_get(c->kv, seq);
@@ -45,17 +61,7 @@ int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
     if (snap) c->be.ops->rs_load(c->be.state, seq, b, snap);
     else c->be.ops->rs_seek(c->be.state, seq, 0);
-    /* the tokens stay in s->tok past its length: positions [b, len) again */
-    for (int at = b; at < len;) {
-        const int k = len - at < c->n_batch ? len - at : c->n_batch;
-        for (int i = 0; i < k; i++) c->rseq[i] = seq;
-        const tl_batch rb = {.n = k, .token = s->tok + at, .seq = c->rseq};
-        const int st = tl_ctx_decode_into(c, &rb, 0, NULL, err);
-        if (st) return st;
-        at += k;
-    }
-    c->logits_n = c->blogits_n = 0;
-    return TL_OK;
+    return replay(c, seq, b, len, err);
 }
 
 /* Where a later prompt can resume: the end of each prompt (its chunks
@@ -229,17 +235,33 @@ static uint64_t sum_add(uint64_t h, const void *p, size_t n) {
 int tl_ctx_save(tl_ctx *c, int seq, const char *path, tl_error *err) {
     const tl_kv_seq *s = c ? tl_kv_seq_peek(c->kv, seq) : NULL;
     if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
-    if (c->snaps)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "saving a sequence of a model with recurrent layers (%s) is not supported yet",
-                       c->m->arch->name);
     if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    /* recurrent layers: their state at the last block boundary follows the
+     * blocks (the positions after it are computed again on load) */
+    void *rs = NULL;
+    if (c->snaps) {
+        int st = tl_seq_rs_reach(c, seq, s->len, err);
+        if (st) return st;
+        if (!(rs = malloc(c->be.rs_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+        if (c->be.ops->rs_save(c->be.state, seq, s->len / TL_KV_BLOCK * TL_KV_BLOCK, rs)) {
+            free(rs);
+            return tl_fail(err, TL_ERR_ARG, "sequence %d: its recurrent state is not held", seq);
+        }
+    }
     seq_head h = {.block_bytes = c->be.block_bytes, .n_tok = (uint64_t)s->len};
     memcpy(h.magic, SEQ_MAGIC, 8);
     disk_identity(c, h.ident);
     char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return tl_fail(err, TL_ERR_ARG, "path too long");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        free(rs);
+        return tl_fail(err, TL_ERR_ARG, "path too long");
+    }
     FILE *f = fopen(tmp, "wb");
-    if (!f) return tl_fail(err, TL_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    if (!f) {
+        const int e = errno;
+        free(rs);
+        return tl_fail(err, TL_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+    }
     int ok = fwrite(&h, sizeof h, 1, f) == 1;
     uint64_t sum = sum_add(0xCBF29CE484222325ull, s->tok, (size_t)s->len * sizeof *s->tok);
     ok = ok && fwrite(s->tok, sizeof *s->tok, (size_t)s->len, f) == (size_t)s->len;
@@ -247,6 +269,11 @@ int tl_ctx_save(tl_ctx *c, int seq, const char *path, tl_error *err) {
         c->be.ops->read_block(c->be.state, s->blk[b], c->stage);
         sum = sum_add(sum, c->stage, c->be.block_bytes);
         ok = fwrite(c->stage, 1, c->be.block_bytes, f) == c->be.block_bytes;
+    }
+    if (rs) {
+        sum = sum_add(sum, rs, c->be.rs_bytes);
+        ok = ok && fwrite(rs, 1, c->be.rs_bytes, f) == c->be.rs_bytes;
+        free(rs);
     }
     h.sum = sum; /* the header again, with the checksum */
     ok = ok && !fseek(f, 0, SEEK_SET) && fwrite(&h, sizeof h, 1, f) == 1;
@@ -265,12 +292,14 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
     if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
     if (seq == 0) tl_kv_seq_close(c->kv, 0);
     if (s->len || s->n_blk) return tl_fail(err, TL_ERR_ARG, "sequence %d is not empty", seq);
-    if (c->snaps)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "loading a sequence of a model with recurrent layers (%s) is not supported yet",
-                       c->m->arch->name);
     if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    void *rs = c->snaps ? malloc(c->be.rs_bytes) : NULL;
+    if (c->snaps && !rs) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     FILE *f = fopen(path, "rb");
-    if (!f) return tl_fail(err, TL_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    if (!f) {
+        free(rs);
+        return tl_fail(err, TL_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    }
     seq_head h;
     uint8_t id[TL_KVKEY];
     disk_identity(c, id);
@@ -296,14 +325,29 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
         sum = sum_add(sum, c->stage, c->be.block_bytes);
         c->be.ops->write_block(c->be.state, s->blk[b], c->stage);
     }
+    if (!st && rs) {
+        if (fread(rs, 1, c->be.rs_bytes, f) != c->be.rs_bytes) st = tl_fail(err, TL_ERR_FORMAT, "%s is short", path);
+        else sum = sum_add(sum, rs, c->be.rs_bytes);
+    }
     fclose(f);
     if (!st && sum != h.sum) st = tl_fail(err, TL_ERR_FORMAT, "%s fails its checksum (damaged)", path);
+    int32_t a, b;
     if (st) {
-        int32_t a, b;
         tl_kv_seq_truncate(c->kv, seq, 0, &a, &b); /* its blocks back to the pool */
+        free(rs);
         return st;
     }
     tl_kv_seq_commit(c->kv, seq, n);
+    if (rs) { /* the state at the last boundary, then the positions after it */
+        const int bnd = n / TL_KV_BLOCK * TL_KV_BLOCK;
+        tl_kv_seq_truncate(c->kv, seq, bnd, &a, &b);
+        c->be.ops->rs_load(c->be.state, seq, bnd, rs);
+        free(rs);
+        if ((st = replay(c, seq, bnd, n, err))) {
+            tl_kv_seq_truncate(c->kv, seq, 0, &a, &b);
+            return st;
+        }
+    }
     if (c->disk) tl_seq_offer_disk(c);
     if (n_restored) *n_restored = n;
     return TL_OK;

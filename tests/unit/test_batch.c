@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tl_test.h"
 #include "tokenloop.h"
@@ -179,6 +180,30 @@ static void rollback(tl_model *m, const int32_t *ids, int n, const float *ref) {
     tl_ctx_kv_stats(c, &st);
     CHECK(st.state_bytes > 0 && st.n_snapshots > 0 && st.snapshot_bytes > 0, "state %zu bytes, %d snapshots",
           st.state_bytes, st.n_snapshots);
+    /* saved mid-block (tl_ctx_save: the blocks and the boundary's state) and
+     * resumed in another context: the rest as cold */
+    const int mid = 29;
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tl-batch-hybrid-%d.kv", (int)getpid());
+    CHECK(tl_seq_truncate(c, a, mid, &err) == 0 && tl_ctx_save(c, a, path, &err) == 0, "save: %s", err.msg);
+    tl_ctx_free(c);
+    if (tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        unlink(path);
+        return;
+    }
+    int n_got = 0;
+    CHECK(tl_seq_open(c, &a, &err) == 0 && tl_ctx_load(c, a, path, &n_got, &err) == 0 && n_got == mid &&
+              tl_seq_len(c, a) == mid,
+          "load: %d positions: %s", n_got, err.msg);
+    unlink(path);
+    for (int i = 0; i < n; i++) sid[i] = a;
+    tl_batch b4 = {n - mid, ids + mid, sid, want, 0};
+    bad = 0;
+    CHECK(tl_ctx_decode(c, &b4, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < n - mid; i++)
+        bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(mid + i) * nv, (size_t)nv * sizeof(float)) != 0;
+    CHECK(bad == 0, "resumed from a saved sequence: %d rows differ from cold", bad);
     tl_ctx_free(c);
 }
 
