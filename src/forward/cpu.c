@@ -222,7 +222,13 @@ void tl_cpu_matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
         j.tiles[i + 1] = j.tiles[i] + (int)((w[i]->ne[1] + MM_ROW_TILE - 1) / MM_ROW_TILE);
     }
     atomic_init(&j.next, 0);
-    tl_pool_run(c->pool, mm_worker, &j);
+    /* a few rows for a token or two (a shared expert's gate, a router of
+     * decode): waking the threads costs more than the work; a tile's bits do
+     * not depend on the thread that computes it */
+    int64_t macs = 0;
+    for (int i = 0; i < n_mat; i++) macs += w[i]->ne[1] * cols * n_tok;
+    if (macs <= ((int64_t)1 << 17)) mm_worker(&j, 0, 1);
+    else tl_pool_run(c->pool, mm_worker, &j);
 }
 
 /* -------------------------------------------------------- element-wise */
@@ -1050,7 +1056,8 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
         }
     }
     pair_job pj = {c, E, n * k};
-    if (n * k < 4 || tl_pool_size(c->pool) == 1) act_pairs(c, 0, n * k, (void *)E);
+    if (n * k < 4 || (int64_t)n * k * c->m->hp.n_ff_exp <= 8192 || tl_pool_size(c->pool) == 1)
+        act_pairs(c, 0, n * k, (void *)E);
     else tl_pool_run(c->pool, pair_worker, &pj);
     moe_job dj = {.n_mat = 1, .m = {exp_mat_of(c, E->down)}, .y = {c->ey}};
     moe_run(c, &dj, n_act, n * k);
