@@ -288,7 +288,9 @@ typedef void (*tl_log_fn)(void *arg, const char *msg);
  * by a SHA-256 chain of the tokens, and a checksum of its bytes) before it is
  * used. Files computed otherwise, and damaged ones, are ignored and reported
  * through log (may be NULL). budget_bytes caps the directory: the least
- * recently used blocks are deleted first. Call once, before the first
+ * recently used blocks are deleted first. Models with recurrent layers also
+ * keep there (dir/states, the same budget) the states at cached block
+ * boundaries that a prompt resumes from. Call once, before the first
  * sequence; tl_ctx_free writes what is still queued. */
 int tl_ctx_disk_cache(tl_ctx *ctx, const char *dir, uint64_t budget_bytes, tl_log_fn log, void *log_arg,
                       tl_error *err);

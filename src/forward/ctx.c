@@ -166,6 +166,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
 void tl_ctx_free(tl_ctx *c) {
     if (!c) return;
     tl_kvdisk_close(c->disk); /* writes what is queued */
+    tl_kvdisk_close(c->sdisk);
+    free(c->sstage);
     free(c->stage);
     if (c->be.ops) c->be.ops->free(c->be.state);
     tl_kv_free(c->kv);

@@ -35,6 +35,8 @@ struct tl_ctx {
     uint8_t ident[16];  /* what computed its blocks (disk_identity), made once */
     int has_ident;
     tl_rsnap *snaps;    /* recurrent states of cached prefixes (models with recurrent layers), or NULL */
+    tl_kvdisk *sdisk;   /* those states on disk (beside c->disk's blocks), or NULL */
+    uint8_t *sstage;    /* [rs_bytes] a state on its way from the disk */
     int32_t *rseq;      /* [n_batch] a sequence's id repeated: its positions recomputed (rs_reach) */
 };
 

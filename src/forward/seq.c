@@ -79,7 +79,16 @@ void tl_seq_snapshot(tl_ctx *c, int seq) {
     const uint64_t chain = s->chains[s->n_reg - 1];
     if (tl_rsnap_get(c->snaps, chain)) return;
     void *p = tl_rsnap_put(c->snaps, chain);
-    if (p && c->be.ops->rs_save(c->be.state, seq, s->n_reg * TL_KV_BLOCK, p)) tl_rsnap_drop(c->snaps, chain);
+    if (p && c->be.ops->rs_save(c->be.state, seq, s->n_reg * TL_KV_BLOCK, p)) {
+        tl_rsnap_drop(c->snaps, chain);
+        return;
+    }
+    if (p && c->sdisk) { /* on disk too, keyed by the content key of the block it ends */
+        static const uint8_t none[TL_KVKEY];
+        const int i = s->n_reg;
+        tl_kvdisk_put(c->sdisk, s->keys[i - 1], i > 1 ? s->keys[i - 2] : none, s->tok + (size_t)(i - 1) * TL_KV_BLOCK,
+                      p);
+    }
 }
 
 int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
@@ -111,36 +120,49 @@ int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
     return TL_OK;
 }
 
+/* The recurrent state at the end of seq's i-th registered block: from the
+ * RAM store, or from disk (then kept in RAM too); NULL when neither has it. */
+static const void *snapshot_at(tl_ctx *c, const tl_kv_seq *s, int i) {
+    const void *snap = tl_rsnap_get(c->snaps, s->chains[i - 1]);
+    if (snap || !c->sdisk) return snap;
+    static const uint8_t none[TL_KVKEY];
+    if (tl_kvdisk_get(c->sdisk, s->keys[i - 1], i > 1 ? s->keys[i - 2] : none, s->tok + (size_t)(i - 1) * TL_KV_BLOCK,
+                      c->sstage))
+        return NULL;
+    void *p = tl_rsnap_put(c->snaps, s->chains[i - 1]);
+    if (p) memcpy(p, c->sstage, c->be.rs_bytes);
+    return p ? p : c->sstage;
+}
+
 int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
     if (seq <= 0) return 0;
     int got = tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse);
-    if (c->snaps) { /* recurrent layers: only as far as a snapshot of the state reaches */
-        const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
-        const void *snap = NULL;
-        int keep = 0;
-        for (int i = got / TL_KV_BLOCK; i > 0 && !snap; i--)
-            if ((snap = tl_rsnap_get(c->snaps, s->chains[i - 1]))) keep = i * TL_KV_BLOCK;
-        int32_t from, to;
-        if (keep < got && tl_kv_seq_truncate(c->kv, seq, keep, &from, &to)) keep = 0;
-        if (snap) c->be.ops->rs_load(c->be.state, seq, keep, snap);
-        else c->be.ops->rs_seek(c->be.state, seq, 0);
-        return keep;
-    }
-    if (!c->disk || got % TL_KV_BLOCK) return got;
-    /* the RAM match ended: the next blocks from disk, while they are there */
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
-    size_t lim = max_reuse < n ? max_reuse : n;
-    if (lim > (size_t)c->n_ctx) lim = (size_t)c->n_ctx;
-    for (size_t at = (size_t)got; at + TL_KV_BLOCK <= lim; at += TL_KV_BLOCK) {
-        uint8_t key[TL_KVKEY];
-        tl_kvdisk_key_next(s->key, tokens + at, key);
-        if (tl_kvdisk_get(c->disk, key, s->key, tokens + at, c->stage)) break;
-        const int32_t b = tl_kv_seq_adopt(c->kv, seq, tokens + at, key);
-        if (b < 0) break;
-        c->be.ops->write_block(c->be.state, b, c->stage);
-        got += TL_KV_BLOCK;
+    if (c->disk && got % TL_KV_BLOCK == 0) {
+        /* the RAM match ended: the next blocks from disk, while they are there */
+        size_t lim = max_reuse < n ? max_reuse : n;
+        if (lim > (size_t)c->n_ctx) lim = (size_t)c->n_ctx;
+        for (size_t at = (size_t)got; at + TL_KV_BLOCK <= lim; at += TL_KV_BLOCK) {
+            uint8_t key[TL_KVKEY];
+            tl_kvdisk_key_next(s->key, tokens + at, key);
+            if (tl_kvdisk_get(c->disk, key, s->key, tokens + at, c->stage)) break;
+            const int32_t b = tl_kv_seq_adopt(c->kv, seq, tokens + at, key);
+            if (b < 0) break;
+            c->be.ops->write_block(c->be.state, b, c->stage);
+            got += TL_KV_BLOCK;
+        }
     }
-    return got;
+    if (!c->snaps) return got;
+    /* recurrent layers: only as far as a snapshot of the state reaches */
+    const void *snap = NULL;
+    int keep = 0;
+    for (int i = got / TL_KV_BLOCK; i > 0 && !snap; i--)
+        if ((snap = snapshot_at(c, s, i))) keep = i * TL_KV_BLOCK;
+    int32_t from, to;
+    if (keep < got && tl_kv_seq_truncate(c->kv, seq, keep, &from, &to)) keep = 0;
+    if (snap) c->be.ops->rs_load(c->be.state, seq, keep, snap);
+    else c->be.ops->rs_seek(c->be.state, seq, 0);
+    return keep;
 }
 
 void tl_seq_offer_disk(tl_ctx *c) {
@@ -188,9 +210,6 @@ int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_
                       tl_error *err) {
     if (!c) return tl_fail(err, TL_ERR_ARG, "no context");
     if (c->disk) return tl_fail(err, TL_ERR_ARG, "the context has a disk cache already");
-    if (c->snaps)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "a disk cache of a model with recurrent layers (%s) is not supported yet",
-                       c->m->arch->name);
     for (int id = 1; id < c->n_seq; id++)
         if (tl_kv_seq_peek(c->kv, id)) return tl_fail(err, TL_ERR_ARG, "a disk cache is set before any sequence opens");
     if (!(c->stage = malloc(c->be.block_bytes)) || tl_kv_key_on(c->kv)) {
@@ -201,9 +220,32 @@ int tl_ctx_disk_cache(tl_ctx *c, const char *dir, uint64_t budget_bytes, tl_log_
     uint8_t id[TL_KVKEY];
     disk_identity(c, id);
     int st = tl_kvdisk_open(dir, id, c->be.block_bytes, budget_bytes, log, log_arg, &c->disk, err);
+    if (!st && c->snaps) {
+        /* recurrent layers: their states at cached boundaries in dir/states,
+         * under an identity of their own (a state file is never a block) */
+        char sdir[4096];
+        struct sha256_ctx h;
+        uint8_t d[SHA256_DIGEST_SIZE];
+        sha256_init(&h);
+        sha256_update(&h, TL_KVKEY, id);
+        sha256_update(&h, 16, (const uint8_t *)"recurrent states");
+        sha256_digest(&h, sizeof d, d);
+        if (snprintf(sdir, sizeof sdir, "%s/states", dir) >= (int)sizeof sdir)
+            st = tl_fail(err, TL_ERR_ARG, "cache directory path too long");
+        else if (!(c->sstage = malloc(c->be.rs_bytes)))
+            st = tl_fail(err, TL_ERR_NOMEM, "out of memory");
+        else
+            st = tl_kvdisk_open(sdir, d, c->be.rs_bytes, budget_bytes, log, log_arg, &c->sdisk, err);
+        if (st) {
+            tl_kvdisk_close(c->disk);
+            c->disk = NULL;
+        }
+    }
     if (st) {
         free(c->stage);
         c->stage = NULL;
+        free(c->sstage);
+        c->sstage = NULL;
     }
     return st;
 }

@@ -11,14 +11,18 @@ server, at temperature 0, in both numerics modes:
   state) gives the same tokens as --spec off, and did guess;
 - a prompt among 15 other streams (their states updated in the same forward
   calls) answers as it does alone;
+- with --cache-dir, a restarted server serves the prompt from disk (its KV
+  blocks and the state at their last boundary, under DIR/states) as cold;
 - the trace and /metrics report the state.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_hybrid.py"""
 import concurrent.futures
+import glob
 import http.client
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
@@ -101,6 +105,17 @@ def run(numerics):
                 same(mine.result(timeout=600 * SLOW), cold, f"[{numerics}] among 15 other streams = alone")
     finally:
         crowd.stop()
+    with tempfile.TemporaryDirectory(prefix="tl-hyb-disk-") as d:
+        for run_i in range(2):
+            disk = serve(numerics, "--spec", "off", "--cache-dir", d)
+            try:
+                got = ask(disk, PROMPT)
+                same(got, cold, f"[{numerics}] --cache-dir, run {run_i + 1}")
+                if run_i == 1:
+                    check(got["cached"] >= 192, f"[{numerics}] after a restart: {got['cached']} cached from disk")
+            finally:
+                disk.stop()
+        check(len(glob.glob(os.path.join(d, "states", "*.kvb"))) >= 1, f"[{numerics}] states written under DIR/states")
     spec = serve(numerics, "--spec", "ngram")
     try:
         s = ask(spec, PROMPT)
