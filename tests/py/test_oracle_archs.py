@@ -188,6 +188,31 @@ def check_bf16(tmp):
             check(np.array_equal(rows, fa), f"bf16: fast '{key}' differs from the detected level's bits")
 
 
+def check_levels(tmp):
+    """The hybrids' recurrence (Gated DeltaNet) gives the same bits on every
+    CPU level in both modes (the AVX2 steps are elementwise fma and one dot
+    order, as the scalar ones)."""
+    for name in ("qwen35moe", "qwen35"):
+        model = os.path.join(OUT_DIR, f"archs_{name}.gguf")
+        with open(os.path.join(FIX, f"archs_{name}.json"), encoding="utf-8") as f:
+            ids = json.load(f)["cases"][-1]["ids"]
+        saved, env_cpu = to.NUMERICS, os.environ.pop("TL_CPU", None)
+        for to.NUMERICS in ("fast", "exact"):
+            got = []
+            for cpu in (None, "avx2", "scalar"):
+                if cpu:
+                    os.environ["TL_CPU"] = cpu
+                flat, err = tl_logits(model, ids, tmp, ["-c", "512"])
+                os.environ.pop("TL_CPU", None)
+                if check(flat is not None, f"{name} {to.NUMERICS} {cpu}: tokenloop failed: {err}"):
+                    got.append(flat)
+            check(len(got) == 3 and all(np.array_equal(g, got[0]) for g in got),
+                  f"{name} [{to.NUMERICS}]: the detected level, avx2 and scalar give the same bits")
+        to.NUMERICS = saved
+        if env_cpu is not None:
+            os.environ["TL_CPU"] = env_cpu
+
+
 def check_errors(tmp):
     """Files to refuse: unknown architecture, a tensor left out, a RoPE scaling
     not implemented (rope.scaling.type longrope; LongRoPE factors outside
@@ -223,6 +248,7 @@ def main():
             for path in fixtures:
                 check_fixture(path, tmp)
         check_bf16(tmp)
+        check_levels(tmp)
         check_errors(tmp)
     print(f"{to.passed} passed, {to.failed} failed")
     return 1 if to.failed else 0
