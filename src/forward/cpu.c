@@ -114,7 +114,7 @@ static void mm_worker(void *arg, int ith, int nth) {
 
 typedef struct tok_job {
     tl_cpu *c;
-    tok_fn fn;
+    tok_ith_fn fn;
     void *arg;
     int n;
 } tok_job;
@@ -123,16 +123,29 @@ static void tok_worker(void *arg, int ith, int nth) {
     const tok_job *j = arg;
     int64_t lo, hi;
     tl_split(j->n, ith, nth, &lo, &hi);
-    if (lo < hi) j->fn(j->c, (int)lo, (int)hi, j->arg);
+    if (lo < hi) j->fn(j->c, (int)lo, (int)hi, ith, j->arg);
+}
+
+void tl_cpu_par_tokens_ith(tl_cpu *c, int n, tok_ith_fn fn, void *arg) {
+    tok_job j = {c, fn, arg, n};
+    if (n < 4 || tl_pool_size(c->pool) == 1) tok_worker(&j, 0, 1);
+    else tl_pool_run(c->pool, tok_worker, &j);
+}
+
+typedef struct tok_plain {
+    tok_fn fn;
+    void *arg;
+} tok_plain;
+
+static void tok_plain_fn(tl_cpu *c, int t0, int t1, int ith, void *arg) {
+    (void)ith;
+    const tok_plain *p = arg;
+    p->fn(c, t0, t1, p->arg);
 }
 
 void tl_cpu_par_tokens(tl_cpu *c, int n, tok_fn fn, void *arg) {
-    if (n < 4 || tl_pool_size(c->pool) == 1) {
-        fn(c, 0, n, arg);
-        return;
-    }
-    tok_job j = {c, fn, arg, n};
-    tl_pool_run(c->pool, tok_worker, &j);
+    tok_plain p = {fn, arg};
+    tl_cpu_par_tokens_ith(c, n, tok_plain_fn, &p);
 }
 
 /* The packed twin of w, or NULL (then the matmul takes the plain dot path). */

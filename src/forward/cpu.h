@@ -86,6 +86,9 @@ typedef void (*tok_fn)(tl_cpu *c, int t0, int t1, void *arg);
 
 /* fn over tokens [0, n) split across the threads (alone for few tokens). */
 void tl_cpu_par_tokens(tl_cpu *c, int n, tok_fn fn, void *arg);
+/* The same, fn also told its thread's index (for per-thread scratch). */
+typedef void (*tok_ith_fn)(tl_cpu *c, int t0, int t1, int ith, void *arg);
+void tl_cpu_par_tokens_ith(tl_cpu *c, int n, tok_ith_fn fn, void *arg);
 /* y_i = W_i x for up to three matrices sharing the input x (n_tok rows). */
 void tl_cpu_matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int n_tok);
 /* out = RMSNorm(in) * w for n rows of the model's width. */

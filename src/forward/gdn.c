@@ -296,28 +296,6 @@ static void l2norm(float *y, const float *x, int n, float eps) {
     for (int i = 0; i < n; i++) y[i] = (x[i] * scale) * post;
 }
 
-/* fn over rows [0, n) split across the threads, each with its scratch. */
-typedef void (*row_fn)(tl_cpu *c, int t0, int t1, const tl_gdn_block *G, float *scr);
-typedef struct row_job {
-    tl_cpu *c;
-    row_fn fn;
-    const tl_gdn_block *G;
-    int n;
-} row_job;
-
-static void row_worker(void *arg, int ith, int nth) {
-    const row_job *j = arg;
-    int64_t lo, hi;
-    tl_split(j->n, ith, nth, &lo, &hi);
-    if (lo < hi) j->fn(j->c, (int)lo, (int)hi, j->G, j->c->gdn->scr + (size_t)ith * j->c->gdn->scr_n);
-}
-
-static void par_rows(tl_cpu *c, int n, row_fn fn, const tl_gdn_block *G) {
-    row_job j = {c, fn, G, n};
-    if (n < 4 || tl_pool_size(c->pool) == 1) row_worker(&j, 0, 1);
-    else tl_pool_run(c->pool, row_worker, &j);
-}
-
 typedef struct gdn_job {
     tl_cpu *c;
     const tl_gdn_block *G;
@@ -326,8 +304,10 @@ typedef struct gdn_job {
 
 /* Per token: the causal convolution, SiLU, q and k normalised, v; the
  * decay g = softplus(alpha + dt_bias) * a and the strength sigmoid(beta). */
-static void conv_tokens(tl_cpu *c, int t0, int t1, const tl_gdn_block *G, float *row) {
+static void conv_tokens(tl_cpu *c, int t0, int t1, int ith, void *arg) {
+    const tl_gdn_block *G = arg;
     tl_gdn *g = c->gdn;
+    float *row = g->scr + (size_t)ith * g->scr_n;
     const float eps = c->m->hp.norm_eps;
     const int il = G->rec_layer, K = g->d_conv, cd = g->conv_dim;
     const float *w = G->conv->data, *dtb = G->dt_bias->data, *A = G->a->data;
@@ -466,8 +446,10 @@ static void rec_worker(void *arg, int ith, int nth) {
 }
 
 /* o = RMSNorm(o) * ssm_norm * silu(z), per head. */
-static void gate_tokens(tl_cpu *c, int t0, int t1, const tl_gdn_block *G, float *sz) {
+static void gate_tokens(tl_cpu *c, int t0, int t1, int ith, void *arg) {
+    const tl_gdn_block *G = arg;
     tl_gdn *g = c->gdn;
+    float *sz = g->scr + (size_t)ith * g->scr_n;
     for (int t = t0; t < t1; t++) {
         float *o = g->o + (size_t)t * g->vd;
         c->kern.math.swiglu(g->vd, sz, g->z + (size_t)t * g->vd, g->ones);
@@ -514,11 +496,11 @@ void tl_gdn_run(tl_cpu *c, const tl_gdn_block *G, int n) {
     tl_w wa = G->walpha;
     float *ya = g->ar;
     tl_cpu_matmul(c, 1, &wa, &ya, c->xb, n);
-    par_rows(c, n, conv_tokens, G);
+    tl_cpu_par_tokens_ith(c, n, conv_tokens, (void *)G);
     gdn_job j = {.c = c, .G = G};
     atomic_init(&j.next, 0);
     tl_pool_run(c->pool, rec_worker, &j);
-    par_rows(c, n, gate_tokens, G);
+    tl_cpu_par_tokens_ith(c, n, gate_tokens, (void *)G);
     keep_runs(c, G);
     tl_w wo = G->wout;
     float *out = c->xb;

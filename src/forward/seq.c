@@ -47,20 +47,47 @@ static int replay(tl_ctx *c, int seq, int from, int to, tl_error *err) {
     return TL_OK;
 }
 
+/* The content key of the prefix before seq's i-th registered block (zeros
+ * before the first): the parent a disk entry of that block names. */
+static const uint8_t *parent_key(const tl_kv_seq *s, int i) {
+    static const uint8_t none[TL_KVKEY];
+    return i > 1 ? s->keys[i - 2] : none;
+}
+
+/* The recurrent state at the end of seq's i-th registered block: from the
+ * RAM store, or from disk (then kept in RAM too); NULL when neither has it. */
+static const void *snapshot_at(tl_ctx *c, const tl_kv_seq *s, int i) {
+    const void *snap = tl_rsnap_get(c->snaps, s->chains[i - 1]);
+    if (snap || !c->sdisk) return snap;
+    if (tl_kvdisk_get(c->sdisk, s->keys[i - 1], parent_key(s, i), s->tok + (size_t)(i - 1) * TL_KV_BLOCK, c->sstage))
+        return NULL;
+    void *p = tl_rsnap_put(c->snaps, s->chains[i - 1]);
+    if (p) memcpy(p, c->sstage, c->be.rs_bytes);
+    return p ? p : c->sstage;
+}
+
+/* Cuts seq back to the latest boundary within its first nb registered
+ * blocks whose state is held (in RAM or on disk) and puts its recurrent
+ * state there, or at the start when none is; returns that boundary. */
+static int resume_at_snapshot(tl_ctx *c, int seq, int nb) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    const void *snap = NULL;
+    int b = 0;
+    for (int i = nb; i > 0 && !snap; i--)
+        if ((snap = snapshot_at(c, s, i))) b = i * TL_KV_BLOCK;
+    int32_t from, to;
+    if (b < s->len) tl_kv_seq_truncate(c->kv, seq, b, &from, &to); /* a boundary: never a copy */
+    if (snap) c->be.ops->rs_load(c->be.state, seq, b, snap);
+    else c->be.ops->rs_seek(c->be.state, seq, 0);
+    return b;
+}
+
 int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
     if (!c->be.ops->rs_seek || c->be.ops->rs_seek(c->be.state, seq, len) == 0) return TL_OK;
     tl_kv_seq *s = tl_kv_seq_get(c->kv, seq);
     if (!s || len > s->len) return tl_fail(err, TL_ERR_ARG, "sequence %d cannot reach position %d", seq, len);
     /* the latest snapshot of the prefix at or before len, else the start */
-    const void *snap = NULL;
-    int b = 0;
-    for (int i = s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK; i > 0 && !snap; i--)
-        if ((snap = tl_rsnap_get(c->snaps, s->chains[i - 1]))) b = i * TL_KV_BLOCK;
-    int32_t from, to;
-    if (tl_kv_seq_truncate(c->kv, seq, b, &from, &to)) /* a boundary: never a copy */
-        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
-    if (snap) c->be.ops->rs_load(c->be.state, seq, b, snap);
-    else c->be.ops->rs_seek(c->be.state, seq, 0);
+    const int b = resume_at_snapshot(c, seq, s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK);
     return replay(c, seq, b, len, err);
 }
 
@@ -84,10 +111,8 @@ void tl_seq_snapshot(tl_ctx *c, int seq) {
         return;
     }
     if (p && c->sdisk) { /* on disk too, keyed by the content key of the block it ends */
-        static const uint8_t none[TL_KVKEY];
         const int i = s->n_reg;
-        tl_kvdisk_put(c->sdisk, s->keys[i - 1], i > 1 ? s->keys[i - 2] : none, s->tok + (size_t)(i - 1) * TL_KV_BLOCK,
-                      p);
+        tl_kvdisk_put(c->sdisk, s->keys[i - 1], parent_key(s, i), s->tok + (size_t)(i - 1) * TL_KV_BLOCK, p);
     }
 }
 
@@ -120,20 +145,6 @@ int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
     return TL_OK;
 }
 
-/* The recurrent state at the end of seq's i-th registered block: from the
- * RAM store, or from disk (then kept in RAM too); NULL when neither has it. */
-static const void *snapshot_at(tl_ctx *c, const tl_kv_seq *s, int i) {
-    const void *snap = tl_rsnap_get(c->snaps, s->chains[i - 1]);
-    if (snap || !c->sdisk) return snap;
-    static const uint8_t none[TL_KVKEY];
-    if (tl_kvdisk_get(c->sdisk, s->keys[i - 1], i > 1 ? s->keys[i - 2] : none, s->tok + (size_t)(i - 1) * TL_KV_BLOCK,
-                      c->sstage))
-        return NULL;
-    void *p = tl_rsnap_put(c->snaps, s->chains[i - 1]);
-    if (p) memcpy(p, c->sstage, c->be.rs_bytes);
-    return p ? p : c->sstage;
-}
-
 int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, size_t max_reuse) {
     if (seq <= 0) return 0;
     int got = tl_kv_seq_reuse(c->kv, seq, tokens, n, max_reuse);
@@ -152,17 +163,8 @@ int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, siz
             got += TL_KV_BLOCK;
         }
     }
-    if (!c->snaps) return got;
     /* recurrent layers: only as far as a snapshot of the state reaches */
-    const void *snap = NULL;
-    int keep = 0;
-    for (int i = got / TL_KV_BLOCK; i > 0 && !snap; i--)
-        if ((snap = snapshot_at(c, s, i))) keep = i * TL_KV_BLOCK;
-    int32_t from, to;
-    if (keep < got && tl_kv_seq_truncate(c->kv, seq, keep, &from, &to)) keep = 0;
-    if (snap) c->be.ops->rs_load(c->be.state, seq, keep, snap);
-    else c->be.ops->rs_seek(c->be.state, seq, 0);
-    return keep;
+    return c->snaps ? resume_at_snapshot(c, seq, got / TL_KV_BLOCK) : got;
 }
 
 void tl_seq_offer_disk(tl_ctx *c) {
