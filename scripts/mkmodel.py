@@ -207,6 +207,26 @@ def add_weight(w, name, arr, wtype, drop):
         w.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
 
 
+def put_experts(put, g, b, moe, biases=False):
+    """A layer's experts (router drawn ROUTER_SCALE larger), gpt-oss's biases,
+    and a shared expert with its gate when the shape has one, in file order."""
+    n_exp, _, ff_exp, ff_sh = moe
+    put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
+    put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+    put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
+    put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
+    if biases:
+        put(b + "ffn_gate_inp.bias", g.vec(n_exp, 0.0, 0.5))
+        put(b + "ffn_gate_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
+        put(b + "ffn_up_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
+        put(b + "ffn_down_exps.bias", np.stack([g.vec(D, 0.0, 0.5) for _ in range(n_exp)]))
+    if ff_sh:
+        put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
+        put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))
+        put(b + "ffn_up_shexp.weight", g.mat(ff_sh, D))
+        put(b + "ffn_down_shexp.weight", g.mat(D, ff_sh))
+
+
 def build_qwen35(args, w, spec, g, put, n_vocab):
     """The layers of a Qwen3.5/3.6 hybrid, as llama.cpp's converter names them."""
     q = Q35
@@ -247,15 +267,7 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
             put(b + "attn_output.weight", g.mat(D, nh * hd))
         put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
         if moe:
-            n_exp, n_used, ff_exp, ff_sh = moe
-            put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
-            put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
-            put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
-            put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
-            put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
-            put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))
-            put(b + "ffn_up_shexp.weight", g.mat(ff_sh, D))
-            put(b + "ffn_down_shexp.weight", g.mat(D, ff_sh))
+            put_experts(put, g, b, moe)
         else:
             put(b + "ffn_gate.weight", g.mat(FF, D))
             put(b + "ffn_up.weight", g.mat(FF, D))
@@ -355,21 +367,7 @@ def build(args):
         else:
             put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
         if moe:
-            n_exp, n_used, ff_exp, ff_sh = moe
-            put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE / math.sqrt(D)))
-            put(b + "ffn_gate_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
-            put(b + "ffn_up_exps.weight", np.stack([g.mat(ff_exp, D) for _ in range(n_exp)]))
-            put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
-            if args.arch == "gpt-oss":
-                put(b + "ffn_gate_inp.bias", g.vec(n_exp, 0.0, 0.5))
-                put(b + "ffn_gate_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
-                put(b + "ffn_up_exps.bias", np.stack([g.vec(ff_exp, 0.0, 0.5) for _ in range(n_exp)]))
-                put(b + "ffn_down_exps.bias", np.stack([g.vec(D, 0.0, 0.5) for _ in range(n_exp)]))
-            if ff_sh:
-                put(b + "ffn_gate_inp_shexp.weight", g.vec(D, 0.0, 1.0 / math.sqrt(D)))
-                put(b + "ffn_gate_shexp.weight", g.mat(ff_sh, D))
-                put(b + "ffn_up_shexp.weight", g.mat(ff_sh, D))
-                put(b + "ffn_down_shexp.weight", g.mat(D, ff_sh))
+            put_experts(put, g, b, moe, biases=args.arch == "gpt-oss")
             continue
         if args.arch == "phi3":
             put(b + "ffn_up.weight", g.mat(2 * FF, D))

@@ -12,25 +12,16 @@ import concurrent.futures
 import http.client
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from machine import cpu_name  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 import tlserver  # noqa: E402
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 def complete(port, prompt, n, stream=False):

@@ -16,22 +16,16 @@ held to. Uses the llama-bench builds of bench/compare-llamacpp
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from machine import cpu_name  # noqa: E402
 CACHE = os.path.join(ROOT, "bench", ".cache")
 LLAMA = os.environ.get("LLAMA_BENCH", os.path.join(CACHE, "llama-cpp-python-0.3.36", "build", "bin", "llama-bench"))
 IK = os.environ.get("IK_BENCH", os.path.join(CACHE, "ik-llama-cpp-python-0.1.5", "build", "bin", "llama-bench"))
 
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def run_json(cmd):

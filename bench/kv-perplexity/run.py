@@ -14,7 +14,6 @@ Usage: bench/kv-perplexity/run.py [-m MODEL] [-f TEXT] [-c 512] [-t 2]
 import argparse
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -22,18 +21,10 @@ import sys
 import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from machine import cpu_name  # noqa: E402
 TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def llama_ppl(model, text, n_ctx, threads, kv):

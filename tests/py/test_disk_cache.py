@@ -59,23 +59,14 @@ def stop(p, graceful=True):
 
 
 def ask(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300 * SLOW)
-    try:
-        c.request("POST", "/v1/completions", body=json.dumps({"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-                                                              "logprobs": 5}),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        body = json.loads(r.read())
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {json.dumps(body)[:300]}")
-        ch = body["choices"][0]
-        lp = ch["logprobs"]
-        return {"text": ch["text"], "tokens": lp["tokens"], "lp": lp["token_logprobs"],
-                "top": [sorted(d.items()) for d in lp["top_logprobs"]],
-                "cached": (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                "prompt": body["usage"]["prompt_tokens"]}
-    finally:
-        c.close()
+    body = tlserver.post_json(port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                                        "logprobs": 5})
+    ch = body["choices"][0]
+    lp = ch["logprobs"]
+    return {"text": ch["text"], "tokens": lp["tokens"], "lp": lp["token_logprobs"],
+            "top": [sorted(d.items()) for d in lp["top_logprobs"]],
+            "cached": (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "prompt": body["usage"]["prompt_tokens"]}
 
 
 def tokenize():

@@ -17,8 +17,6 @@ server, at temperature 0, in both numerics modes:
 Run: TL_BIN=build/tokenloop python3 tests/py/test_hybrid.py"""
 import concurrent.futures
 import glob
-import http.client
-import json
 import os
 import subprocess
 import sys
@@ -39,22 +37,12 @@ EXTRA = " Shelf 3 holds jars number 2. Shelf 4 holds"
 
 
 def ask(srv, prompt, n=40):
-    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300 * SLOW)
-    try:
-        c.request("POST", "/v1/completions", body=json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0,
-                                                              "logprobs": 3}),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        body = json.loads(r.read())
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {json.dumps(body)[:300]}")
-        ch = body["choices"][0]
-        u = body["usage"]
-        return {"text": ch["text"], "tokens": ch["logprobs"]["tokens"], "lp": ch["logprobs"]["token_logprobs"],
-                "cached": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                "prompt": u["prompt_tokens"], "spec": u.get("speculative") or {}}
-    finally:
-        c.close()
+    body = tlserver.post_json(srv.port, "/v1/completions",
+                              {"prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 3})
+    ch, u = body["choices"][0], body["usage"]
+    return {"text": ch["text"], "tokens": ch["logprobs"]["tokens"], "lp": ch["logprobs"]["token_logprobs"],
+            "cached": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+            "prompt": u["prompt_tokens"], "spec": u.get("speculative") or {}}
 
 
 def serve(numerics, *args):

@@ -2,6 +2,7 @@
 until /ready, and stop() that always leaves no process. TL_SERVER_LOG=1 shows
 the server's output; otherwise it is kept and printed if it never got ready."""
 import http.client
+import json
 import os
 import resource
 import socket
@@ -28,6 +29,21 @@ def metric(port, name, timeout=30):
     finally:
         c.close()
     return None
+
+
+def post_json(port, path, body, timeout=300):
+    """POST body as JSON; the reply's JSON, or RuntimeError naming the HTTP
+    status and the start of the reply."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * SLOW)
+    try:
+        c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        reply = json.loads(r.read())
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {json.dumps(reply)[:300]}")
+        return reply
+    finally:
+        c.close()
 
 
 def free_port():
