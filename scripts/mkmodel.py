@@ -76,7 +76,19 @@ ARCHS = {
     # with partial interleaved M-RoPE; qwen35moe adds experts and a shared one.
     "qwen35": dict(arch="qwen35", layers=4, base=10000000.0, tied=False, swa=0),
     "qwen35moe": dict(arch="qwen35moe", layers=4, base=10000000.0, tied=False, swa=0, moe=(8, 3, 64, 128)),
+    # Gemma 4 (build_gemma4): sliding-window and global layers of their own
+    # shapes; gemma4 is E2B-like (per-layer inputs, the last two layers
+    # reading earlier layers' KV cache, global layers without attn_v, wider
+    # FFNs on the shared layers), gemma4moe 26B-A4B-like (experts beside the
+    # dense FFN, gate and up fused, per-expert scales)
+    "gemma4": dict(arch="gemma4", layers=6, base=1000000.0, tied=True, swa=16),
+    "gemma4moe": dict(arch="gemma4", layers=4, base=1000000.0, tied=True, swa=16, moe=(8, 2, 64, 0)),
 }
+
+# Gemma 4's shapes: sliding-window layers' heads of 32 (2 KV heads, fully
+# rotated), global ones' of 64 (partly rotated: proportional RoPE through
+# rope_freqs); layers alternate window, global.
+G4 = dict(hd_swa=32, nkv_swa=2, hd=64, nkv=2, rot_frac=0.25, base_swa=10000.0, n_pl=32, shared=2, softcap=30.0)
 
 # The hybrids' shapes: DeltaNet heads of 32 (2 key heads, 4 value heads), a
 # 4-wide convolution; attention heads of 64 (4 query, 2 KV), 16 of them
@@ -276,6 +288,78 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
     put("output.weight", g.mat(n_vocab, D))
 
 
+def build_gemma4(args, w, spec, g, put, n_vocab):
+    """The layers of a Gemma 4 model, as llama.cpp's converter names them
+    (conversion/gemma.py Gemma4Model). Keys by name: the gguf package on PyPI
+    may predate the writer methods for them."""
+    q = G4
+    L = spec["layers"]
+    moe = spec.get("moe")
+    a = spec["arch"]
+    swa = [i % 2 == 0 for i in range(L)]
+    shared = 0 if moe else q["shared"]
+    ff = [FF if moe or i < L - shared else 2 * FF for i in range(L)]
+    w.add_array(f"{a}.attention.sliding_window_pattern", swa)
+    w.add_array(f"{a}.attention.head_count_kv", [q["nkv_swa"] if s else q["nkv"] for s in swa])
+    w.add_array(f"{a}.feed_forward_length", ff)
+    w.add_uint32(f"{a}.attention.key_length", q["hd"])
+    w.add_uint32(f"{a}.attention.value_length", q["hd"])
+    w.add_uint32(f"{a}.attention.key_length_swa", q["hd_swa"])
+    w.add_uint32(f"{a}.attention.value_length_swa", q["hd_swa"])
+    w.add_uint32(f"{a}.rope.dimension_count_swa", q["hd_swa"])
+    w.add_float32(f"{a}.rope.freq_base_swa", q["base_swa"])
+    w.add_uint32(f"{a}.attention.shared_kv_layers", shared)
+    w.add_uint32(f"{a}.embedding_length_per_layer_input", 0 if moe else q["n_pl"])
+    w.add_float32(f"{a}.final_logit_softcapping", q["softcap"])
+    # proportional RoPE on the global layers: a quarter of the pairs rotate
+    n_rot = int(q["hd"] * q["rot_frac"] / 2)
+    put("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (q["hd"] // 2 - n_rot), dtype=np.float32))
+    if not moe:
+        npl = q["n_pl"]
+        put("per_layer_token_embd.weight", g.mat(n_vocab, L * npl, 1.0))
+        put("per_layer_model_proj.weight", g.mat(L * npl, D))
+        put("per_layer_proj_norm.weight", g.vec(npl, 1.0, 0.2))
+    for i in range(L):
+        b = f"blk.{i}."
+        hd, nkv = (q["hd_swa"], q["nkv_swa"]) if swa[i] else (q["hd"], q["nkv"])
+        # scores are q.k unscaled (q and k normed): norm weights of hd^-1/4
+        # keep them of unit size, as trained ones do, not hd-sized
+        qk = hd ** -0.25
+        put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "attn_q.weight", g.mat(N_HEAD * hd, D))
+        if i < L - shared:
+            put(b + "attn_k.weight", g.mat(nkv * hd, D))
+            if swa[i]:  # the global layers' v is k's projection (attention_k_eq_v)
+                put(b + "attn_v.weight", g.mat(nkv * hd, D))
+            put(b + "attn_k_norm.weight", g.vec(hd, qk, 0.2 * qk))
+        put(b + "attn_q_norm.weight", g.vec(hd, qk, 0.2 * qk))
+        put(b + "attn_output.weight", g.mat(D, N_HEAD * hd))
+        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "ffn_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "ffn_gate.weight", g.mat(ff[i], D))
+        put(b + "ffn_up.weight", g.mat(ff[i], D))
+        put(b + "ffn_down.weight", g.mat(D, ff[i]))
+        put(b + "post_ffw_norm.weight", g.vec(D, 1.0, 0.2))
+        if moe:
+            n_exp, _, ff_exp, _ = moe
+            # its router reads RMSNorm(x) / sqrt(d): weights sqrt(d) larger
+            # than put_experts' give its logits the same clear margins
+            put(b + "ffn_gate_inp.weight", g.mat(n_exp, D, ROUTER_SCALE))
+            put(b + "ffn_gate_inp.scale", g.vec(D, 1.0, 0.2))
+            put(b + "ffn_gate_up_exps.weight", np.stack([g.mat(2 * ff_exp, D) for _ in range(n_exp)]))
+            put(b + "ffn_down_exps.weight", np.stack([g.mat(D, ff_exp) for _ in range(n_exp)]))
+            put(b + "ffn_down_exps.scale", g.vec(n_exp, 1.0, 0.3))
+            put(b + "pre_ffw_norm_2.weight", g.vec(D, 1.0, 0.2))
+            put(b + "post_ffw_norm_1.weight", g.vec(D, 1.0, 0.2))
+            put(b + "post_ffw_norm_2.weight", g.vec(D, 1.0, 0.2))
+        else:
+            put(b + "inp_gate.weight", g.mat(q["n_pl"], D))
+            put(b + "proj.weight", g.mat(D, q["n_pl"]))
+            put(b + "post_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "layer_output_scale.weight", g.vec(1, 1.0, 0.3))
+    put("output_norm.weight", g.vec(D, 1.0, 0.2))
+
+
 def build(args):
     spec = ARCHS[args.arch]
     arch = args.arch_name or spec["arch"]
@@ -291,13 +375,16 @@ def build(args):
     w.add_context_length(args.ctx)
     w.add_embedding_length(D)
     w.add_block_count(L)
-    w.add_feed_forward_length(FF)
     hybrid = args.arch in ("qwen35", "qwen35moe")
+    gemma4 = spec["arch"] == "gemma4"
+    if not gemma4:  # per layer (build_gemma4)
+        w.add_feed_forward_length(FF)
     w.add_head_count(Q35["n_head"] if hybrid else N_HEAD)
-    w.add_head_count_kv(Q35["n_head_kv"] if hybrid else N_HEAD_KV)
+    if not gemma4:
+        w.add_head_count_kv(Q35["n_head_kv"] if hybrid else N_HEAD_KV)
     w.add_layer_norm_rms_eps(EPS)
     w.add_rope_freq_base(spec["base"])
-    w.add_rope_dimension_count(Q35["n_rot"] if hybrid else HD)
+    w.add_rope_dimension_count(Q35["n_rot"] if hybrid else G4["hd"] if gemma4 else HD)
     w.add_vocab_size(n_vocab)
     if spec["swa"]:
         w.add_sliding_window(spec["swa"])
@@ -329,9 +416,11 @@ def build(args):
     g = Gen(args.seed, args.type)
     drop = set(args.drop or [])
     put = lambda name, arr: add_weight(w, name, arr, args.type, drop)  # noqa: E731
-    put("token_embd.weight", g.mat(n_vocab, D, 1.0))
-    if hybrid:
-        build_qwen35(args, w, spec, g, put, n_vocab)
+    # Gemma 4's output is tied and soft-capped at 30: embeddings of unit size
+    # would saturate every top logit at the cap (near ties everywhere)
+    put("token_embd.weight", g.mat(n_vocab, D, 1.0 / math.sqrt(D) if gemma4 else 1.0))
+    if hybrid or gemma4:
+        (build_gemma4 if gemma4 else build_qwen35)(args, w, spec, g, put, n_vocab)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

@@ -249,15 +249,15 @@ void tl_cpu_matmul(tl_cpu *c, int n_mat, tl_w *w, float **y, const float *x, int
 /* YaRN's correction dimensions (ggml_rope_yarn_corr_dims): the dimensions
  * whose wavelength spans beta_fast and beta_slow rotations over the original
  * context, floored and ceiled, clamped to [0, n_rot - 1]. */
-static void rope_corr_dims(const tl_hparams *hp, float base, float dims[2]) {
+static void rope_corr_dims(const tl_hparams *hp, float base, int n_rot, float dims[2]) {
     const float beta[2] = {hp->yarn_beta_fast, hp->yarn_beta_slow};
     for (int k = 0; k < 2; k++) {
-        const float v = (float)hp->n_rot * logf((float)hp->rope_n_ctx_orig / (beta[k] * 2.0f * (float)M_PI)) /
+        const float v = (float)n_rot * logf((float)hp->rope_n_ctx_orig / (beta[k] * 2.0f * (float)M_PI)) /
                         (2.0f * logf(base));
         dims[k] = k == 0 ? floorf(v) : ceilf(v);
     }
     dims[0] = 0.0f > dims[0] ? 0.0f : dims[0];
-    dims[1] = (float)(hp->n_rot - 1) < dims[1] ? (float)(hp->n_rot - 1) : dims[1];
+    dims[1] = (float)(n_rot - 1) < dims[1] ? (float)(n_rot - 1) : dims[1];
 }
 
 /* cos/sin per position and rotary pair, with theta built as ggml builds it:
@@ -267,23 +267,21 @@ static void rope_corr_dims(const tl_hparams *hp, float base, float dims[2]) {
  * ggml's CPU build fuses two of those steps (the fmaf calls). Without
  * scaling every extra step is exact (x*1, x*0 + y), so plain RoPE keeps its
  * bits. */
-static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale, int n_tok) {
+static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale, int n_rot, tl_w fw, int n_tok) {
     const tl_hparams *hp = &c->m->hp;
-    float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
-    tl_w fw = c->m->rope_freqs;
-    if (!fw && c->m->rope_long) fw = c->n_ctx > hp->rope_n_ctx_orig ? c->m->rope_long : c->m->rope_short;
+    float theta_scale = powf(base, -2.0f / (float)n_rot);
     const float *ff = fw ? fw->data : NULL;
     const float ext = hp->yarn_ext_factor;
     float corr[2] = {0.0f, 0.0f}, mscale = hp->yarn_attn_factor;
     if (ext != 0.0f) {
-        rope_corr_dims(hp, base, corr);
+        rope_corr_dims(hp, base, n_rot, corr);
         mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
     }
     const float span = 0.001f > corr[1] - corr[0] ? 0.001f : corr[1] - corr[0];
     for (int t = 0; t < n_tok; t++) {
         float theta = (float)c->tpos[t];
-        float *cs = out + (size_t)t * hp->n_rot;
-        for (int i = 0; i < hp->n_rot / 2; i++) {
+        float *cs = out + (size_t)t * n_rot;
+        for (int i = 0; i < n_rot / 2; i++) {
             /* ggml divides a copy of theta by the frequency factor */
             const float th = ff ? theta / ff[i] : theta;
             float tv = freq_scale * th;
@@ -299,15 +297,22 @@ static void rope_cache_base(tl_cpu *c, float *out, float base, float freq_scale,
     }
 }
 
+/* The global layers' table and the sliding-window layers' (their own base,
+ * and with Gemma 4 their own rotary width and no frequency divisors: its
+ * divisors make the global layers' RoPE proportional). */
 static void rope_cache(tl_cpu *c, int n_tok) {
-    const tl_hparams *hp = &c->m->hp;
-    rope_cache_base(c, c->rope_cs, hp->rope_base, hp->rope_freq_scale, n_tok);
-    if (c->rope_cs_swa) rope_cache_base(c, c->rope_cs_swa, hp->rope_base_swa, hp->rope_freq_scale_swa, n_tok);
+    const tl_model *m = c->m;
+    const tl_hparams *hp = &m->hp;
+    tl_w fw = m->rope_freqs;
+    if (!fw && m->rope_long) fw = c->n_ctx > hp->rope_n_ctx_orig ? m->rope_long : m->rope_short;
+    rope_cache_base(c, c->rope_cs, hp->rope_base, hp->rope_freq_scale, hp->n_rot, fw, n_tok);
+    if (c->rope_cs_swa)
+        rope_cache_base(c, c->rope_cs_swa, hp->rope_base_swa, hp->rope_freq_scale_swa, hp->n_rot_swa,
+                        m->arch->arch == TL_ARCH_GEMMA4 ? NULL : fw, n_tok);
 }
 
-static void rope_apply(const tl_cpu *c, const float *cs_all, float *v, int n_heads, int t) {
-    const tl_hparams *hp = &c->m->hp;
-    c->kern.math.rope(v, n_heads, hp->head_dim, hp->n_rot, cs_all + (size_t)t * hp->n_rot, c->m->arch->rope_neox);
+static void rope_apply(const tl_cpu *c, const tl_attn_block *A, const float *cs_all, float *v, int n_heads, int t) {
+    c->kern.math.rope(v, n_heads, A->hd, A->n_rot, cs_all + (size_t)t * A->n_rot, c->m->arch->rope_neox);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -323,6 +328,7 @@ static void rope_apply(const tl_cpu *c, const float *cs_all, float *v, int n_hea
 
 typedef struct att_job {
     tl_cpu *c;
+    const tl_attn_block *A; /* its shape: head size, heads, KV heads */
     int layer, n_tok; /* layer: the KV cache's layer the block reads */
     int swa;         /* the block attends to a sliding window */
     const float *sinks; /* [n_head] logits every softmax also counts (tl_attn_block.sinks), or NULL */
@@ -344,15 +350,17 @@ static inline size_t kv_row(const kv_side *s, const int32_t *blk, int j) {
  * the sequence's other tokens or where its blocks lie. A sink (sinks[h])
  * joins the softmax as ggml's soft_max with sinks does: in the max, and
  * expf(sink - max) added to the double sum; it weighs no value. */
-static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *s, float *acc) {
+static void attend(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const float *sinks, int t, int h, float *s,
+                   float *acc) {
     const tl_hparams *hp = &c->m->hp;
-    int hd = hp->head_dim, pos = c->tpos[t];
-    int kvh = h / (hp->n_head / hp->n_head_kv);
-    const uint16_t *q = c->q16 + (size_t)t * c->q_dim + (size_t)h * hd;
+    const int hd = A->hd, pos = c->tpos[t], qd = A->n_head * hd;
+    const int kvh = h / (A->n_head / A->n_head_kv);
+    const uint16_t *q = c->q16 + (size_t)t * qd + (size_t)h * hd;
     const int32_t *blk = c->tblk[t];
     /* llama.cpp's f16 dots: the cache is F16 here (a quantized one takes attend_fa) */
-    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.hb;
-    const uint16_t *vb = (const uint16_t *)(const void *)(c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.hb);
+    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.f->row_bytes(hd);
+    const uint16_t *vb =
+        (const uint16_t *)(const void *)(c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.f->row_bytes(hd));
     const size_t kvs = c->V.rb / sizeof(uint16_t), kks = c->K.rb / sizeof(uint16_t);
     int prescaled = c->m->arch->q_prescale;
     float scale = hp->attn_scale;
@@ -388,7 +396,7 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
     /* ggml scales by (float)(1/sum) and multiplies V by the weights rounded to f16 */
     c->kern.math.scale_round_f16(n, s + j0, (float)(1.0 / sum));
     c->kern.math.attn_pv_paged(n, hd, s + j0, vb, (int64_t)kvs, blk, TL_KV_BLOCK, j0, acc, acc + 8 * hd);
-    memcpy(c->att + (size_t)t * c->q_dim + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
+    memcpy(c->att + (size_t)t * qd + (size_t)h * hd, acc + 8 * hd, (size_t)hd * sizeof *acc);
 }
 
 /* The exact numerics with a quantized cache, as llama.cpp runs it: its CPU
@@ -399,16 +407,17 @@ static void attend(tl_cpu *c, int layer, int swa, const float *sinks, int t, int
  * accumulator by expf(M_old - M), any other key weighs expf(s - M); V is
  * accumulated by fma, in f32 after dequantizing a quantized row, in f16
  * (rounded at every step) for an f16 V. */
-static void attend_fa(tl_cpu *c, int layer, int swa, const float *sinks, int t, int h, float *acc) {
+static void attend_fa(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const float *sinks, int t, int h,
+                      float *acc) {
     const tl_hparams *hp = &c->m->hp;
-    const int hd = hp->head_dim, pos = c->tpos[t];
-    const int kvh = h / (hp->n_head / hp->n_head_kv);
+    const int hd = A->hd, pos = c->tpos[t], qd = A->n_head * hd;
+    const int kvh = h / (A->n_head / A->n_head_kv);
     const int32_t *blk = c->tblk[t];
-    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.hb;
-    const uint8_t *vb = c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.hb;
+    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.f->row_bytes(hd);
+    const uint8_t *vb = c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.f->row_bytes(hd);
     const int kq = c->K.f->type != TL_F16, v16 = c->V.f->type == TL_F16;
     const void *qv = kq ? (const void *)(c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd))
-                        : (const void *)(c->q16 + (size_t)t * c->q_dim + (size_t)h * hd);
+                        : (const void *)(c->q16 + (size_t)t * qd + (size_t)h * hd);
     /* an f16 K: ggml_vec_dot_f16 itself (its four chains; the matmul of the
      * attention without flash attention is tinyBLAS's, kern.dot_f16) */
     const tl_vec_dot_fn kdot = kq ? c->kern.vec_dot[c->K.f->type] : c->kern.vec_dot_id[TL_F16];
@@ -461,7 +470,7 @@ static void attend_fa(tl_cpu *c, int layer, int swa, const float *sinks, int t, 
         S = fmaf(S, ms, vs);
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
+    float *out = c->att + (size_t)t * qd + (size_t)h * hd;
     for (int d = 0; d < hd; d++) out[d] = vkq[d] * inv;
 }
 
@@ -472,23 +481,23 @@ static void attend_fa(tl_cpu *c, int layer, int swa, const float *sinks, int t, 
 
 /* Query heads h0..h0+nh-1 (sharing KV head h0 / G) of a run of nt tokens;
  * seg > 0: segment seg - 1's keys alone, the state into out and part. */
-static void attend_fast(tl_cpu *c, int layer, int swa, const float *sinks, int t, int nt, int h0, int nh, float *scratch,
-                        int seg, float *out, float *part) {
+static void attend_fast(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const float *sinks, int t, int nt, int h0,
+                        int nh, float *scratch, int seg, float *out, float *part) {
     const tl_hparams *hp = &c->m->hp;
-    const int hd = hp->head_dim, g = h0 / (hp->n_head / hp->n_head_kv);
-    const size_t vbase = (size_t)layer * c->V.layer + (size_t)g * c->V.hb;
-    const size_t kbase = (size_t)layer * c->K.layer + (size_t)g * c->K.hb * TL_KV_BLOCK; /* K transposed */
+    const int hd = A->hd, g = h0 / (A->n_head / A->n_head_kv), qd = A->n_head * hd;
+    const size_t vbase = (size_t)layer * c->V.layer + (size_t)g * c->V.f->row_bytes(hd);
+    const size_t kbase = (size_t)layer * c->K.layer + (size_t)g * c->K.f->row_bytes(hd) * TL_KV_BLOCK; /* K transposed */
     tl_attn_rows a = {
         .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
-        .q = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)c->q_dim,
+        .q = c->q + (size_t)t * qd + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)qd,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
         /* V rows, K transposed per block */
         .k = c->K.mem + kbase, .v = c->V.mem + vbase, .k_stride = c->K.rb, .v_stride = c->V.rb,
         .k_fmt = c->K.f->attn_fmt, .v_fmt = c->V.f->attn_fmt, .k_tr = 1,
         .blk = c->tblk[t], .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
-        .out = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd, .out_stride = (size_t)hd,
-        .out_tok = (size_t)c->q_dim, .scratch = scratch, .seg = seg, .part = part,
+        .out = c->att + (size_t)t * qd + (size_t)h0 * hd, .out_stride = (size_t)hd,
+        .out_tok = (size_t)qd, .scratch = scratch, .seg = seg, .part = part,
         .sinks = sinks ? sinks + h0 : NULL};
     if (seg > 0) a.out = out, a.out_tok = (size_t)nh * hd;
     c->kern.math.attn_online(&a);
@@ -498,8 +507,7 @@ static void attend_fast(tl_cpu *c, int layer, int swa, const float *sinks, int t
  * run and head's segments to finish folds them into c->att. */
 static void attend_split(att_job *j, int64_t i, float *scr) {
     tl_cpu *c = j->c;
-    const tl_hparams *hp = &c->m->hp;
-    const int nkv = hp->n_head_kv, G = hp->n_head / nkv, hd = hp->head_dim;
+    const int nkv = j->A->n_head_kv, G = j->A->n_head / nkv, hd = j->A->hd, qd = j->A->n_head * hd;
     int r = 0;
     while (i >= j->item0[r + 1]) r++;
     const int k = (int)(i - j->item0[r]), g = k / j->nseg[r], si = k % j->nseg[r];
@@ -507,7 +515,7 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
     const size_t slot = (size_t)T * G * (hd + 2);
     float *base = c->apart + j->base[r] + (size_t)g * j->nseg[r] * slot;
     float *o = base + (size_t)si * slot;
-    attend_fast(c, j->layer, j->swa, NULL, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
+    attend_fast(c, j->A, j->layer, j->swa, NULL, t, T, g * G, G, scr, j->seg0[r] + si + 1, o, o + (size_t)T * G * hd);
     if (atomic_fetch_add_explicit(&c->aleft[r * nkv + g], -1, memory_order_acq_rel) != 1) return;
     for (int row = 0; row < T * G; row++) { /* row = token * G + head */
         float ma = -INFINITY, la = 0.0f, *oa = scr;
@@ -516,14 +524,14 @@ static void attend_split(att_job *j, int64_t i, float *scr) {
             if (ml[0] != -INFINITY) tl_attn_merge(hd, &ma, &la, oa, ml[0], ml[1], os + (size_t)row * hd);
         }
         if (j->sinks) tl_attn_sink(hd, &ma, &la, oa, j->sinks[g * G + row % G]); /* once, after every segment */
-        tl_attn_divide(hd, oa, la, c->att + (size_t)(t + row / G) * c->q_dim + (size_t)(g * G + row % G) * hd);
+        tl_attn_divide(hd, oa, la, c->att + (size_t)(t + row / G) * qd + (size_t)(g * G + row % G) * hd);
     }
 }
 
 /* Whether the runs are split by segment (att_job.split), and the items. */
 static void att_plan(tl_cpu *c, att_job *j, int nth) {
     const tl_hparams *hp = &c->m->hp;
-    const int nkv = hp->n_head_kv;
+    const int nkv = j->A->n_head_kv;
     j->split = 0;
     if (!c->apart || nth < 2 || j->n_runs > SPLIT_RUNS || (int64_t)j->n_runs * nkv >= 4 * (int64_t)nth) return;
     j->item0[0] = 0;
@@ -536,7 +544,7 @@ static void att_plan(tl_cpu *c, att_job *j, int nth) {
         j->nseg[r] = (pos + T - 1) / TL_ATTN_SEG - j->seg0[r] + 1;
         j->item0[r + 1] = j->item0[r] + nkv * j->nseg[r];
         j->base[r] = need;
-        need += (size_t)j->nseg[r] * T * hp->n_head * (hp->head_dim + 2); /* every KV head's G query heads */
+        need += (size_t)j->nseg[r] * T * j->A->n_head * (j->A->hd + 2); /* every KV head's G query heads */
     }
     const int n = j->item0[j->n_runs];
     if (n < nth || need > c->apart_n) return; /* one segment each: the heads' split below */
@@ -568,7 +576,7 @@ static void att_worker(void *arg, int ith, int nth) {
          * K/V block once; with too few of those to keep every thread busy
          * (decode), (run, query head). A head's result is the same either
          * way. Items are claimed from a counter, later runs (more keys) first. */
-        const int nkv = c->m->hp.n_head_kv, G = c->m->hp.n_head / nkv;
+        const int nkv = j->A->n_head_kv, G = j->A->n_head / nkv;
         const int per = (int64_t)j->n_runs * nkv >= (int64_t)nth ? G : 1, nper = nkv * G / per;
         float *scr = c->ascr + (size_t)ith * c->ascr_n;
         if (j->split) {
@@ -585,18 +593,18 @@ static void att_worker(void *arg, int ith, int nth) {
             const int64_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
             if (i >= (int64_t)j->n_runs * nper) return;
             const int r = j->n_runs - 1 - (int)(i / nper);
-            attend_fast(c, j->layer, j->swa, j->sinks, c->att_run[r], c->att_run[r + 1] - c->att_run[r],
+            attend_fast(c, j->A, j->layer, j->swa, j->sinks, c->att_run[r], c->att_run[r + 1] - c->att_run[r],
                         (int)(i % nper) * per, per, scr, 0, NULL, NULL);
         }
     }
-    int nh = c->m->hp.n_head;
+    const int nh = j->A->n_head;
     float *s = c->scores + (size_t)ith * c->n_ctx;
-    float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim;
+    float *acc = c->vacc + (size_t)ith * 9 * c->m->hp.head_dim_max;
     /* Later tokens see more keys: deal (token, head) pairs out round-robin so
      * the threads get equal work. */
     for (int64_t i = ith; i < (int64_t)j->n_tok * nh; i += nth) {
-        if (c->fa) attend_fa(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), acc);
-        else attend(c, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
+        if (c->fa) attend_fa(c, j->A, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), acc);
+        else attend(c, j->A, j->layer, j->swa, j->sinks, (int)(i / nh), (int)(i % nh), s, acc);
     }
 }
 
@@ -642,10 +650,23 @@ void tl_cpu_add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
  * +4% with); scores are unchanged in exact arithmetic, and the attention's
  * output is rotated back (the matrix is its own inverse): tl_fwht, in
  * ggml's order. */
+static void rot_sizes(const tl_cpu *c, int hd, int *rk, int *rv) {
+    /* as llama.cpp chooses (llama_kv_cache: attn_rot_k/v), per cache and so
+     * per head size: K's chunk the largest power of two from 64 dividing
+     * the head, V's 64 */
+    *rk = *rv = 0;
+    if (c->K.f->type != TL_F16 && hd % 64 == 0)
+        for (*rk = 64; hd % (2 * *rk) == 0;) *rk *= 2;
+    if (c->V.f->type != TL_F16 && hd % 64 == 0) *rv = 64;
+}
+
 static void unrotate_tokens(tl_cpu *c, int t0, int t1, void *arg) {
-    (void)arg;
+    const tl_attn_block *A = arg;
+    const int qd = A->n_head * A->hd;
+    int rk, rv;
+    rot_sizes(c, A->hd, &rk, &rv);
     for (int t = t0; t < t1; t++)
-        for (int i = 0; i < c->q_dim; i += c->rot_v) c->kern.math.fwht(c->att + (size_t)t * c->q_dim + i, c->rot_v);
+        for (int i = 0; i < qd; i += rv) c->kern.math.fwht(c->att + (size_t)t * qd + i, rv);
 }
 
 /* After the q/k/v projections: QK-norm, RoPE, q to f16, k and v into the cache. */
@@ -655,80 +676,93 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const tl_hparams *hp = &c->m->hp;
     const tl_arch_info *a = c->m->arch;
     const float *cs = A->swa && c->rope_cs_swa ? c->rope_cs_swa : c->rope_cs;
-    int hd = hp->head_dim;
+    const int hd = A->hd, qd = A->n_head * hd, kvd = A->n_head_kv * hd;
+    int rot_k, rot_v;
+    rot_sizes(c, hd, &rot_k, &rot_v);
     for (int t = t0; t < t1; t++) {
-        float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
-        float *v = c->v + (size_t)t * c->kv_dim;
-        if (A->q_norm) {
-            for (int h = 0; h < hp->n_head; h++)
+        float *q = c->q + (size_t)t * qd, *k = c->k + (size_t)t * kvd;
+        float *v = c->v + (size_t)t * kvd;
+        if (A->v_norm && !A->kv_shared && !A->wv) memcpy(v, k, (size_t)kvd * sizeof *v); /* before k's norm */
+        if (A->q_norm)
+            for (int h = 0; h < A->n_head; h++)
                 c->kern.math.rmsnorm(q + h * hd, q + h * hd, A->q_norm->data, hd, hp->norm_eps);
-            for (int h = 0; h < hp->n_head_kv; h++)
+        if (A->k_norm)
+            for (int h = 0; h < A->n_head_kv; h++)
                 c->kern.math.rmsnorm(k + h * hd, k + h * hd, A->k_norm->data, hd, hp->norm_eps);
-        }
-        rope_apply(c, cs, q, hp->n_head, t);
-        rope_apply(c, cs, k, hp->n_head_kv, t);
+        if (A->v_norm && !A->kv_shared) /* ggml_rms_norm alone: times ones is exact */
+            for (int h = 0; h < A->n_head_kv; h++) c->kern.math.rmsnorm(v + h * hd, v + h * hd, c->ones, hd, hp->norm_eps);
+        rope_apply(c, A, cs, q, A->n_head, t);
+        if (!A->kv_shared) rope_apply(c, A, cs, k, A->n_head_kv, t);
         if (a->q_prescale)
-            for (int i = 0; i < c->q_dim; i++) q[i] *= hp->attn_scale;
-        if (c->rot_k) { /* a quantized cache: rotated before it is rounded (fwht) */
-            for (int i = 0; i < c->q_dim; i += c->rot_k) c->kern.math.fwht(q + i, c->rot_k);
-            for (int i = 0; i < c->kv_dim; i += c->rot_k) c->kern.math.fwht(k + i, c->rot_k);
+            for (int i = 0; i < qd; i++) q[i] *= hp->attn_scale;
+        if (rot_k) { /* a quantized cache: rotated before it is rounded (fwht) */
+            for (int i = 0; i < qd; i += rot_k) c->kern.math.fwht(q + i, rot_k);
+            for (int i = 0; i < kvd && !A->kv_shared; i += rot_k) c->kern.math.fwht(k + i, rot_k);
         }
-        if (c->rot_v)
-            for (int i = 0; i < c->kv_dim; i += c->rot_v) c->kern.math.fwht(v + i, c->rot_v);
+        if (rot_v && !A->kv_shared)
+            for (int i = 0; i < kvd; i += rot_v) c->kern.math.fwht(v + i, rot_v);
         if (!c->fast_attn) { /* the exact attention reads q as K's dot takes it */
             if (c->K.f->type == TL_F16)
-                c->kern.math.f16_row(q, c->q16 + (size_t)t * c->q_dim, c->q_dim);
+                c->kern.math.f16_row(q, c->q16 + (size_t)t * qd, qd);
             else
-                for (int h = 0; h < hp->n_head; h++)
+                for (int h = 0; h < A->n_head; h++)
                     c->kern.quantize[TL_Q8_0](q + (size_t)h * hd, c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd), hd);
         }
+        if (A->kv_shared) continue; /* its keys and values are an earlier layer's */
         const int32_t *blk = c->tblk[t];
         const int p = c->tpos[t];
         if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
             c->K.f->store_tr(&c->kern.math, k,
                              c->K.mem + (size_t)il * c->K.layer + (size_t)blk[p / TL_KV_BLOCK] * TL_KV_BLOCK * c->K.rb,
-                             p % TL_KV_BLOCK, TL_KV_BLOCK, c->kv_dim);
+                             p % TL_KV_BLOCK, TL_KV_BLOCK, kvd);
         else
-            c->K.f->store(&c->kern.math, k, c->K.mem + (size_t)il * c->K.layer + kv_row(&c->K, blk, p), c->kv_dim);
-        c->V.f->store(&c->kern.math, v, c->V.mem + (size_t)il * c->V.layer + kv_row(&c->V, blk, p), c->kv_dim);
+            c->K.f->store(&c->kern.math, k, c->K.mem + (size_t)il * c->K.layer + kv_row(&c->K, blk, p), kvd);
+        c->V.f->store(&c->kern.math, v, c->V.mem + (size_t)il * c->V.layer + kv_row(&c->V, blk, p), kvd);
     }
 }
 
 /* Qwen3.5's q projection holds per head q then its gate: split apart. */
 static void q_split_tokens(tl_cpu *c, int t0, int t1, void *arg) {
-    (void)arg;
-    const int hd = c->m->hp.head_dim;
+    const tl_attn_block *A = arg;
+    const int hd = A->hd, qd = A->n_head * hd;
     for (int t = t0; t < t1; t++)
-        for (int h = 0; h < c->m->hp.n_head; h++) {
-            const float *src = c->qg + (size_t)t * 2 * c->q_dim + (size_t)h * 2 * hd;
-            memcpy(c->q + (size_t)t * c->q_dim + (size_t)h * hd, src, (size_t)hd * sizeof(float));
-            memcpy(c->qgate + (size_t)t * c->q_dim + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
+        for (int h = 0; h < A->n_head; h++) {
+            const float *src = c->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd;
+            memcpy(c->q + (size_t)t * qd + (size_t)h * hd, src, (size_t)hd * sizeof(float));
+            memcpy(c->qgate + (size_t)t * qd + (size_t)h * hd, src + hd, (size_t)hd * sizeof(float));
         }
 }
 
 /* att *= sigmoid(gate), as ggml_sigmoid computes it (libm's expf) */
 static void q_gate_tokens(tl_cpu *c, int t0, int t1, void *arg) {
-    (void)arg;
-    for (size_t i = (size_t)t0 * c->q_dim; i < (size_t)t1 * c->q_dim; i++)
+    const tl_attn_block *A = arg;
+    const size_t qd = (size_t)A->n_head * A->hd;
+    for (size_t i = (size_t)t0 * qd; i < (size_t)t1 * qd; i++)
         c->att[i] *= 1.0f / (1.0f + expf(-c->qgate[i]));
 }
 
 static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
     tl_cpu_norm_all(c, n, c->xb, c->x, A->norm);
+    /* no wv: v is k's projection (copied in attn_prep_tokens); a shared
+     * layer projects q alone */
     tl_w w[3] = {A->wq, A->wk, A->wv};
     float *y[3] = {A->q_gate ? c->qg : c->q, c->k, c->v};
-    tl_cpu_matmul(c, 3, w, y, c->xb, n);
-    if (A->q_gate) tl_cpu_par_tokens(c, n, q_split_tokens, NULL);
-    add_bias(c->q, A->bq, n, c->q_dim);
-    add_bias(c->k, A->bk, n, c->kv_dim);
-    add_bias(c->v, A->bv, n, c->kv_dim);
+    tl_cpu_matmul(c, A->kv_shared ? 1 : A->wv ? 3 : 2, w, y, c->xb, n);
+    if (A->q_gate) tl_cpu_par_tokens(c, n, q_split_tokens, (void *)A);
+    const int qd = A->n_head * A->hd, kvd = A->n_head_kv * A->hd;
+    add_bias(c->q, A->bq, n, qd);
+    add_bias(c->k, A->bk, n, kvd);
+    add_bias(c->v, A->bv, n, kvd);
     tl_cpu_par_tokens(c, n, attn_prep_tokens, (void *)A);
-    att_job aj = {c, A->kv_layer, n, A->swa, A->sinks ? A->sinks->data : NULL, c->n_att_runs, 0, 0, 0, {0}, {0}, {0}, {0}};
+    att_job aj = {c, A, A->kv_layer, n, A->swa, A->sinks ? A->sinks->data : NULL, c->n_att_runs, 0, 0, 0, {0}, {0}, {0},
+                  {0}};
     atomic_init(&aj.next, 0);
     if (c->fast_attn) att_plan(c, &aj, tl_pool_size(c->pool));
     tl_pool_run(c->pool, att_worker, &aj);
-    if (c->rot_v) tl_cpu_par_tokens(c, n, unrotate_tokens, NULL);
-    if (A->q_gate) tl_cpu_par_tokens(c, n, q_gate_tokens, NULL);
+    int rot_k, rot_v;
+    rot_sizes(c, A->hd, &rot_k, &rot_v);
+    if (rot_v) tl_cpu_par_tokens(c, n, unrotate_tokens, (void *)A);
+    if (A->q_gate) tl_cpu_par_tokens(c, n, q_gate_tokens, (void *)A);
     tl_w wo = A->wo;
     float *o = c->xb; /* reuse: [n][d] */
     tl_cpu_matmul(c, 1, &wo, &o, c->att, n);
@@ -740,7 +774,7 @@ static void attention_block(tl_cpu *c, const tl_attn_block *A, int n) {
 /* The gated activation of the feed-forward: hb = act(hb) * hb2. */
 static void ffn_act_tokens(tl_cpu *c, int t0, int t1, void *arg) {
     const tl_ffn_block *F = arg;
-    const int n_ff = c->m->hp.n_ff;
+    const int n_ff = (int)F->gate->ne[1]; /* Gemma 4's widths differ by layer */
     for (int t = t0; t < t1; t++) {
         size_t o = (size_t)t * n_ff;
         if (F->act == TL_ACT_GELU)
@@ -938,10 +972,11 @@ static void gather_tokens(tl_cpu *c, int t0, int t1, void *arg) {
  * activation row. */
 static void act_pairs(tl_cpu *c, int p0, int p1, void *arg) {
     const tl_moe_block *E = arg;
-    const int ff = (int)E->gate->ne[1];
+    const int ff = E->gate_up ? (int)E->gate_up->ne[1] / 2 : (int)E->gate->ne[1];
     const exp_mat dm = exp_mat_of(c, E->down);
     for (int p = p0; p < p1; p++) {
-        float *g = c->eg + (size_t)p * ff, *u = c->eu + (size_t)p * ff;
+        /* fused: a pair's row holds gate then up */
+        float *g = c->eg + (size_t)p * (E->gate_up ? 2 * ff : ff), *u = E->gate_up ? g + ff : c->eu + (size_t)p * ff;
         const int t = c->ptok[p];
         int e = -1;
         for (int i = 0; i < E->n_used && e < 0; i++)
@@ -958,6 +993,8 @@ static void act_pairs(tl_cpu *c, int p0, int p1, void *arg) {
                 const float glu = x / (1.0f + expf(1.702f * (-x)));
                 g[i] = glu * (y + 1.0f);
             }
+        } else if (E->act == TL_ACT_GELU) {
+            c->kern.math.geglu(ff, g, g, u, c->gelu);
         } else {
             c->kern.math.swiglu(ff, g, g, u);
         }
@@ -990,6 +1027,10 @@ static void combine_tokens(tl_cpu *c, int t0, int t1, void *arg) {
             const int e = c->sel[(size_t)t * k + i];
             const float w = c->selw[(size_t)t * k + i];
             float *y = c->ey + (size_t)p * d;
+            if (E->down_s) { /* ggml_mul by the expert's scale, then the bias and the weight */
+                const float sc = ((const float *)E->down_s->data)[e];
+                for (int r = 0; r < d; r++) y[r] *= sc;
+            }
             if (E->down_b)
                 for (int r = 0; r < d; r++) y[r] += ((const float *)E->down_b->data)[(size_t)e * d + r];
             for (int r = 0; r < d; r++) {
@@ -1026,11 +1067,51 @@ static void swiglu_tokens(tl_cpu *c, int t0, int t1, void *arg) {
         c->kern.math.swiglu(ff, c->hb + (size_t)t * ff, c->hb + (size_t)t * ff, c->hb2 + (size_t)t * ff);
 }
 
+static void geglu_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const int ff = *(const int *)arg;
+    for (int t = t0; t < t1; t++)
+        c->kern.math.geglu(ff, c->hb + (size_t)t * ff, c->hb + (size_t)t * ff, c->hb2 + (size_t)t * ff, c->gelu);
+}
+
+/* Gemma 4's router input: RMSNorm(x) without a weight, times 1/sqrt(d),
+ * times ffn_gate_inp.scale (three ggml ops, each rounded). */
+static void router_in_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_moe_block *E = arg;
+    const int d = c->m->hp.n_embd;
+    const float inv = 1.0f / sqrtf((float)d), *s = E->router_s->data;
+    for (int t = t0; t < t1; t++) {
+        float *r = c->xr + (size_t)t * d;
+        c->kern.math.rmsnorm(r, c->x + (size_t)t * d, c->ones, d, c->m->hp.norm_eps);
+        for (int i = 0; i < d; i++) r[i] = (r[i] * inv) * s[i];
+    }
+}
+
+/* xb = so + xb: Gemma 4's dense FFN and experts added */
+static void sum_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const float *so = arg;
+    const size_t d = (size_t)c->m->hp.n_embd;
+    for (size_t i = (size_t)t0 * d; i < (size_t)t1 * d; i++) c->xb[i] = so[i] + c->xb[i];
+}
+
 static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     const int ne = E->n_expert, k = E->n_used, d = c->m->hp.n_embd;
+    /* the shared expert's output goes past the pairs' rows in ey */
+    float *so = c->ey + (size_t)n * k * d;
+    if (E->sh_norm) { /* Gemma 4: the dense FFN first, from its own norm, normed after */
+        int ff = (int)E->sh_gate->ne[1];
+        tl_cpu_norm_all(c, n, c->xr, c->x, E->sh_norm);
+        tl_w w[2] = {E->sh_gate, E->sh_up};
+        float *y[2] = {c->hb, c->hb2};
+        tl_cpu_matmul(c, 2, w, y, c->xr, n);
+        tl_cpu_par_tokens(c, n, geglu_tokens, &ff);
+        tl_w sd = E->sh_down;
+        tl_cpu_matmul(c, 1, &sd, &so, c->hb, n);
+        tl_cpu_norm_all(c, n, so, so, E->sh_post_norm);
+    }
     tl_cpu_norm_all(c, n, c->xb, c->x, E->norm);
     tl_w rw = E->router;
-    tl_cpu_matmul(c, 1, &rw, &c->rlog, c->xb, n);
+    if (E->router_s) tl_cpu_par_tokens(c, n, router_in_tokens, (void *)E);
+    tl_cpu_matmul(c, 1, &rw, &c->rlog, E->router_s ? c->xr : c->xb, n);
     tl_cpu_par_tokens(c, n, route_tokens, (void *)E);
     /* pairs grouped by expert, tokens ascending within each */
     memset(c->ecnt, 0, (size_t)ne * sizeof *c->ecnt);
@@ -1054,13 +1135,20 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
             c->pair[(size_t)t * k + i] = p;
             c->ptok[p] = t;
         }
-    const exp_mat mg = exp_mat_of(c, E->gate), mu = exp_mat_of(c, E->up);
-    if (E->gate->type == E->up->type) { /* one gathered input, one pass for both */
+    if (E->gate_up) { /* fused: one matrix of gate then up rows per expert */
+        const exp_mat mgu = exp_mat_of(c, E->gate_up);
+        gather_arg ga = {&mgu, k};
+        tl_cpu_par_tokens(c, n, gather_tokens, &ga);
+        moe_job gj = {.n_mat = 1, .m = {mgu}, .y = {c->eg}};
+        moe_run(c, &gj, n_act, n * k);
+    } else if (E->gate->type == E->up->type) { /* one gathered input, one pass for both */
+        const exp_mat mg = exp_mat_of(c, E->gate), mu = exp_mat_of(c, E->up);
         gather_arg ga = {&mg, k};
         tl_cpu_par_tokens(c, n, gather_tokens, &ga);
         moe_job gj = {.n_mat = 2, .m = {mg, mu}, .y = {c->eg, c->eu}};
         moe_run(c, &gj, n_act, n * k);
     } else {
+        const exp_mat mg = exp_mat_of(c, E->gate), mu = exp_mat_of(c, E->up);
         for (int mi = 0; mi < 2; mi++) {
             gather_arg ga = {mi ? &mu : &mg, k};
             tl_cpu_par_tokens(c, n, gather_tokens, &ga);
@@ -1074,10 +1162,8 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     else tl_pool_run(c->pool, pair_worker, &pj);
     moe_job dj = {.n_mat = 1, .m = {exp_mat_of(c, E->down)}, .y = {c->ey}};
     moe_run(c, &dj, n_act, n * k);
-    /* the shared expert reads xb before the sum overwrites it; its output
-     * goes past the pairs' rows in ey */
-    float *so = c->ey + (size_t)n * k * d;
-    if (E->sh_gate) {
+    /* the shared expert reads xb before the sum overwrites it */
+    if (E->sh_gate && !E->sh_norm) {
         int ff = (int)E->sh_gate->ne[1];
         tl_w w[2] = {E->sh_gate, E->sh_up};
         float *y[2] = {c->hb, c->hb2};
@@ -1090,9 +1176,66 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     }
     tl_cpu_par_tokens(c, n, combine_tokens, (void *)E);
     shared_arg sa = {so, E->sh_sigmoid};
-    if (E->sh_gate) tl_cpu_par_tokens(c, n, shared_tokens, &sa);
+    if (E->sh_gate && !E->sh_norm) tl_cpu_par_tokens(c, n, shared_tokens, &sa);
     if (E->post_norm) tl_cpu_norm_all(c, n, c->xb, c->xb, E->post_norm);
+    if (E->sh_norm) tl_cpu_par_tokens(c, n, sum_tokens, so);
+    if (E->out_norm) tl_cpu_norm_all(c, n, c->xb, c->xb, E->out_norm);
     tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
+}
+
+/* ------------------------------------------------- per-layer inputs */
+
+/* Gemma 4's per-layer inputs of every layer, once per call (llama.cpp's
+ * project_per_layer_inputs): the projection of the scaled embedding times
+ * 1/sqrt(d), RMSNorm'd by slices of n_embd_pl, plus the token's row of
+ * per_layer_token_embd times sqrt(n_embd_pl), all times 1/sqrt(2). */
+typedef struct ple_arg {
+    const int32_t *tokens;
+} ple_arg;
+
+static void ple_tokens(tl_cpu *c, int t0, int t1, int ith, void *arg) {
+    const ple_arg *a = arg;
+    const tl_model *m = c->m;
+    const int npl = m->hp.n_embd_pl, w = m->hp.n_layer * npl;
+    const float sp = 1.0f / sqrtf((float)m->hp.n_embd), se = sqrtf((float)npl), s2 = 1.0f / sqrtf(2.0f);
+    float *row = c->plt + (size_t)ith * w;
+    const size_t rb = tl_row_size((tl_type)m->pl_tok_embd->type, w);
+    for (int t = t0; t < t1; t++) {
+        float *p = c->ple + (size_t)t * w;
+        for (int i = 0; i < w; i++) p[i] *= sp;
+        for (int l = 0; l < m->hp.n_layer; l++)
+            c->kern.math.rmsnorm(p + (size_t)l * npl, p + (size_t)l * npl, m->pl_proj_norm->data, npl, m->hp.norm_eps);
+        tl_dequantize_row((tl_type)m->pl_tok_embd->type, (const uint8_t *)m->pl_tok_embd->data + (size_t)a->tokens[t] * rb,
+                          row, w);
+        for (int i = 0; i < w; i++) p[i] = (p[i] + row[i] * se) * s2;
+    }
+}
+
+/* x += RMSNorm(proj (gelu(gate x) * the layer's per-layer input)) * post_norm */
+static void ple_gate_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const tl_ple_block *P = arg;
+    const int npl = c->m->hp.n_embd_pl;
+    const size_t w = (size_t)c->m->hp.n_layer * npl;
+    for (int t = t0; t < t1; t++) {
+        float *g = c->plg + (size_t)t * npl;
+        c->kern.math.geglu(npl, g, g, c->ple + (size_t)t * w + (size_t)P->layer * npl, c->gelu);
+    }
+}
+
+static void ple_block(tl_cpu *c, const tl_ple_block *P, int n) {
+    tl_w gw = P->gate, pw = P->proj;
+    float *o = c->xb;
+    tl_cpu_matmul(c, 1, &gw, &c->plg, c->x, n);
+    tl_cpu_par_tokens(c, n, ple_gate_tokens, (void *)P);
+    tl_cpu_matmul(c, 1, &pw, &o, c->plg, n);
+    tl_cpu_norm_all(c, n, o, o, P->post_norm);
+    tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
+}
+
+static void out_scale_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const float s = *(const float *)arg;
+    const size_t d = (size_t)c->m->hp.n_embd;
+    for (size_t i = (size_t)t0 * d; i < (size_t)t1 * d; i++) c->x[i] *= s;
 }
 
 /* The backend's forward (backend.h): the logits of tokens b->lrow land in
@@ -1115,6 +1258,12 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
         if (m->arch->embd_scale) /* ggml_scale by sqrtf(d) in float */
             for (int i = 0; i < d; i++) c->x[(size_t)t * d + i] *= sqrtf((float)d);
     }
+    if (m->pl_tok_embd) {
+        tl_w pw = m->pl_model_proj;
+        tl_cpu_matmul(c, 1, &pw, &c->ple, c->x, n);
+        ple_arg pa = {tokens};
+        tl_cpu_par_tokens_ith(c, n, ple_tokens, &pa);
+    }
     rope_cache(c, n);
     c->n_att_runs = c->fast_attn ? att_runs(c, n) : 0; /* the same for every layer */
     for (int il = 0; il < hp->n_layer; il++) {
@@ -1126,8 +1275,10 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
             case TL_BLOCK_FFN: ffn_block(c, &B->u.ffn, n); break;
             case TL_BLOCK_MOE: moe_block(c, &B->u.moe, n); break;
             case TL_BLOCK_GDN: tl_gdn_run(c, &B->u.gdn, n); break;
+            case TL_BLOCK_PLE: ple_block(c, &B->u.ple, n); break;
             }
         }
+        if (L->out_scale) tl_cpu_par_tokens(c, n, out_scale_tokens, (void *)L->out_scale->data);
     }
     if (nl > 0) {
         for (int i = 0; i < nl; i++)
@@ -1197,6 +1348,11 @@ static void cpu_free(void *be) {
     tl_cpu_free_buf(c->att_run);
     tl_cpu_free_buf(c->rope_cs);
     tl_cpu_free_buf(c->rope_cs_swa);
+    tl_cpu_free_buf(c->ones);
+    tl_cpu_free_buf(c->ple);
+    tl_cpu_free_buf(c->plg);
+    tl_cpu_free_buf(c->plt);
+    tl_cpu_free_buf(c->xr);
     tl_cpu_free_buf(c->gelu);
     tl_cpu_free_buf(c->rlog);
     tl_cpu_free_buf(c->sel);
@@ -1259,15 +1415,20 @@ static const tl_backend_ops cpu_ops_rs = {cpu_forward, cpu_copy_block, cpu_read_
 int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
     memset(out, 0, sizeof *out);
     const tl_hparams *hp = &m->hp;
-    const size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    /* every layer's rows as wide as the widest (Gemma 4's differ by layer) */
+    const size_t kv_dim = (size_t)hp->kv_dim_max;
     static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0}; /* by tl_kv_type */
     if (p->kv_type_k < 0 || p->kv_type_k > 2 || p->kv_type_v < 0 || p->kv_type_v > 2)
         return tl_fail(err, TL_ERR_ARG, "unknown KV cache type");
     const tl_kv_format *kf = tl_kv_format_of(kv_types[p->kv_type_k]), *vf = tl_kv_format_of(kv_types[p->kv_type_v]);
-    if (hp->head_dim % kf->block || hp->head_dim % vf->block)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "a KV cache of %s needs a head size that is a multiple of %d (this model's is %d)",
-                       hp->head_dim % kf->block ? kf->name : vf->name, 32, hp->head_dim);
-    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0;
+    for (int k = 0; k < 2; k++) {
+        const int hd = k ? hp->head_dim_swa : hp->head_dim;
+        if (hd % kf->block || hd % vf->block)
+            return tl_fail(err, TL_ERR_UNSUPPORTED,
+                           "a KV cache of %s needs a head size that is a multiple of %d (this model's is %d)",
+                           hd % kf->block ? kf->name : vf->name, 32, hd);
+    }
+    const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && hp->head_dim_swa % 8 == 0;
     const size_t k_rb = kf->row_bytes((int64_t)kv_dim), v_rb = vf->row_bytes((int64_t)kv_dim);
     const size_t blk_bytes = (size_t)(hp->n_kv_layer > 0 ? hp->n_kv_layer : 1) * TL_KV_BLOCK * (k_rb + v_rb);
     const size_t per_seq = (size_t)(p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
@@ -1283,16 +1444,19 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->m = m;
     c->n_ctx = p->n_ctx;
     c->n_batch = p->n_batch;
-    c->q_dim = hp->n_head * hp->head_dim;
-    c->kv_dim = hp->n_head_kv * hp->head_dim;
-    c->K = (kv_side){.f = kf, .rb = k_rb, .hb = kf->row_bytes(hp->head_dim)};
-    c->V = (kv_side){.f = vf, .rb = v_rb, .hb = vf->row_bytes(hp->head_dim)};
+    c->q_dim = hp->q_dim_max;
+    c->kv_dim = hp->kv_dim_max;
+    c->K = (kv_side){.f = kf, .rb = k_rb};
+    c->V = (kv_side){.f = vf, .rb = v_rb};
     c->fa = !want_fast_attn && (kf->type != TL_F16 || vf->type != TL_F16);
-    /* as llama.cpp chooses (llama_kv_cache: attn_rot_k/v): K's chunk the
-     * largest power of two from 64 dividing the head, V's 64 */
-    if (kf->type != TL_F16 && hp->head_dim % 64 == 0)
-        for (c->rot_k = 64; hp->head_dim % (2 * c->rot_k) == 0;) c->rot_k *= 2;
-    if (vf->type != TL_F16 && hp->head_dim % 64 == 0) c->rot_v = 64;
+    int gmax = 1, kvh_max = 1; /* query heads per KV head, KV heads: the most of any layer */
+    for (int il = 0; il < hp->n_layer; il++)
+        for (int b = 0; b < m->layers[il].n_block; b++)
+            if (m->layers[il].block[b].kind == TL_BLOCK_ATTN) {
+                const tl_attn_block *A = &m->layers[il].block[b].u.attn;
+                if (A->n_head / A->n_head_kv > gmax) gmax = A->n_head / A->n_head_kv;
+                if (A->n_head_kv > kvh_max) kvh_max = A->n_head_kv;
+            }
     tl_kernels_init(&c->kern, tl_cpu_choose(), p->numerics == TL_NUMERICS_EXACT ? TL_NUM_EXACT : TL_NUM_FAST);
     int st = TL_OK;
     if (p->share_pool) {
@@ -1329,7 +1493,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->q = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(float), &fail);
     c->q16 = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(uint16_t), &fail);
     if (c->fa && kf->type != TL_F16) {
-        c->qq_row = (size_t)hp->n_head * tl_row_size(TL_Q8_0, hp->head_dim);
+        c->qq_row = (size_t)hp->n_head * tl_row_size(TL_Q8_0, hp->head_dim_max);
         c->qq = tl_cpu_calloc((size_t)nb, c->qq_row, &fail);
     }
     c->att = tl_cpu_calloc((size_t)nb * c->q_dim, sizeof(float), &fail);
@@ -1353,7 +1517,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         c->pair = tl_cpu_calloc(np, sizeof(int), &fail);
         c->xg_row = xa_row;
         c->xg = tl_cpu_calloc(np, xa_row, &fail);
-        c->eg = tl_cpu_calloc(np * hp->n_ff_exp, sizeof(float), &fail);
+        c->eg = tl_cpu_calloc(np * hp->n_ff_exp * 2, sizeof(float), &fail); /* fused: gate and up */
         c->eu = tl_cpu_calloc(np * hp->n_ff_exp, sizeof(float), &fail);
         c->ey = tl_cpu_calloc((np + (size_t)nb) * hp->n_embd, sizeof(float), &fail);
         c->shg = tl_cpu_calloc((size_t)nb, sizeof(float), &fail);
@@ -1363,10 +1527,13 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->scores = tl_cpu_calloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
     c->wide = tl_cpu_calloc((size_t)nt, c->wide_size, &fail);
-    c->vacc = tl_cpu_calloc((size_t)nt * 9 * hp->head_dim, sizeof(float), &fail);
+    c->vacc = tl_cpu_calloc((size_t)nt * 9 * hp->head_dim_max, sizeof(float), &fail);
+    const int n_ones = hp->head_dim_max > hp->n_embd ? hp->head_dim_max : hp->n_embd;
+    c->ones = tl_cpu_calloc((size_t)n_ones, sizeof(float), &fail);
+    for (int i = 0; c->ones && i < n_ones; i++) c->ones[i] = 1.0f;
     c->fast_attn = want_fast_attn;
     /* whole cache lines per thread */
-    c->ascr_n = (tl_attn_scratch(hp->head_dim, hp->n_head / hp->n_head_kv, TL_KV_BLOCK, ATT_TILE) + 15) & ~(size_t)15;
+    c->ascr_n = (tl_attn_scratch(hp->head_dim_max, gmax, TL_KV_BLOCK, ATT_TILE) + 15) & ~(size_t)15;
     if (c->fast_attn) {
         c->ascr = tl_cpu_calloc((size_t)nt * c->ascr_n, sizeof(float), &fail);
         c->att_run = tl_cpu_calloc((size_t)nb + 1, sizeof(int), &fail);
@@ -1374,14 +1541,20 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
             /* SPLIT_T rows' worth over a whole context (a sequence's positions
              * stay below n_ctx; att_plan checks what a call needs) */
             const size_t n_seg = (size_t)(c->n_ctx + TL_ATTN_SEG - 1) / TL_ATTN_SEG + 1;
-            c->apart_n = n_seg * SPLIT_T * hp->n_head * (hp->head_dim + 2);
+            c->apart_n = n_seg * SPLIT_T * hp->n_head * (hp->head_dim_max + 2);
             if (c->apart_n > SPLIT_MAX_FLOATS) c->apart_n = SPLIT_MAX_FLOATS;
             c->apart = tl_cpu_calloc(c->apart_n, sizeof(float), &fail);
-            c->aleft = tl_cpu_calloc((size_t)SPLIT_RUNS * hp->n_head_kv, sizeof *c->aleft, &fail);
+            c->aleft = tl_cpu_calloc((size_t)SPLIT_RUNS * kvh_max, sizeof *c->aleft, &fail);
         }
     }
     c->rope_cs = tl_cpu_calloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
-    if (hp->n_swa > 0) c->rope_cs_swa = tl_cpu_calloc((size_t)nb * hp->n_rot, sizeof(float), &fail);
+    if (hp->n_swa > 0) c->rope_cs_swa = tl_cpu_calloc((size_t)nb * hp->n_rot_swa, sizeof(float), &fail);
+    if (m->pl_tok_embd) {
+        c->ple = tl_cpu_calloc((size_t)nb * hp->n_layer * hp->n_embd_pl, sizeof(float), &fail);
+        c->plg = tl_cpu_calloc((size_t)nb * hp->n_embd_pl, sizeof(float), &fail);
+        c->plt = tl_cpu_calloc((size_t)nt * hp->n_layer * hp->n_embd_pl, sizeof(float), &fail);
+    }
+    if (hp->n_expert > 0) c->xr = tl_cpu_calloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
     if (m->arch->act == TL_ACT_GELU) {
         c->gelu = tl_cpu_calloc(65536, sizeof(uint16_t), &fail);
         if (c->gelu) tl_gelu_table(c->gelu);
@@ -1400,9 +1573,9 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         for (int b = 0; b < m->layers[il].n_block; b++) {
             const tl_block *B = &m->layers[il].block[b];
             if (B->kind != TL_BLOCK_MOE) continue;
-            const tl_w ew[3] = {B->u.moe.gate, B->u.moe.up, B->u.moe.down};
+            const tl_w ew[3] = {B->u.moe.gate_up ? B->u.moe.gate_up : B->u.moe.gate, B->u.moe.up, B->u.moe.down};
             for (int i = 0; i < 3; i++)
-                if (c->kern.gemm[ew[i]->type] && tl_kern_packs(&c->kern, (tl_type)ew[i]->type) &&
+                if (ew[i] && c->kern.gemm[ew[i]->type] && tl_kern_packs(&c->kern, (tl_type)ew[i]->type) &&
                     (ew[i]->ne[1] % tl_kern_row_align(&c->kern, (tl_type)ew[i]->type) || !packed(c, ew[i]))) {
                     cpu_free(c);
                     return tl_fail(err, TL_ERR_UNSUPPORTED, "layer %d: experts of %lld rows cannot be packed (%s)", il,

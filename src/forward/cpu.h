@@ -21,7 +21,8 @@ typedef struct tl_gdn tl_gdn;
 typedef struct kv_side {
     uint8_t *mem;
     const tl_kv_format *f;
-    size_t rb, hb;      /* bytes of a row (kv_dim elements) and of one head's part */
+    size_t rb;          /* bytes of a row (the widest layer's kv_dim elements; a narrower
+                         * layer uses the start of each row) */
     size_t layer;       /* bytes per layer */
 } kv_side;
 
@@ -31,10 +32,9 @@ typedef struct tl_cpu {
     tl_pool *pool;
     int own_pool;       /* 0: borrowed from another context (tl_ctx_params.share_threads) */
     int n_ctx, n_batch;
-    int q_dim, kv_dim;
+    int q_dim, kv_dim;  /* the widest layer's (tl_hparams.q_dim_max, kv_dim_max) */
     kv_side K, V;       /* the cache; with fast_attn a K block is kept transposed (tl_attn_rows.k_tr) */
     int fa;             /* exact numerics with a quantized cache: llama.cpp's flash attention */
-    int rot_k, rot_v;   /* chunks of q/k and of v rotated for a quantized cache (fwht), or 0 */
     uint8_t *qq;        /* [n_batch][qq_row] q in K's vec_dot_type (Q8_0) for the flash attention */
     size_t qq_row;
     const int *tpos, *tseq;      /* the call's (tl_fwd_batch) position and sequence of each token */
@@ -79,6 +79,11 @@ typedef struct tl_cpu {
     float *shg;         /* [n_batch] the shared expert's gate logit */
     float *qg;          /* [n_batch][2 * q_dim] q with its gate (tl_attn_block.q_gate), or NULL */
     float *qgate;       /* [n_batch][q_dim] the gates */
+    float *ones;        /* [head_dim_max] 1.0f: the weight of an RMSNorm without one */
+    float *ple;         /* [n_batch][n_layer * n_embd_pl] Gemma 4's per-layer inputs, or NULL */
+    float *plg;         /* [n_batch][n_embd_pl] a layer's gated per-layer input */
+    float *plt;         /* [n_threads][n_layer * n_embd_pl] a token's per_layer_token_embd row */
+    float *xr;          /* [n_batch][d] a router's own input (Gemma 4), or NULL */
     tl_gdn *gdn;        /* the Gated DeltaNet blocks' buffers and states (gdn.c), or NULL */
 } tl_cpu;
 

@@ -208,8 +208,11 @@ size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v
     if (!m || !m->arch || !tl_kv_type_name(kv_type_k) || !tl_kv_type_name(kv_type_v)) return 0;
     const tl_hparams *hp = &m->hp;
     const tl_kv_format *kf = tl_kv_format_of(kv_types[kv_type_k]), *vf = tl_kv_format_of(kv_types[kv_type_v]);
-    if (hp->head_dim % kf->block || hp->head_dim % vf->block) return 0;
-    const int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    if (hp->head_dim % kf->block || hp->head_dim % vf->block || hp->head_dim_swa % kf->block ||
+        hp->head_dim_swa % vf->block)
+        return 0;
+    /* every layer's rows as wide as the widest (Gemma 4's differ) */
+    const int64_t kv_dim = hp->kv_dim_max;
     return (size_t)hp->n_kv_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
 }
 

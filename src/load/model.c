@@ -34,11 +34,15 @@ static const tl_arch_info ARCHS[] = {
      * interleaved M-RoPE the NeoX rotation (every section at the same position) */
     {"qwen35", TL_ARCH_QWEN35, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 0, 1},
     {"qwen35moe", TL_ARCH_QWEN35MOE, 1, 0, 0, 1, TL_ACT_SILU, 0, 0, 0, 0, 2, 1},
+    /* sliding-window and global layers of their own shapes (the window's
+     * layers listed by a flag array), per-layer inputs, shared KV layers,
+     * experts beside the dense FFN; attention scale 1 (q and k are normed) */
+    {"gemma4", TL_ARCH_GEMMA4, 1, 1, 1, 1, TL_ACT_GELU, 0, 0, 0, 0, 1, 0},
 };
 
 const char *tl_supported_architectures(void) {
     return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, "
-           "qwen35, qwen35moe";
+           "qwen35, qwen35moe, gemma4";
 }
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -79,6 +83,37 @@ static int hp_float(const tl_model *m, const char *key, int required, double def
     if (!(v == v) || v < 0 || v > 1e30)
         return tl_fail(err, TL_ERR_FORMAT, "metadata %s = %g is out of range", full, v);
     *out = (float)v;
+    return TL_OK;
+}
+
+/* "<arch>.<key>" for layer il: a scalar for every layer, or an array with
+ * one value per layer (llama.cpp's get_key_or_arr). */
+static int hp_int_layer(const tl_model *m, const char *key, int il, int def, int *out, tl_error *err) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->arch->name, key);
+    const tl_gguf_kv *kv = tl_gguf_find(m->gguf, full);
+    if (!kv || kv->type != GGUF_TYPE_ARRAY) return hp_int(m, key, 0, def, out, err);
+    if (kv->arr_type == GGUF_TYPE_STRING || kv->arr_n < (uint64_t)m->hp.n_layer)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s is not an array of %d integers", full, m->hp.n_layer);
+    const int64_t v = tl_gguf_arr_int(kv, (uint64_t)il);
+    if (v < 0 || v > (1 << 30))
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s[%d] = %lld is out of range", full, il, (long long)v);
+    *out = (int)v;
+    return TL_OK;
+}
+
+/* The widest value of a per-layer key (hp_int_layer) over the layers. */
+static int hp_int_max(const tl_model *m, const char *key, int required, int def, int *out, tl_error *err) {
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", m->arch->name, key);
+    const tl_gguf_kv *kv = tl_gguf_find(m->gguf, full);
+    if (!kv || kv->type != GGUF_TYPE_ARRAY) return hp_int(m, key, required, def, out, err);
+    *out = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        int v, st;
+        if ((st = hp_int_layer(m, key, il, def, &v, err))) return st;
+        if (v > *out) *out = v;
+    }
     return TL_OK;
 }
 
@@ -178,8 +213,8 @@ static int read_hparams(tl_model *m, tl_error *err) {
     if ((st = hp_int(m, "embedding_length", 1, 0, &hp->n_embd, err)) ||
         (st = hp_int(m, "block_count", 1, 0, &hp->n_layer, err)) ||
         (st = hp_int(m, "attention.head_count", 1, 0, &hp->n_head, err)) ||
-        (st = hp_int(m, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv, err)) ||
-        (st = hp_int(m, "feed_forward_length", 1, 0, &hp->n_ff, err)) ||
+        (st = hp_int_max(m, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv, err)) ||
+        (st = hp_int_max(m, "feed_forward_length", 1, 0, &hp->n_ff, err)) ||
         (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
         (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
@@ -201,12 +236,24 @@ static int read_hparams(tl_model *m, tl_error *err) {
     if (vlen != hp->head_dim || hp->head_dim <= 0 || hp->head_dim % 2)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "head sizes k=%d v=%d not supported",
                        hp->head_dim, vlen);
-    if ((st = hp_int(m, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err))) return st;
+    if ((st = hp_int(m, "rope.dimension_count", 0, hp->head_dim, &hp->n_rot, err)) ||
+        (st = hp_int(m, "attention.key_length_swa", 0, hp->head_dim, &hp->head_dim_swa, err)) ||
+        (st = hp_int(m, "attention.value_length_swa", 0, hp->head_dim_swa, &vlen, err)) ||
+        (st = hp_int(m, "rope.dimension_count_swa", 0, hp->n_rot, &hp->n_rot_swa, err)) ||
+        (st = hp_int(m, "embedding_length_per_layer_input", 0, 0, &hp->n_embd_pl, err)))
+        return st;
+    if (vlen != hp->head_dim_swa || hp->head_dim_swa <= 0 || hp->head_dim_swa % 2 || hp->n_rot_swa > hp->head_dim_swa ||
+        hp->n_rot_swa % 2 || hp->n_rot_swa <= 0)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "sliding-window head sizes k=%d v=%d (rotary %d) not supported",
+                       hp->head_dim_swa, vlen, hp->n_rot_swa);
+    if (hp->n_embd_pl > 0 && m->arch->arch != TL_ARCH_GEMMA4)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "per-layer inputs (%s.embedding_length_per_layer_input) are not supported",
+                       m->arch->name);
     /* Experts: "<arch>.expert_count" makes the feed-forward a mixture (Mixtral
      * is llama with experts); an expert's width defaults as llama.cpp's does. */
     if ((st = hp_int(m, "expert_count", 0, 0, &hp->n_expert, err)) ||
         (st = hp_int(m, "expert_used_count", 0, 0, &hp->n_expert_used, err)) ||
-        (st = hp_int(m, "expert_feed_forward_length", 0, 0, &hp->n_ff_exp, err)) ||
+        (st = hp_int_max(m, "expert_feed_forward_length", 0, 0, &hp->n_ff_exp, err)) ||
         (st = hp_int(m, "expert_shared_feed_forward_length", 0, 0, &hp->n_ff_shexp, err)) ||
         (st = hp_float(m, "expert_weights_scale", 0, 0.0, &hp->expert_w_scale, err)))
         return st;
@@ -224,8 +271,9 @@ static int read_hparams(tl_model *m, tl_error *err) {
         if (hp->n_ff_exp <= 0) return tl_fail(err, TL_ERR_FORMAT, "an expert's feed-forward width is 0");
     }
     if (m->arch->hybrid && (st = read_ssm(m, err))) return st;
-    /* llama.cpp: 1/sqrt(key_length), as a float */
-    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    /* llama.cpp: 1/sqrt(key_length), as a float; Gemma 4 normalises q and k
+     * and scales by 1 */
+    hp->attn_scale = m->arch->arch == TL_ARCH_GEMMA4 ? 1.0f : 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_fail(err, TL_ERR_FORMAT, "rope.dimension_count %d invalid for head size %d",
                        hp->n_rot, hp->head_dim);
@@ -497,6 +545,175 @@ static int bind_hybrid_layer(tl_model *m, int il, tl_error *err) {
     return TL_OK;
 }
 
+/* Whether Gemma 4's layer il attends to a sliding window: the flag array
+ * attention.sliding_window_pattern, as its converter writes it. */
+static int gemma4_is_swa(const tl_model *m, int il, int *swa, tl_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", m->arch->name);
+    const tl_gguf_kv *kv = tl_gguf_find(m->gguf, key);
+    if (!kv || kv->type != GGUF_TYPE_ARRAY || kv->arr_type == GGUF_TYPE_STRING || kv->arr_n < (uint64_t)m->hp.n_layer)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s is missing or not an array of %d flags", key, m->hp.n_layer);
+    *swa = tl_gguf_arr_int(kv, (uint64_t)il) != 0;
+    return TL_OK;
+}
+
+/* A Gemma 4 layer (llama.cpp's gemma4 graph): attention whose shape is the
+ * sliding window's or the global one's, with v = k's projection where the
+ * file has no attn_v, v normed without a weight; the last shared_kv_layers
+ * layers read the KV cache of the last earlier layer of their kind. Then
+ * the GeGLU FFN, or it and the experts side by side; then the per-layer
+ * input, and the layer's output scale. */
+static int bind_gemma4_layer(tl_model *m, int il, int n_kv_start, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    tl_layer *L = &m->layers[il];
+    const int d = hp->n_embd;
+    int swa = 0, nkv = 0, ff = 0, st;
+    if ((st = gemma4_is_swa(m, il, &swa, err)) ||
+        (st = hp_int_layer(m, "attention.head_count_kv", il, hp->n_head, &nkv, err)) ||
+        (st = hp_int_layer(m, "feed_forward_length", il, hp->n_ff, &ff, err)))
+        return st;
+    const int hd = swa ? hp->head_dim_swa : hp->head_dim;
+    if (nkv <= 0 || hp->n_head % nkv)
+        return tl_fail(err, TL_ERR_FORMAT, "layer %d: %d KV heads for %d heads", il, nkv, hp->n_head);
+    char n[96];
+#define B(field, nm, a, b, req, dot)                                               \
+    snprintf(n, sizeof n, "blk.%d." nm, il);                                       \
+    if ((st = bind(m, n, a, b, req, dot, &field, err))) return st;
+    L->n_block = 0;
+    tl_attn_block *A = &L->block[L->n_block++].u.attn;
+    L->block[0].kind = TL_BLOCK_ATTN;
+    A->swa = swa;
+    A->hd = hd;
+    A->n_head = hp->n_head;
+    A->n_head_kv = nkv;
+    A->n_rot = swa ? hp->n_rot_swa : hp->n_rot;
+    A->v_norm = 1;
+    A->kv_shared = il >= n_kv_start;
+    B(A->norm, "attn_norm.weight", d, 0, 1, 0)
+    B(A->wq, "attn_q.weight", d, hp->n_head * hd, 1, 1)
+    B(A->wo, "attn_output.weight", hp->n_head * hd, d, 1, 1)
+    B(A->q_norm, "attn_q_norm.weight", hd, 0, 1, 0)
+    B(A->post_norm, "post_attention_norm.weight", d, 0, 1, 0)
+    if (A->kv_shared) {
+        /* llama.cpp's reuse: the layer before the first shared one for a
+         * global layer, the one before that for a sliding-window one */
+        const int src = n_kv_start - (swa ? 2 : 1);
+        const tl_attn_block *S = src >= 0 ? &m->layers[src].block[0].u.attn : NULL;
+        if (!S || S->kv_shared || S->swa != swa || S->hd != hd || S->n_head_kv != nkv)
+            return tl_fail(err, TL_ERR_FORMAT, "layer %d shares the KV cache of layer %d, which is not of its kind", il,
+                           src);
+        A->kv_layer = S->kv_layer;
+    } else {
+        A->kv_layer = hp->n_kv_layer++;
+        B(A->wk, "attn_k.weight", d, nkv * hd, 1, 1)
+        B(A->wv, "attn_v.weight", d, nkv * hd, 0, 1)
+        B(A->k_norm, "attn_k_norm.weight", hd, 0, 1, 0)
+    }
+    snprintf(n, sizeof n, "blk.%d.ffn_gate_inp.weight", il);
+    const int moe = tl_gguf_find_tensor(m->gguf, n) != NULL;
+    if (moe && hp->n_expert <= 0)
+        return tl_fail(err, TL_ERR_FORMAT, "layer %d has experts but metadata %s.expert_count is missing", il,
+                       m->arch->name);
+    tl_ffn_block *F;
+    if (moe) {
+        L->block[L->n_block].kind = TL_BLOCK_MOE;
+        tl_moe_block *E = &L->block[L->n_block++].u.moe;
+        const int fe = hp->n_ff_exp;
+        E->n_expert = hp->n_expert;
+        E->n_used = hp->n_expert_used;
+        E->act = TL_ACT_GELU;
+        E->gating = TL_GATE_SOFTMAX;
+        E->norm_w = 1;
+        B(E->norm, "pre_ffw_norm_2.weight", d, 0, 1, 0)
+        B(E->router, "ffn_gate_inp.weight", d, hp->n_expert, 1, 1)
+        B(E->router_s, "ffn_gate_inp.scale", d, 0, 1, 0)
+        B(E->down_s, "ffn_down_exps.scale", hp->n_expert, 0, 0, 0)
+        B(E->sh_norm, "ffn_norm.weight", d, 0, 1, 0)
+        B(E->sh_gate, "ffn_gate.weight", d, ff, 1, 1)
+        B(E->sh_up, "ffn_up.weight", d, ff, 1, 1)
+        B(E->sh_down, "ffn_down.weight", ff, d, 1, 1)
+        B(E->sh_post_norm, "post_ffw_norm_1.weight", d, 0, 1, 0)
+        B(E->post_norm, "post_ffw_norm_2.weight", d, 0, 1, 0)
+        B(E->out_norm, "post_ffw_norm.weight", d, 0, 1, 0)
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_up_exps.weight", il);
+        if (tl_gguf_find_tensor(m->gguf, n)) {
+            if ((st = bind_exps(m, n, d, 2 * (int64_t)fe, &E->gate_up, err))) return st;
+        } else {
+            snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.weight", il);
+            if ((st = bind_exps(m, n, d, fe, &E->gate, err))) return st;
+            snprintf(n, sizeof n, "blk.%d.ffn_up_exps.weight", il);
+            if ((st = bind_exps(m, n, d, fe, &E->up, err))) return st;
+        }
+        snprintf(n, sizeof n, "blk.%d.ffn_down_exps.weight", il);
+        if ((st = bind_exps(m, n, fe, d, &E->down, err))) return st;
+    } else {
+        L->block[L->n_block].kind = TL_BLOCK_FFN;
+        F = &L->block[L->n_block++].u.ffn;
+        F->act = TL_ACT_GELU;
+        B(F->norm, "ffn_norm.weight", d, 0, 1, 0)
+        B(F->gate, "ffn_gate.weight", d, ff, 1, 1)
+        B(F->up, "ffn_up.weight", d, ff, 1, 1)
+        B(F->down, "ffn_down.weight", ff, d, 1, 1)
+        B(F->post_norm, "post_ffw_norm.weight", d, 0, 1, 0)
+    }
+    if (hp->n_embd_pl > 0) {
+        L->block[L->n_block].kind = TL_BLOCK_PLE;
+        tl_ple_block *P = &L->block[L->n_block++].u.ple;
+        P->layer = il;
+        B(P->gate, "inp_gate.weight", d, hp->n_embd_pl, 1, 1)
+        B(P->proj, "proj.weight", hp->n_embd_pl, d, 1, 1)
+        B(P->post_norm, "post_norm.weight", d, 0, 1, 0)
+    }
+    B(L->out_scale, "layer_output_scale.weight", 1, 0, 0, 0)
+#undef B
+    return TL_OK;
+}
+
+/* Gemma 4's model-level tensors: the per-layer inputs' embedding,
+ * projection and norm, and the global layers' RoPE divisors. */
+static int bind_gemma4(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    int shared, st;
+    if ((st = hp_int(m, "attention.shared_kv_layers", 0, 0, &shared, err))) return st;
+    const int n_kv_start = hp->n_layer - shared;
+    if (shared > 0 && n_kv_start < 2)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s.attention.shared_kv_layers = %d leaves fewer than 2 layers",
+                       m->arch->name, shared);
+    if ((st = bind(m, "rope_freqs.weight", hp->n_rot / 2, 0, 0, 0, &m->rope_freqs, err))) return st;
+    if (hp->n_embd_pl > 0) {
+        const int64_t w = (int64_t)hp->n_layer * hp->n_embd_pl;
+        if ((st = bind(m, "per_layer_token_embd.weight", w, hp->n_vocab, 1, 0, &m->pl_tok_embd, err)) ||
+            (st = bind(m, "per_layer_model_proj.weight", hp->n_embd, w, 1, 1, &m->pl_model_proj, err)) ||
+            (st = bind(m, "per_layer_proj_norm.weight", hp->n_embd_pl, 0, 1, 0, &m->pl_proj_norm, err)))
+            return st;
+    }
+    for (int i = 0; i < hp->n_layer; i++)
+        if ((st = bind_gemma4_layer(m, i, n_kv_start, err))) return st;
+    return TL_OK;
+}
+
+/* Every attention block's shape (the model's unless its binder set one),
+ * and the widest of them for the buffers. */
+static void finish_shapes(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    hp->head_dim_max = hp->head_dim;
+    hp->q_dim_max = hp->kv_dim_max = 0;
+    for (int i = 0; i < hp->n_layer; i++)
+        for (int b = 0; b < m->layers[i].n_block; b++) {
+            if (m->layers[i].block[b].kind != TL_BLOCK_ATTN) continue;
+            tl_attn_block *A = &m->layers[i].block[b].u.attn;
+            if (!A->hd) {
+                A->hd = hp->head_dim;
+                A->n_head = hp->n_head;
+                A->n_head_kv = hp->n_head_kv;
+                A->n_rot = hp->n_rot;
+            }
+            if (A->hd > hp->head_dim_max) hp->head_dim_max = A->hd;
+            if (A->n_head * A->hd > hp->q_dim_max) hp->q_dim_max = A->n_head * A->hd;
+            if (A->n_head_kv * A->hd > hp->kv_dim_max) hp->kv_dim_max = A->n_head_kv * A->hd;
+        }
+}
+
 static int bind_weights(tl_model *m, tl_error *err) {
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd, hd = hp->head_dim, st;
@@ -521,9 +738,11 @@ static int bind_weights(tl_model *m, tl_error *err) {
         return st;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
-    if (m->arch->hybrid) {
-        for (int i = 0; i < hp->n_layer; i++)
+    if (m->arch->hybrid || m->arch->arch == TL_ARCH_GEMMA4) {
+        for (int i = 0; i < hp->n_layer && m->arch->hybrid; i++)
             if ((st = bind_hybrid_layer(m, i, err))) return st;
+        if (!m->arch->hybrid && (st = bind_gemma4(m, err))) return st;
+        finish_shapes(m);
         return TL_OK;
     }
     m->hp.n_kv_layer = hp->n_layer;
@@ -586,6 +805,7 @@ static int bind_weights(tl_model *m, tl_error *err) {
         }
 #undef B
     }
+    finish_shapes(m);
     return set_swa_layers(m, err);
 }
 
@@ -688,11 +908,17 @@ static size_t w_bytes(tl_w t) { return t ? (size_t)t->nbytes : 0; }
  * tensors count through their views, which tile the whole tensor. */
 size_t tl_model_decode_bytes(const tl_model *m) {
     if (!m || !m->arch) return 0;
-    size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs) + w_bytes(m->rope_long);
+    size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs) + w_bytes(m->rope_long) +
+               w_bytes(m->pl_model_proj) + w_bytes(m->pl_proj_norm);
+    if (m->pl_tok_embd) n += tl_row_size((tl_type)m->pl_tok_embd->type, m->pl_tok_embd->ne[0]); /* one row */
     if (m->output != m->tok_embd)
         n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
     for (int i = 0; i < m->hp.n_layer; i++)
-        for (int b = 0; b < m->layers[i].n_block; b++) {
+        for (int b = 0; b < m->layers[i].n_block + (m->layers[i].out_scale != NULL); b++) {
+            if (b == m->layers[i].n_block) {
+                n += w_bytes(m->layers[i].out_scale);
+                continue;
+            }
             const tl_block *B = &m->layers[i].block[b];
             tl_w ws[TL_BLOCK_MAX_W];
             const int nw = tl_block_weights(B, 0, ws);
@@ -700,6 +926,7 @@ size_t tl_model_decode_bytes(const tl_model *m) {
                 /* a token reads only its chosen experts' slices */
                 const tl_moe_block *E = &B->u.moe;
                 const int exps = B->kind == TL_BLOCK_MOE && (ws[k] == E->gate || ws[k] == E->up || ws[k] == E->down ||
+                                                             ws[k] == E->gate_up ||
                                                              ws[k] == E->gate_b || ws[k] == E->up_b || ws[k] == E->down_b);
                 n += exps ? w_bytes(ws[k]) / (size_t)B->u.moe.n_expert * (size_t)B->u.moe.n_used : w_bytes(ws[k]);
             }
@@ -726,6 +953,13 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
     }
+    case TL_BLOCK_PLE: {
+        const tl_ple_block *p = &b->u.ple;
+        const tl_w w[] = {p->gate, p->proj, p->post_norm};
+        nmat = 2;
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
+        break;
+    }
     case TL_BLOCK_GDN: {
         const tl_gdn_block *g = &b->u.gdn;
         const tl_w w[] = {g->wqkv, g->wz, g->wbeta, g->walpha, g->wout, g->norm, g->conv, g->dt_bias, g->a, g->ssm_norm};
@@ -736,9 +970,11 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
     case TL_BLOCK_MOE: {
         /* the router is a matrix too, though only an expert count wide */
         const tl_moe_block *e = &b->u.moe;
-        const tl_w w[] = {e->gate,   e->up,     e->down,     e->sh_gate, e->sh_up,   e->sh_down, e->router,
-                          e->norm,   e->router_b, e->gate_b, e->up_b,    e->down_b,  e->sh_router, e->post_norm};
-        nmat = 7;
+        const tl_w w[] = {e->gate,     e->up,       e->down,      e->sh_gate,  e->sh_up,        e->sh_down,
+                          e->router,   e->gate_up,  e->norm,      e->router_b, e->gate_b,       e->up_b,
+                          e->down_b,   e->sh_router, e->post_norm, e->sh_norm, e->sh_post_norm, e->out_norm,
+                          e->router_s, e->down_s};
+        nmat = 8;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
     }

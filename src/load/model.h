@@ -23,6 +23,7 @@ typedef enum tl_arch {
     TL_ARCH_GPTOSS,
     TL_ARCH_QWEN35,
     TL_ARCH_QWEN35MOE,
+    TL_ARCH_GEMMA4,
 } tl_arch;
 
 #define TL_MAX_EXPERT_USED 32
@@ -104,6 +105,13 @@ typedef struct tl_hparams {
     int ssm_d_state;     /* a head's key and value size (ssm.state_size) */
     int ssm_n_kh;        /* key (and query) heads (ssm.group_count) */
     int ssm_n_vh;        /* value heads (ssm.time_step_rank), a multiple of ssm_n_kh */
+    /* Attention shapes that differ by layer (Gemma 4: sliding-window layers
+     * have their own head size, KV heads and rotary width); the blocks carry
+     * their own (tl_attn_block.hd ...), these are the widest, for buffers */
+    int head_dim_swa;    /* attention.key_length_swa (default head_dim) */
+    int n_rot_swa;       /* rope.dimension_count_swa (default n_rot) */
+    int head_dim_max, q_dim_max, kv_dim_max;
+    int n_embd_pl;       /* Gemma 4's per-layer input width (embedding_length_per_layer_input), or 0 */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -121,6 +129,8 @@ typedef enum tl_block_kind {
     TL_BLOCK_FFN,      /* dense gated feed-forward */
     TL_BLOCK_MOE,      /* a router choosing k of n gated feed-forward experts per token */
     TL_BLOCK_GDN,      /* Gated DeltaNet: linear attention over a recurrent state per sequence */
+    TL_BLOCK_PLE,      /* Gemma 4's per-layer input: a gated projection of the layer's slice of
+                        * the per-layer embeddings, added to the stream */
 } tl_block_kind;
 
 typedef struct tl_attn_block {
@@ -137,6 +147,12 @@ typedef struct tl_attn_block {
     int swa;                     /* 1: attends to a sliding window of hparams.n_swa positions */
     int q_gate;                  /* 1: wq's rows hold per head q then a gate of the same size, and
                                   * the attention's output is multiplied by sigmoid(gate) (Qwen3.5) */
+    int hd, n_head, n_head_kv;   /* its head size and heads (Gemma 4's differ by layer) */
+    int n_rot;                   /* rotary dimensions per head */
+    int kv_shared;               /* 1: no keys or values of its own: it reads kv_layer, which an
+                                  * earlier layer writes (Gemma 4's last layers); wk, wv NULL */
+    int v_norm;                  /* 1: v RMS-normalised without a weight before the cache; v = k's
+                                  * projection when wv is NULL (Gemma 4) */
 } tl_attn_block;
 
 typedef struct tl_ffn_block {
@@ -160,6 +176,15 @@ typedef struct tl_moe_block {
     int sh_sigmoid;              /* that sigmoid as 1 / (1 + exp(-x)) (Qwen3.5); else silu(x) / x,
                                   * as llama.cpp's qwen2moe graph writes it */
     tl_w post_norm;              /* [d] f32, or NULL */
+    /* Gemma 4: a dense GeGLU feed-forward beside the experts, each with its
+     * own norms, their sum normed again; the router reads
+     * RMSNorm(x) / sqrt(d) * router_s; each expert's output times down_s[e] */
+    tl_w gate_up;                /* [d, 2 * n_ff_exp, n_expert]: gate then up rows per expert (fused
+                                  * in the file), with gate and up NULL; or NULL */
+    tl_w sh_norm, sh_post_norm;  /* the dense FFN's norms before and after (ffn_norm, post_ffw_norm_1) */
+    tl_w out_norm;               /* [d] the sum's norm (post_ffw_norm), or NULL */
+    tl_w router_s;               /* ffn_gate_inp.scale [d], or NULL */
+    tl_w down_s;                 /* ffn_down_exps.scale [n_expert], or NULL */
     int n_expert, n_used;
     tl_gating gating;
     int norm_w;                  /* 1: the chosen weights divided by their sum */
@@ -187,6 +212,15 @@ typedef struct tl_gdn_block {
     int rec_layer;               /* which of the sequences' recurrent states it owns */
 } tl_gdn_block;
 
+/* Gemma 4's per-layer input: x += RMSNorm(proj (gelu(gate x) * the
+ * layer's per-layer input)) * post_norm. */
+typedef struct tl_ple_block {
+    tl_w gate;                   /* per_layer_inp_gate [n_embd_pl, d] */
+    tl_w proj;                   /* per_layer_proj [d, n_embd_pl] */
+    tl_w post_norm;              /* [d] f32 */
+    int layer;                   /* its slice of the per-layer inputs */
+} tl_ple_block;
+
 typedef struct tl_block {
     tl_block_kind kind;
     union {
@@ -194,15 +228,17 @@ typedef struct tl_block {
         tl_ffn_block ffn;
         tl_moe_block moe;
         tl_gdn_block gdn;
+        tl_ple_block ple;
     } u;
 } tl_block;
 
 #define TL_LAYER_MAX_BLOCKS 4
-#define TL_BLOCK_MAX_W 16
+#define TL_BLOCK_MAX_W 24
 
 typedef struct tl_layer {
     int n_block;
     tl_block block[TL_LAYER_MAX_BLOCKS];
+    tl_w out_scale;              /* [1] f32: the layer's output times this (Gemma 4), or NULL */
     tl_gguf_tensor views[5];     /* fused: q, k, v of attn_qkv; gate, up of ffn_up */
 } tl_layer;
 
@@ -219,11 +255,17 @@ struct tl_model {
     tl_w tok_embd;            /* [n_vocab, d] any dequantizable type */
     tl_w output_norm;         /* [d] f32 */
     tl_w output;              /* [n_vocab, d]; == tok_embd when tied */
-    tl_w rope_freqs;          /* [n_rot/2] f32: RoPE theta divisors (Llama 3), or NULL */
+    tl_w rope_freqs;          /* [n_rot/2] f32: RoPE theta divisors (Llama 3; Gemma 4's global
+                               * layers, whose 1e30 divisors leave dimensions unrotated), or NULL */
     /* Phi-3's LongRoPE divisors [n_rot/2] f32, or NULL: the long ones when a
      * sequence's context exceeds rope.scaling.original_context_length, as
      * llama.cpp chooses them by its per-sequence context */
     tl_w rope_long, rope_short;
+    /* Gemma 4's per-layer inputs, or NULL: per token, the embedding row
+     * [n_layer * n_embd_pl] and a projection of the scaled embedding */
+    tl_w pl_tok_embd;         /* per_layer_token_embd [n_layer * n_embd_pl, n_vocab] */
+    tl_w pl_model_proj;       /* per_layer_model_proj [n_layer * n_embd_pl, d] */
+    tl_w pl_proj_norm;        /* per_layer_proj_norm [n_embd_pl] f32 */
     char *chat_template;      /* NUL-terminated copy, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */

@@ -46,7 +46,7 @@ static void packed_free(tl_packed *p) {
 /* Every matmul weight whose type k's gemm reads packed, in one allocation. */
 static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     tl_packed *p = calloc(1, sizeof *p);
-    tl_w *all = malloc(((size_t)m->hp.n_layer * TL_LAYER_MAX_BLOCKS * TL_BLOCK_MAX_W + 1) * sizeof *all);
+    tl_w *all = malloc(((size_t)m->hp.n_layer * TL_LAYER_MAX_BLOCKS * TL_BLOCK_MAX_W + 2) * sizeof *all);
     if (!p || !all) {
         free(p);
         free(all);
@@ -56,6 +56,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     for (int il = 0; il < m->hp.n_layer; il++)
         for (int b = 0; b < m->layers[il].n_block; b++) n += tl_block_weights(&m->layers[il].block[b], 1, all + n);
     all[n++] = m->output;
+    if (m->pl_model_proj) all[n++] = m->pl_model_proj;
     size_t bytes = 0;
     int np = 0;
     for (int i = 0; i < n; i++)
