@@ -653,8 +653,11 @@ void tl_cpu_add_tokens(tl_cpu *c, int t0, int t1, void *arg) {
 static void rot_sizes(const tl_cpu *c, int hd, int *rk, int *rv) {
     /* as llama.cpp chooses (llama_kv_cache: attn_rot_k/v), per cache and so
      * per head size: K's chunk the largest power of two from 64 dividing
-     * the head, V's 64 */
+     * the head, V's 64; on at all only when layer 0's head is a multiple
+     * of 64 (its test reads n_embd_head_k() of layer 0, for both of Gemma
+     * 4's caches) */
     *rk = *rv = 0;
+    if (!c->rot_on) return;
     if (c->K.f->type != TL_F16 && hd % 64 == 0)
         for (*rk = 64; hd % (2 * *rk) == 0;) *rk *= 2;
     if (c->V.f->type != TL_F16 && hd % 64 == 0) *rv = 64;
@@ -1449,6 +1452,10 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->K = (kv_side){.f = kf, .rb = k_rb};
     c->V = (kv_side){.f = vf, .rb = v_rb};
     c->fa = !want_fast_attn && (kf->type != TL_F16 || vf->type != TL_F16);
+    int hd0 = hp->head_dim; /* layer 0's head size (rot_sizes) */
+    for (int b = 0; b < m->layers[0].n_block; b++)
+        if (m->layers[0].block[b].kind == TL_BLOCK_ATTN) hd0 = m->layers[0].block[b].u.attn.hd;
+    c->rot_on = hd0 % 64 == 0;
     int gmax = 1, kvh_max = 1; /* query heads per KV head, KV heads: the most of any layer */
     for (int il = 0; il < hp->n_layer; il++)
         for (int b = 0; b < m->layers[il].n_block; b++)

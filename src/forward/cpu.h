@@ -35,6 +35,7 @@ typedef struct tl_cpu {
     int q_dim, kv_dim;  /* the widest layer's (tl_hparams.q_dim_max, kv_dim_max) */
     kv_side K, V;       /* the cache; with fast_attn a K block is kept transposed (tl_attn_rows.k_tr) */
     int fa;             /* exact numerics with a quantized cache: llama.cpp's flash attention */
+    int rot_on;         /* a quantized cache's rotation may apply (rot_sizes in cpu.c) */
     uint8_t *qq;        /* [n_batch][qq_row] q in K's vec_dot_type (Q8_0) for the flash attention */
     size_t qq_row;
     const int *tpos, *tseq;      /* the call's (tl_fwd_batch) position and sequence of each token */

@@ -86,11 +86,15 @@ MODELS = {
     "gemma4_q8": ["gemma4", "--seed", "42", "--type", "q8_0"],
     "gemma4moe": ["gemma4moe", "--seed", "43", "--type", "f16"],
     "gemma4moe_q8": ["gemma4moe", "--seed", "44", "--type", "q8_0"],
+    # and a quantized cache whose layers have two head sizes (32 and 64:
+    # llama.cpp's two caches, each rotated by its own head size)
+    "gemma4_kvq8": ["gemma4", "--seed", "45", "--type", "f32"],
 }
 # fixture -> (K type, V type): llama.cpp's -ctk/-ctv, with flash attention on
 KV_TYPES = {"llama3_kvq8": ("q8_0", "q8_0"), "qwen3_kvq4": ("q4_0", "q4_0"),
             "gptoss_kvq8k": ("q8_0", "f16"), "mistral_kvq8v": ("f16", "q8_0"),
-            "llama3_kvq8_hd64": ("q8_0", "q8_0"), "qwen3_kvq4_hd128": ("q4_0", "q4_0")}
+            "llama3_kvq8_hd64": ("q8_0", "q8_0"), "qwen3_kvq4_hd128": ("q4_0", "q4_0"),
+            "gemma4_kvq8": ("q8_0", "q8_0")}
 GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 # fixture -> llama-quantize type applied to the mkmodel.py file: the test makes
 # the same file with `tokenloop quantize` and must find llama-quantize's bytes
