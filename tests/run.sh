@@ -34,7 +34,7 @@ run_one() { # name, command...
 # Random mixtures of experts and hybrids for test_batch (Q8_0: the packed, tiled path).
 PYM=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PYM=.venv/bin/python
-for a in qwen3moe qwen2moe qwen35 qwen35moe; do
+for a in qwen3moe qwen2moe qwen35 qwen35moe gemma4 gemma4moe; do
     "$PYM" scripts/mkmodel.py "$a" "models/random/batch_$a.gguf" --seed 11 --type q8_0 ||
         echo "!! scripts/mkmodel.py $a failed"
 done

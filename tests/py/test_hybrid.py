@@ -14,6 +14,9 @@ server, at temperature 0, in both numerics modes:
 - with --cache-dir, a restarted server serves the prompt from disk (its KV
   blocks and the state at their last boundary, under DIR/states) as cold;
 - the trace and /metrics report the state.
+And Gemma 4 (a random gemma4 with per-layer inputs and layers that read an
+earlier layer's KV cache, and a gemma4moe): a cached prompt and a speculative
+run answer as cold.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_hybrid.py"""
 import concurrent.futures
 import glob
@@ -30,6 +33,7 @@ from tlserver import SLOW  # noqa: E402
 
 ROOT = tlcheck.ROOT
 MODEL = os.path.join(ROOT, "models", "random", "hybrid_qwen35moe.gguf")
+GEMMA4 = {a: os.path.join(ROOT, "models", "random", f"hybrid_{a}.gguf") for a in ("gemma4", "gemma4moe")}
 # repetitive, so that n-gram guesses get accepted; ~300 tokens
 PROMPT = "Inventory log. " + " ".join(
     f"Shelf {i % 7} holds {['jars', 'ropes', 'lamps'][i % 3]} number {i % 5}." for i in range(40))
@@ -45,8 +49,8 @@ def ask(srv, prompt, n=40):
             "prompt": u["prompt_tokens"], "spec": u.get("speculative") or {}}
 
 
-def serve(numerics, *args):
-    srv = tlserver.Server(MODEL, ["-np", "2", "-t", "2", "-c", "1024", "--numerics", numerics, *args])
+def serve(numerics, *args, model=MODEL):
+    srv = tlserver.Server(model, ["-np", "2", "-t", "2", "-c", "1024", "--numerics", numerics, *args])
     check(srv.wait_ready(), f"{numerics} {' '.join(args)}: server ready")
     return srv
 
@@ -113,7 +117,32 @@ def run(numerics):
         spec.stop()
 
 
+def run_gemma4(arch, numerics):
+    """Gemma 4: served again from the prefix cache, and speculatively, as cold."""
+    srv = serve(numerics, "--spec", "off", model=GEMMA4[arch])
+    try:
+        cold = ask(srv, PROMPT)
+        again = ask(srv, PROMPT)
+        check(again["cached"] >= 192, f"{arch} [{numerics}] the same prompt again: {again['cached']} cached")
+        same(again, cold, f"{arch} [{numerics}] from the prefix cache = cold")
+    finally:
+        srv.stop()
+    spec = serve(numerics, "--spec", "ngram", model=GEMMA4[arch])
+    try:
+        s = ask(spec, PROMPT)
+        same(s, cold, f"{arch} [{numerics}] speculative = --spec off")
+        check(s["spec"].get("drafted", 0) > 0, f"{arch} [{numerics}] n-gram guesses were made: {s['spec']}")
+    finally:
+        spec.stop()
+
+
 def main():
+    for arch, path in GEMMA4.items():
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), arch, path, "--seed", "42",
+                            "--type", "q8_0"], capture_output=True, text=True)
+        if check(p.returncode == 0, f"mkmodel.py {arch}: {p.stderr[-300:]}"):
+            for numerics in ("fast", "exact"):
+                run_gemma4(arch, numerics)
     p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "qwen35moe", MODEL, "--seed",
                         "41", "--type", "q8_0"], capture_output=True, text=True)
     if not check(p.returncode == 0, f"mkmodel.py qwen35moe: {p.stderr[-300:]}"):
