@@ -5,8 +5,9 @@
  *
  * tokenizer: loads tokenizer.ggml.* from a GGUF file into owned copies and
  * turns text into ids the way llama.cpp does: special-token partition, then
- * byte-level BPE ("gpt2", pre-tokenizer regexes by tokenizer.ggml.pre) or
- * SentencePiece-style merging by score ("llama"). Also token -> bytes. */
+ * byte-level BPE ("gpt2", pre-tokenizer regexes by tokenizer.ggml.pre), BPE
+ * over raw UTF-8 with spaces as U+2581 ("gemma4") or SentencePiece-style
+ * merging by score ("llama"). Also token -> bytes. */
 #include "tokenize/tokenizer.h"
 
 #include <stdio.h>
@@ -201,12 +202,17 @@ struct tl_tokenizer {
     uint16_t *attr;
     float *score;
     pairmap merges;
-    int32_t byte_sym[256]; /* BPE: string id of each byte's code point */
-    int32_t byte_tok[256]; /* SPM: the <0xXX> token of each byte, or -1 */
+    int32_t byte_sym[256]; /* byte-level BPE: string id of each byte's code point */
+    int32_t byte_tok[256]; /* SPM, gemma4: the <0xXX> token of each byte, or -1 */
     int32_t *special;      /* CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
     size_t n_special;
     tl_regex_split *re;
     int ignore_merges;
+    /* llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4 (tokenizer model "gemma4", or
+     * "gpt2" with pre "granite-embed-multi-311m"): BPE without GPT-2's byte
+     * table (byte_encode = false there) and with spaces escaped to U+2581
+     * (escape_whitespaces); see raw_bpe_fragment */
+    int gemma4;
     int add_bos, add_eos, add_space_prefix;
     int32_t bos, eos, eot, eom, unk, pad, sep;
     int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
@@ -392,6 +398,7 @@ static int load_merges(tl_tokenizer *t, const tl_gguf *g, tl_error *err) {
         pairmap_put(&t->merges, a, b, (int32_t)i, r);
     }
     free(buf);
+    if (t->gemma4) return TL_OK; /* its symbols are UTF-8 characters, not bytes */
     /* every byte's symbol gets an id, even one no merge or token uses */
     for (int b = 0; b < 256; b++) {
         char u[4];
@@ -406,8 +413,13 @@ static int setup_pre(tl_tokenizer *t, const tl_gguf *g, tl_error *err) {
     tl_str pre = {"default", 7};
     if (tl_gguf_get_str(g, "tokenizer.ggml.pre", &pre) < 0)
         return tl_fail(err, TL_ERR_FORMAT, "tokenizer.ggml.pre is not a string");
+    if (t->gemma4) pre = (tl_str){"gemma4", 6}; /* llama.cpp ignores the file's value */
     if (!(t->pre_name = dup_str(pre))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     if (t->type != TOK_BPE) return TL_OK;
+    if (t->gemma4 || strcmp(t->pre_name, "granite-embed-multi-311m") == 0) {
+        t->gemma4 = 1; /* llama.cpp gives this "gpt2" vocab Gemma 4's pre-tokenizer type */
+        return TL_OK;  /* no regex: see raw_bpe_fragment */
+    }
     const struct pre_entry *e = NULL;
     for (size_t i = 0; i < sizeof pre_table / sizeof pre_table[0]; i++)
         if (strcmp(pre_table[i].name, t->pre_name) == 0) e = &pre_table[i];
@@ -458,6 +470,7 @@ static void load_special_ids(tl_tokenizer *t, const tl_gguf *g) {
     read_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     read_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     read_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
+    if (t->gemma4) t->add_bos = 1; /* llama.cpp forces it (its PR 21500) */
 }
 
 /* Roles llama.cpp recognises by a token's text when the metadata lacks them.
@@ -540,6 +553,21 @@ static void detect_special(tl_tokenizer *t) {
                   end = vocab_find(t, "<|end|>", 7);
     if (ret >= 0 && call >= 0 && end >= 0 && (t->attr[ret] & ATTR_EOG) && (t->attr[call] & ATTR_EOG))
         t->attr[end] = ATTR_USER_DEFINED;
+    /* Gemma 4 and PLaMo-2 hold </s> as ordinary text: where <|tool_response>
+     * or <|plamo:eos|> ends generation, an end-of-generation </s> becomes a
+     * normal token (llama.cpp's rule, keyed on these texts) */
+    int marker = 0;
+    int32_t s_id = -1;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        if (!(t->attr[i] & ATTR_EOG)) continue;
+        const char *x = t->st.blob + t->st.off[i];
+        const uint32_t n = t->st.len[i];
+        if ((n == 16 && !memcmp(x, "<|tool_response>", 16)) || (n == 13 && !memcmp(x, "<|plamo:eos|>", 13)))
+            marker = 1;
+        else if (n == 4 && !memcmp(x, "</s>", 4))
+            s_id = i;
+    }
+    if (marker && s_id >= 0) t->attr[s_id] = ATTR_NORMAL;
 }
 
 typedef struct len_id {
@@ -596,12 +624,13 @@ static int build_special_cache(tl_tokenizer *t, const tl_gguf *g, tl_error *err)
     return TL_OK;
 }
 
-static void setup_spm_bytes(tl_tokenizer *t) {
+/* The token of each byte for the fallback: <0xXX>, else (SPM only) the raw byte. */
+static void setup_byte_tokens(tl_tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         char hex[8];
         snprintf(hex, sizeof hex, "<0x%02X>", b);
         int32_t id = vocab_find(t, hex, 6);
-        if (id < 0) { /* some vocabs hold the raw byte instead */
+        if (id < 0 && t->type == TOK_SPM) { /* some vocabs hold the raw byte instead */
             char c = (char)b;
             id = vocab_find(t, &c, 1);
         }
@@ -626,6 +655,10 @@ int tl_tokenizer_load(const tl_gguf *g, tl_tokenizer **out, tl_error *err) {
         snprintf(t->model_name, sizeof t->model_name, "none");
         *out = t;
         return TL_OK;
+    } else if (tl_str_eq(model, "gemma4")) {
+        t->type = TOK_BPE; /* with merges; no default special ids */
+        t->gemma4 = 1;
+        t->bos = t->eos = t->unk = -1;
     } else if (tl_str_eq(model, "llama")) {
         t->type = TOK_SPM;
         t->bos = 1;
@@ -639,12 +672,13 @@ int tl_tokenizer_load(const tl_gguf *g, tl_tokenizer **out, tl_error *err) {
         free(t);
         return tl_fail(err, TL_ERR_UNSUPPORTED, "unsupported tokenizer model '%s'", name);
     }
-    snprintf(t->model_name, sizeof t->model_name, "%s", t->type == TOK_BPE ? "gpt2" : "llama");
+    snprintf(t->model_name, sizeof t->model_name, "%s",
+             t->gemma4 ? "gemma4" : t->type == TOK_BPE ? "gpt2" : "llama");
     int st = load_vocab(t, g, err);
     if (!st) st = setup_pre(t, g, err);
     if (!st && t->type == TOK_BPE) st = load_merges(t, g, err);
     if (!st) {
-        if (t->type == TOK_SPM) setup_spm_bytes(t);
+        if (t->type == TOK_SPM || t->gemma4) setup_byte_tokens(t);
         load_special_ids(t, g);
         detect_special(t);
         st = build_special_cache(t, g, err);
@@ -790,8 +824,10 @@ static int work_reserve(work *w, size_t nsym, size_t nbuf) {
 
 /* ---- byte-level BPE ------------------------------------------------------------------ */
 
+/* A symbol with id -1 (gemma4: a character that is no string of the vocab or
+ * the merges) merges with nothing. */
 static void bpe_try_pair(const tl_tokenizer *t, work *w, int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
+    if (l < 0 || r < 0 || w->s[l].id < 0 || w->s[r].id < 0) return;
     bigram b;
     int32_t rank;
     if (!pairmap_get(&t->merges, w->s[l].id, w->s[r].id, &rank, &b.res)) return;
@@ -799,6 +835,26 @@ static void bpe_try_pair(const tl_tokenizer *t, work *w, int32_t l, int32_t r) {
     b.left = l;
     b.size = w->s[l].len + w->s[r].len;
     heap_push(w, &b);
+}
+
+/* Merges the ns linked symbols of w->s, lowest rank first. */
+static void bpe_merge(const tl_tokenizer *t, work *w, int32_t ns) {
+    sym *s = w->s;
+    w->h_n = 0;
+    for (int32_t i = 1; i < ns; i++) bpe_try_pair(t, w, i - 1, i);
+    while (w->h_n > 0) {
+        bigram b = heap_pop(w);
+        int32_t ri = bigram_right(s, &b);
+        if (ri < 0) continue;
+        sym *l = &s[b.left], *r = &s[ri];
+        l->id = b.res;
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0) s[r->next].prev = b.left;
+        bpe_try_pair(t, w, l->prev, b.left);
+        bpe_try_pair(t, w, b.left, l->next);
+    }
 }
 
 /* A final symbol that is no token: llama.cpp falls back to looking up each
@@ -843,21 +899,7 @@ static void bpe_word(const tl_tokenizer *t, work *w, const unsigned char *word, 
         s[i].start = (uint32_t)i;
         s[i].len = 1;
     }
-    w->h_n = 0;
-    for (size_t i = 1; i < n; i++) bpe_try_pair(t, w, (int32_t)i - 1, (int32_t)i);
-    while (w->h_n > 0) {
-        bigram b = heap_pop(w);
-        int32_t ri = bigram_right(s, &b);
-        if (ri < 0) continue;
-        sym *l = &s[b.left], *r = &s[ri];
-        l->id = b.res;
-        l->len += r->len;
-        r->len = 0;
-        l->next = r->next;
-        if (r->next >= 0) s[r->next].prev = b.left;
-        bpe_try_pair(t, w, l->prev, b.left);
-        bpe_try_pair(t, w, b.left, l->next);
-    }
+    bpe_merge(t, w, (int32_t)n);
     for (int32_t i = 0; i >= 0; i = s[i].next) bpe_emit(t, s[i].id, out);
 }
 
@@ -885,6 +927,87 @@ static int bpe_fragment(const tl_tokenizer *t, work *w, const char *raw, size_t 
     }
     free(sp);
     free(masked);
+    free(norm);
+    return st;
+}
+
+/* ---- gemma4: BPE over raw UTF-8 ------------------------------------------------------------- */
+
+/* A final symbol that is no token becomes the <0xXX> token of each of its
+ * bytes; a byte without one is dropped (llama.cpp's fallback for BPE without
+ * byte encoding). */
+static void raw_emit(const tl_tokenizer *t, int32_t id, const char *s, uint32_t len, idvec *out) {
+    if (id >= 0 && id < t->n_vocab) {
+        push_id(out, id);
+        return;
+    }
+    for (uint32_t i = 0; i < len; i++) {
+        int32_t b = t->byte_tok[(unsigned char)s[i]];
+        if (b >= 0) push_id(out, b);
+    }
+}
+
+/* One run of newlines or of other characters, merged from its UTF-8 characters. */
+static void raw_bpe_word(const tl_tokenizer *t, work *w, const char *word, size_t n, idvec *out) {
+    if (n == 0) return;
+    if (word[0] == '\n') { /* a run of newlines that is a token is taken whole (llama.cpp PR 21343) */
+        int32_t id = vocab_find(t, word, n);
+        if (id >= 0) {
+            push_id(out, id);
+            return;
+        }
+    }
+    if (work_reserve(w, n, 0)) {
+        w->oom = 1;
+        return;
+    }
+    sym *s = w->s;
+    int32_t ns = 0;
+    for (size_t off = 0; off < n; ns++) {
+        size_t len = tl_utf8_len((unsigned char)word[off]);
+        if (len > n - off) len = n - off;
+        s[ns] = (sym){strtab_find(&t->st, word + off, len), ns - 1, off + len < n ? ns + 1 : -1,
+                      (uint32_t)off, (uint32_t)len};
+        off += len;
+    }
+    bpe_merge(t, w, ns);
+    for (int32_t i = 0; i >= 0; i = s[i].next) raw_emit(t, s[i].id, word + s[i].start, s[i].len, out);
+}
+
+/* llama.cpp's gemma4 path: spaces become U+2581, the text is decoded as its
+ * regex split decodes it (tl_utf8_normalize), then split into runs of
+ * newlines and runs of anything else ("[^\n]+|[\n]+"), each merged alone. */
+static int raw_bpe_fragment(const tl_tokenizer *t, work *w, const char *raw, size_t n, idvec *out,
+                            tl_error *err) {
+    if (n > SIZE_MAX / 9 - 1) return tl_fail(err, TL_ERR_ARG, "text too long");
+    size_t ne = n;
+    for (size_t i = 0; i < n; i++) ne += raw[i] == ' ' ? 2 : 0;
+    char *esc = malloc(ne + 1), *norm = malloc(3 * ne + 1); /* tl_utf8_normalize's bound */
+    if (!esc || !norm) {
+        free(esc);
+        free(norm);
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
+    }
+    for (size_t i = 0, k = 0; i < n; i++) {
+        if (raw[i] == ' ') {
+            memcpy(esc + k, "\xe2\x96\x81", 3);
+            k += 3;
+        } else {
+            esc[k++] = raw[i];
+        }
+    }
+    const size_t nn = tl_utf8_normalize(esc, ne, norm, NULL);
+    free(esc);
+    int st = TL_OK;
+    if (nn > UINT32_MAX / 2) st = tl_fail(err, TL_ERR_ARG, "text too long for one fragment");
+    for (size_t off = 0; st == TL_OK && off < nn;) {
+        const int nl = norm[off] == '\n';
+        size_t end = off + 1;
+        while (end < nn && (norm[end] == '\n') == nl) end++;
+        raw_bpe_word(t, w, norm + off, end - off, out);
+        if (w->oom || out->oom) st = tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
+        off = end;
+    }
     free(norm);
     return st;
 }
@@ -1085,6 +1208,8 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
         if (f.tok >= 0) {
             push_id(&out, f.tok);
             prev_special = 1;
+        } else if (t->gemma4) {
+            st = raw_bpe_fragment(t, &w, text + f.off, f.len, &out, err);
         } else if (t->type == TOK_BPE) {
             st = bpe_fragment(t, &w, text + f.off, f.len, &out, err);
         } else {
@@ -1175,10 +1300,10 @@ size_t tl_tokenizer_piece(const tl_tokenizer *t, int32_t id, int special, char *
     if (a & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED)) {
         put(&o, s, n);
     } else if (a & ATTR_NORMAL) {
-        if (t->type == TOK_BPE) {
+        if (t->type == TOK_BPE && !t->gemma4) {
             bpe_decode(s, n, &o);
         } else {
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = 0; i < n; i++) { /* U+2581 back to a space */
                 if (i + 2 < n && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
                     put(&o, " ", 1);
                     i += 2;
@@ -1220,5 +1345,6 @@ const char *tl_tokenizer_model_name(const tl_tokenizer *t) { return t ? t->model
 const char *tl_tokenizer_pre_name(const tl_tokenizer *t) { return t && t->pre_name ? t->pre_name : ""; }
 
 const char *tl_supported_tokenizers(void) {
-    return "gpt2 (byte-level BPE, llama.cpp's pre-tokenizers), llama (SentencePiece-style)";
+    return "gpt2 (byte-level BPE, llama.cpp's pre-tokenizers), gemma4 (BPE over UTF-8), "
+           "llama (SentencePiece-style)";
 }

@@ -2,7 +2,8 @@
  * byte handling, all from a GGUF file's tokenizer.ggml.* metadata. Owns copies
  * of what it needs, so it outlives nothing. Knows nothing of models.
  * Types: "gpt2" (byte-level BPE, pre-tokenizer by tokenizer.ggml.pre);
- * "llama" (SentencePiece-style) slots in beside it. */
+ * "gemma4" (BPE over raw UTF-8, spaces as U+2581, <0xXX> byte fallback);
+ * "llama" (SentencePiece-style). */
 #ifndef TL_TOKENIZER_H
 #define TL_TOKENIZER_H
 
@@ -34,7 +35,7 @@ int tl_tokenizer_is_control(const tl_tokenizer *t, int32_t id);
 size_t tl_tokenizer_piece(const tl_tokenizer *t, int32_t id, int special, char *out, size_t cap);
 /* The token's text as stored in the vocabulary (for display). */
 const char *tl_tokenizer_text(const tl_tokenizer *t, int32_t id);
-const char *tl_tokenizer_model_name(const tl_tokenizer *t); /* "gpt2", "llama" */
+const char *tl_tokenizer_model_name(const tl_tokenizer *t); /* "gpt2", "gemma4", "llama" */
 const char *tl_tokenizer_pre_name(const tl_tokenizer *t);   /* "smollm", ... */
 
 /* The byte-level core of tl_detok_push (src/tokenize/detok.c), testable without a
