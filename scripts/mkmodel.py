@@ -565,6 +565,14 @@ BIG_MOE = {
     "qwen35moe-a3b": dict(arch="qwen35moe", d=2048, layers=8, heads=16, heads_kv=2, hd=256, n_exp=256, used=8,
                           ff_exp=512, base=10000000.0, ctx=262144, std=0.02, n_rot=64, sections=[11, 11, 10, 0],
                           ssm=dict(d_conv=4, d_state=128, n_kh=16, n_vh=32, interval=4), ff_sh=512),
+    # Gemma 4 26B-A4B's layers (2816 wide; sliding-window layers with 16/8
+    # heads of 256, a global one with 16/2 heads of 512 whose v is k's
+    # projection and a quarter of whose pairs rotate; a dense GeGLU FFN of
+    # 2112 beside 128 experts of width 704, 8 used; logits soft-capped at 30)
+    # at 6 of its 30 layers: 5 window, 1 global
+    "gemma4-26b-a4b": dict(arch="gemma4", d=2816, layers=6, heads=16, heads_kv=8, hd=256, n_exp=128, used=8,
+                           ff_exp=704, base=1000000.0, ctx=262144, std=0.02, swa=1024, ff=2112,
+                           g4=dict(hd=512, heads_kv=2, base_swa=10000.0, rot_frac=0.25, every=6)),
 }
 SMOLLM2 = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -582,17 +590,36 @@ def build_big_moe(args):
     w.add_context_length(p["ctx"])
     w.add_embedding_length(d)
     w.add_block_count(p["layers"])
-    w.add_feed_forward_length(ff if p["arch"] == "gpt-oss" else ff * 8)
+    g4 = p.get("g4")
+    if not g4:
+        w.add_feed_forward_length(ff if p["arch"] == "gpt-oss" else ff * 8)
     w.add_expert_feed_forward_length(ff)
     w.add_expert_count(ne)
     w.add_expert_used_count(p["used"])
     w.add_head_count(p["heads"])
-    w.add_head_count_kv(p["heads_kv"])
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    a = p["arch"]
+    if g4:  # per-layer shapes, keys by name (build_gemma4)
+        swa = [(i + 1) % g4["every"] != 0 for i in range(p["layers"])]
+        w.add_array(f"{a}.attention.sliding_window_pattern", swa)
+        w.add_array(f"{a}.attention.head_count_kv", [p["heads_kv"] if s_ else g4["heads_kv"] for s_ in swa])
+        w.add_uint32(f"{a}.feed_forward_length", p["ff"])
+        w.add_uint32(f"{a}.attention.key_length", g4["hd"])
+        w.add_uint32(f"{a}.attention.value_length", g4["hd"])
+        w.add_uint32(f"{a}.attention.key_length_swa", hd)
+        w.add_uint32(f"{a}.attention.value_length_swa", hd)
+        w.add_uint32(f"{a}.rope.dimension_count_swa", hd)
+        w.add_float32(f"{a}.rope.freq_base_swa", g4["base_swa"])
+        w.add_uint32(f"{a}.attention.sliding_window", p["swa"])
+        w.add_uint32(f"{a}.attention.shared_kv_layers", 0)
+        w.add_uint32(f"{a}.embedding_length_per_layer_input", 0)
+        w.add_float32(f"{a}.final_logit_softcapping", 30.0)
+    else:
+        w.add_head_count_kv(p["heads_kv"])
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(p["base"])
-    w.add_rope_dimension_count(p.get("n_rot", hd))
+    w.add_rope_dimension_count(g4["hd"] if g4 else p.get("n_rot", hd))
     w.add_vocab_size(n_vocab)
     oss = p["arch"] == "gpt-oss"
     ssm = p.get("ssm")
@@ -611,8 +638,27 @@ def build_big_moe(args):
         w.add_rope_scaling_factor(32.0)
         w.add_rope_scaling_orig_ctx_len(4096)
     plan = [("token_embd.weight", (n_vocab, d), "mat")]
+    if g4:
+        plan += [("rope_freqs.weight", (g4["hd"] // 2,), "ropefreq")]
     for i in range(p["layers"]):
         b = f"blk.{i}."
+        if g4:
+            h, nk = (hd, p["heads_kv"]) if swa[i] else (g4["hd"], g4["heads_kv"])
+            plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (p["heads"] * h, d), "mat"),
+                     (b + "attn_k.weight", (nk * h, d), "mat")]
+            if swa[i]:
+                plan += [(b + "attn_v.weight", (nk * h, d), "mat")]
+            plan += [(b + "attn_q_norm.weight", (h,), "norm"), (b + "attn_k_norm.weight", (h,), "norm"),
+                     (b + "attn_output.weight", (d, p["heads"] * h), "mat"),
+                     (b + "post_attention_norm.weight", (d,), "norm"), (b + "ffn_norm.weight", (d,), "norm"),
+                     (b + "ffn_gate.weight", (p["ff"], d), "mat"), (b + "ffn_up.weight", (p["ff"], d), "mat"),
+                     (b + "ffn_down.weight", (d, p["ff"]), "mat"), (b + "post_ffw_norm.weight", (d,), "norm"),
+                     (b + "ffn_gate_inp.weight", (ne, d), "router"), (b + "ffn_gate_inp.scale", (d,), "norm"),
+                     (b + "ffn_gate_up_exps.weight", (ne, 2 * ff, d), "mat"),
+                     (b + "ffn_down_exps.weight", (ne, d, ff), "mat"), (b + "ffn_down_exps.scale", (ne,), "norm"),
+                     (b + "pre_ffw_norm_2.weight", (d,), "norm"), (b + "post_ffw_norm_1.weight", (d,), "norm"),
+                     (b + "post_ffw_norm_2.weight", (d,), "norm"), (b + "layer_output_scale.weight", (1,), "norm")]
+            continue
         if oss:
             plan += [(b + "attn_norm.weight", (d,), "norm"), (b + "attn_q.weight", (q, d), "mat"),
                      (b + "attn_q.bias", (q,), "bias"), (b + "attn_k.weight", (kv, d), "mat"),
@@ -653,10 +699,13 @@ def build_big_moe(args):
                  (b + "attn_output.weight", (d, q), "mat"), (b + "ffn_norm.weight", (d,), "norm"),
                  (b + "ffn_gate_inp.weight", (ne, d), "router"), (b + "ffn_gate_exps.weight", (ne, ff, d), "mat"),
                  (b + "ffn_up_exps.weight", (ne, ff, d), "mat"), (b + "ffn_down_exps.weight", (ne, d, ff), "mat")]
-    plan += [("output_norm.weight", (d,), "norm"), ("output.weight", (n_vocab, d), "mat")]
+    plan += [("output_norm.weight", (d,), "norm")] + ([] if g4 else [("output.weight", (n_vocab, d), "mat")])
     rng = np.random.default_rng(args.seed)
 
     def draw(shape, kind):
+        if kind == "ropefreq":  # proportional RoPE (build_gemma4)
+            n_rot = int(shape[0] * 2 * g4["rot_frac"] / 2)
+            return np.array([1.0] * n_rot + [1e30] * (shape[0] - n_rot), dtype=np.float32)
         if kind == "norm":
             return (1.0 + rng.standard_normal(shape, dtype=np.float32) * p["std"]).astype(np.float32)
         if kind == "router":
@@ -674,7 +723,7 @@ def build_big_moe(args):
         return out if args.type in ("f16", "f32") else to_type(out, args.type)[0]
 
     for name, shape, kind in plan:
-        qt = QT.F32 if kind in ("norm", "router", "bias", "conv", "decay") else TYPES[args.type]
+        qt = QT.F32 if kind in ("norm", "router", "bias", "conv", "decay", "ropefreq") else TYPES[args.type]
         byte_shape = gguf.quant_shape_to_byte_shape(shape, qt)
         nbytes = int(np.prod(byte_shape))
         if qt in (QT.F32, QT.F16):

@@ -340,9 +340,10 @@ typedef struct att_job {
     size_t base[SPLIT_RUNS]; /* run r's states in c->apart: [KV head][segment][T][G] o, then m, l */
 } att_job;
 
-/* Byte offset of position j's row of a sequence, from a layer's K or V base. */
-static inline size_t kv_row(const kv_side *s, const int32_t *blk, int j) {
-    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * s->rb;
+/* Byte offset of position j's row of a sequence, from a layer's K or V
+ * base (rows of rb bytes). */
+static inline size_t kv_row(size_t rb, const int32_t *blk, int j) {
+    return ((size_t)blk[j / TL_KV_BLOCK] * TL_KV_BLOCK + (size_t)(j % TL_KV_BLOCK)) * rb;
 }
 
 /* One (token, head): scores over all cached positions <= its own, softmax,
@@ -358,10 +359,10 @@ static void attend(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const 
     const uint16_t *q = c->q16 + (size_t)t * qd + (size_t)h * hd;
     const int32_t *blk = c->tblk[t];
     /* llama.cpp's f16 dots: the cache is F16 here (a quantized one takes attend_fa) */
-    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.f->row_bytes(hd);
-    const uint16_t *vb =
-        (const uint16_t *)(const void *)(c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.f->row_bytes(hd));
-    const size_t kvs = c->V.rb / sizeof(uint16_t), kks = c->K.rb / sizeof(uint16_t);
+    const size_t krb = c->K.rb[layer], vrb = c->V.rb[layer];
+    const uint8_t *kb = c->K.mem + c->K.off[layer] + (size_t)kvh * c->K.f->row_bytes(hd);
+    const uint16_t *vb = (const uint16_t *)(const void *)(c->V.mem + c->V.off[layer] + (size_t)kvh * c->V.f->row_bytes(hd));
+    const size_t kvs = vrb / sizeof(uint16_t), kks = krb / sizeof(uint16_t);
     int prescaled = c->m->arch->q_prescale;
     float scale = hp->attn_scale;
     /* A sliding-window layer sees keys j with pos - j < n_swa. The keys
@@ -378,10 +379,10 @@ static void attend(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const 
         /* four keys at a time where they share a block (four independent
          * sums, each in the one-key order) */
         if (c->kern.dot_f16_x4 && j + 4 <= pos + 1 && j % TL_KV_BLOCK <= TL_KV_BLOCK - 4) {
-            c->kern.dot_f16_x4(hd, (const uint16_t *)(const void *)(kb + kv_row(&c->K, blk, j)), kks, q, s + j);
+            c->kern.dot_f16_x4(hd, (const uint16_t *)(const void *)(kb + kv_row(krb, blk, j)), kks, q, s + j);
             j += 4;
         } else {
-            s[j] = c->kern.dot_f16(hd, (const uint16_t *)(const void *)(kb + kv_row(&c->K, blk, j)), q);
+            s[j] = c->kern.dot_f16(hd, (const uint16_t *)(const void *)(kb + kv_row(krb, blk, j)), q);
             j++;
         }
     }
@@ -413,8 +414,8 @@ static void attend_fa(tl_cpu *c, const tl_attn_block *A, int layer, int swa, con
     const int hd = A->hd, pos = c->tpos[t], qd = A->n_head * hd;
     const int kvh = h / (A->n_head / A->n_head_kv);
     const int32_t *blk = c->tblk[t];
-    const uint8_t *kb = c->K.mem + (size_t)layer * c->K.layer + (size_t)kvh * c->K.f->row_bytes(hd);
-    const uint8_t *vb = c->V.mem + (size_t)layer * c->V.layer + (size_t)kvh * c->V.f->row_bytes(hd);
+    const uint8_t *kb = c->K.mem + c->K.off[layer] + (size_t)kvh * c->K.f->row_bytes(hd);
+    const uint8_t *vb = c->V.mem + c->V.off[layer] + (size_t)kvh * c->V.f->row_bytes(hd);
     const int kq = c->K.f->type != TL_F16, v16 = c->V.f->type == TL_F16;
     const void *qv = kq ? (const void *)(c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd))
                         : (const void *)(c->q16 + (size_t)t * qd + (size_t)h * hd);
@@ -429,7 +430,7 @@ static void attend_fa(tl_cpu *c, const tl_attn_block *A, int layer, int swa, con
     float S = 0.0f, M = -INFINITY;
     const int lo = swa && pos - hp->n_swa + 1 > 0 ? pos - hp->n_swa + 1 : 0;
     for (int j = lo; j <= pos; j++) {
-        const uint8_t *kr = kb + kv_row(&c->K, blk, j), *vr = vb + kv_row(&c->V, blk, j);
+        const uint8_t *kr = kb + kv_row(c->K.rb[layer], blk, j), *vr = vb + kv_row(c->V.rb[layer], blk, j);
         float s = kdot(hd, kr, qv);
         s = s * scale;
         s += 0.0f; /* the mask of a visible key */
@@ -485,14 +486,14 @@ static void attend_fast(tl_cpu *c, const tl_attn_block *A, int layer, int swa, c
                         int nh, float *scratch, int seg, float *out, float *part) {
     const tl_hparams *hp = &c->m->hp;
     const int hd = A->hd, g = h0 / (A->n_head / A->n_head_kv), qd = A->n_head * hd;
-    const size_t vbase = (size_t)layer * c->V.layer + (size_t)g * c->V.f->row_bytes(hd);
-    const size_t kbase = (size_t)layer * c->K.layer + (size_t)g * c->K.f->row_bytes(hd) * TL_KV_BLOCK; /* K transposed */
+    const size_t vbase = c->V.off[layer] + (size_t)g * c->V.f->row_bytes(hd);
+    const size_t kbase = c->K.off[layer] + (size_t)g * c->K.f->row_bytes(hd) * TL_KV_BLOCK; /* K transposed */
     tl_attn_rows a = {
         .hd = hd, .G = nh, .bs = TL_KV_BLOCK, .T = nt,
         .q = c->q + (size_t)t * qd + (size_t)h0 * hd, .q_stride = (size_t)hd, .q_tok = (size_t)qd,
         .scale = c->m->arch->q_prescale ? 1.0f : hp->attn_scale,
         /* V rows, K transposed per block */
-        .k = c->K.mem + kbase, .v = c->V.mem + vbase, .k_stride = c->K.rb, .v_stride = c->V.rb,
+        .k = c->K.mem + kbase, .v = c->V.mem + vbase, .k_stride = c->K.rb[layer], .v_stride = c->V.rb[layer],
         .k_fmt = c->K.f->attn_fmt, .v_fmt = c->V.f->attn_fmt, .k_tr = 1,
         .blk = c->tblk[t], .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
@@ -716,11 +717,11 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
         const int p = c->tpos[t];
         if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
             c->K.f->store_tr(&c->kern.math, k,
-                             c->K.mem + (size_t)il * c->K.layer + (size_t)blk[p / TL_KV_BLOCK] * TL_KV_BLOCK * c->K.rb,
+                             c->K.mem + c->K.off[il] + (size_t)blk[p / TL_KV_BLOCK] * TL_KV_BLOCK * c->K.rb[il],
                              p % TL_KV_BLOCK, TL_KV_BLOCK, kvd);
         else
-            c->K.f->store(&c->kern.math, k, c->K.mem + (size_t)il * c->K.layer + kv_row(&c->K, blk, p), kvd);
-        c->V.f->store(&c->kern.math, v, c->V.mem + (size_t)il * c->V.layer + kv_row(&c->V, blk, p), kvd);
+            c->K.f->store(&c->kern.math, k, c->K.mem + c->K.off[il] + kv_row(c->K.rb[il], blk, p), kvd);
+        c->V.f->store(&c->kern.math, v, c->V.mem + c->V.off[il] + kv_row(c->V.rb[il], blk, p), kvd);
     }
 }
 
@@ -1332,6 +1333,10 @@ static void cpu_free(void *be) {
     if (c->own_pool) tl_pool_free(c->pool);
     tl_big_free(c->K.mem);
     tl_big_free(c->V.mem);
+    free(c->K.rb);
+    free(c->K.off);
+    free(c->V.rb);
+    free(c->V.off);
     tl_cpu_free_buf(c->qq);
     tl_cpu_free_buf(c->x);
     tl_cpu_free_buf(c->xb);
@@ -1378,9 +1383,9 @@ static void cpu_free(void *be) {
 
 static void cpu_copy_block(void *be, int32_t from, int32_t to) {
     tl_cpu *c = be;
-    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
-        uint8_t *k = c->K.mem + (size_t)il * c->K.layer, *v = c->V.mem + (size_t)il * c->V.layer;
+        const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
+        uint8_t *k = c->K.mem + c->K.off[il], *v = c->V.mem + c->V.off[il];
         memcpy(k + (size_t)to * kb, k + (size_t)from * kb, kb);
         memcpy(v + (size_t)to * vb, v + (size_t)from * vb, vb);
     }
@@ -1388,21 +1393,23 @@ static void cpu_copy_block(void *be, int32_t from, int32_t to) {
 
 static void cpu_read_block(void *be, int32_t b, void *p) {
     tl_cpu *c = be;
-    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     uint8_t *o = p;
-    for (int il = 0; il < c->m->hp.n_kv_layer; il++, o += kb + vb) {
-        memcpy(o, c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, kb);
-        memcpy(o + kb, c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, vb);
+    for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
+        const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
+        memcpy(o, c->K.mem + c->K.off[il] + (size_t)b * kb, kb);
+        memcpy(o + kb, c->V.mem + c->V.off[il] + (size_t)b * vb, vb);
+        o += kb + vb;
     }
 }
 
 static void cpu_write_block(void *be, int32_t b, const void *p) {
     tl_cpu *c = be;
-    const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb, vb = (size_t)TL_KV_BLOCK * c->V.rb;
     const uint8_t *i = p;
-    for (int il = 0; il < c->m->hp.n_kv_layer; il++, i += kb + vb) {
-        memcpy(c->K.mem + (size_t)il * c->K.layer + (size_t)b * kb, i, kb);
-        memcpy(c->V.mem + (size_t)il * c->V.layer + (size_t)b * vb, i + kb, vb);
+    for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
+        const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
+        memcpy(c->K.mem + c->K.off[il] + (size_t)b * kb, i, kb);
+        memcpy(c->V.mem + c->V.off[il] + (size_t)b * vb, i + kb, vb);
+        i += kb + vb;
     }
 }
 
@@ -1418,8 +1425,6 @@ static const tl_backend_ops cpu_ops_rs = {cpu_forward, cpu_copy_block, cpu_read_
 int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
     memset(out, 0, sizeof *out);
     const tl_hparams *hp = &m->hp;
-    /* every layer's rows as wide as the widest (Gemma 4's differ by layer) */
-    const size_t kv_dim = (size_t)hp->kv_dim_max;
     static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0}; /* by tl_kv_type */
     if (p->kv_type_k < 0 || p->kv_type_k > 2 || p->kv_type_v < 0 || p->kv_type_v > 2)
         return tl_fail(err, TL_ERR_ARG, "unknown KV cache type");
@@ -1432,8 +1437,11 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                            hd % kf->block ? kf->name : vf->name, 32, hd);
     }
     const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && hp->head_dim_swa % 8 == 0;
-    const size_t k_rb = kf->row_bytes((int64_t)kv_dim), v_rb = vf->row_bytes((int64_t)kv_dim);
-    const size_t blk_bytes = (size_t)(hp->n_kv_layer > 0 ? hp->n_kv_layer : 1) * TL_KV_BLOCK * (k_rb + v_rb);
+    /* each cached layer's rows at its own width (Gemma 4's differ) */
+    size_t blk_bytes = (size_t)TL_KV_BLOCK * tl_model_kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v);
+    if (!blk_bytes) /* no cached layer: a block's bookkeeping still sizes the pool */
+        blk_bytes = (size_t)TL_KV_BLOCK * (kf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim) +
+                                           vf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim));
     const size_t per_seq = (size_t)(p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
     size_t n_blocks = p->kv_bytes ? p->kv_bytes / blk_bytes
                                   : per_seq * (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1);
@@ -1449,8 +1457,8 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->n_batch = p->n_batch;
     c->q_dim = hp->q_dim_max;
     c->kv_dim = hp->kv_dim_max;
-    c->K = (kv_side){.f = kf, .rb = k_rb};
-    c->V = (kv_side){.f = vf, .rb = v_rb};
+    c->K.f = kf;
+    c->V.f = vf;
     c->fa = !want_fast_attn && (kf->type != TL_F16 || vf->type != TL_F16);
     int hd0 = hp->head_dim; /* layer 0's head size (rot_sizes) */
     for (int b = 0; b < m->layers[0].n_block; b++)
@@ -1475,16 +1483,30 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         c->own_pool = 1;
     }
     int fail = 0, nb = p->n_batch, nt = tl_pool_size(c->pool);
-    c->K.layer = n_blocks * TL_KV_BLOCK * k_rb;
-    c->V.layer = n_blocks * TL_KV_BLOCK * v_rb;
-    const size_t kn = (size_t)hp->n_kv_layer * c->K.layer, vn = (size_t)hp->n_kv_layer * c->V.layer;
+    const int nkl = hp->n_kv_layer > 0 ? hp->n_kv_layer : 1;
+    c->K.rb = calloc((size_t)nkl, sizeof(size_t));
+    c->K.off = calloc((size_t)nkl, sizeof(size_t));
+    c->V.rb = calloc((size_t)nkl, sizeof(size_t));
+    c->V.off = calloc((size_t)nkl, sizeof(size_t));
+    if (!c->K.rb || !c->K.off || !c->V.rb || !c->V.off) fail = 1;
+    size_t kn = 0, vn = 0;
+    for (int l = 0; !fail && l < hp->n_kv_layer; l++) {
+        c->K.rb[l] = kf->row_bytes(m->kv_dim[l]);
+        c->V.rb[l] = vf->row_bytes(m->kv_dim[l]);
+        c->K.off[l] = kn;
+        c->V.off[l] = vn;
+        kn += n_blocks * TL_KV_BLOCK * c->K.rb[l];
+        vn += n_blocks * TL_KV_BLOCK * c->V.rb[l];
+    }
     const int n_ff = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp; /* dense or shared expert */
     int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     if (hp->n_ff_exp > widest) widest = hp->n_ff_exp;
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
-    c->K.mem = tl_big_alloc(kn);
-    c->V.mem = tl_big_alloc(vn);
+    if (!fail) {
+        c->K.mem = tl_big_alloc(kn ? kn : 1);
+        c->V.mem = tl_big_alloc(vn ? vn : 1);
+    }
     if (!c->K.mem || !c->V.mem) fail = 1;
     /* The cache is laid out layer by layer, so a short request touches the
      * start of every layer's K and V: on 2 MiB pages that alone made 4 MiB a

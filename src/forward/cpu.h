@@ -16,14 +16,14 @@
 
 typedef struct tl_gdn tl_gdn;
 
-/* One of the cache's two halves (keys or values), per layer [n_blocks]
- * [TL_KV_BLOCK] rows of rb bytes in format f. */
+/* One of the cache's two halves (keys or values): layer l at off[l], its
+ * [n_blocks][TL_KV_BLOCK] rows of rb[l] bytes in format f (layers differ in
+ * width where their heads do: Gemma 4's). */
 typedef struct kv_side {
     uint8_t *mem;
     const tl_kv_format *f;
-    size_t rb;          /* bytes of a row (the widest layer's kv_dim elements; a narrower
-                         * layer uses the start of each row) */
-    size_t layer;       /* bytes per layer */
+    size_t *rb;         /* [n_kv_layer] bytes of a row of the layer's kv_dim elements */
+    size_t *off;        /* [n_kv_layer] where the layer starts in mem */
 } kv_side;
 
 typedef struct tl_cpu {

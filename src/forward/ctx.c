@@ -211,9 +211,9 @@ size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v
     if (hp->head_dim % kf->block || hp->head_dim % vf->block || hp->head_dim_swa % kf->block ||
         hp->head_dim_swa % vf->block)
         return 0;
-    /* every layer's rows as wide as the widest (Gemma 4's differ) */
-    const int64_t kv_dim = hp->kv_dim_max;
-    return (size_t)hp->n_kv_layer * (kf->row_bytes(kv_dim) + vf->row_bytes(kv_dim));
+    size_t n = 0; /* each cached layer at its own width (Gemma 4's differ) */
+    for (int l = 0; l < hp->n_kv_layer; l++) n += kf->row_bytes(m->kv_dim[l]) + vf->row_bytes(m->kv_dim[l]);
+    return n;
 }
 
 size_t tl_model_state_bytes(const tl_model *m, int *n_layers) {

@@ -693,8 +693,8 @@ static int bind_gemma4(tl_model *m, tl_error *err) {
 }
 
 /* Every attention block's shape (the model's unless its binder set one),
- * and the widest of them for the buffers. */
-static void finish_shapes(tl_model *m) {
+ * the widest of them for the buffers, and each cached layer's width. */
+static int finish_shapes(tl_model *m, tl_error *err) {
     tl_hparams *hp = &m->hp;
     hp->head_dim_max = hp->head_dim;
     hp->q_dim_max = hp->kv_dim_max = 0;
@@ -712,6 +712,15 @@ static void finish_shapes(tl_model *m) {
             if (A->n_head * A->hd > hp->q_dim_max) hp->q_dim_max = A->n_head * A->hd;
             if (A->n_head_kv * A->hd > hp->kv_dim_max) hp->kv_dim_max = A->n_head_kv * A->hd;
         }
+    m->kv_dim = calloc((size_t)(hp->n_kv_layer > 0 ? hp->n_kv_layer : 1), sizeof *m->kv_dim);
+    if (!m->kv_dim) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < hp->n_layer; i++)
+        for (int b = 0; b < m->layers[i].n_block; b++)
+            if (m->layers[i].block[b].kind == TL_BLOCK_ATTN && !m->layers[i].block[b].u.attn.kv_shared) {
+                const tl_attn_block *A = &m->layers[i].block[b].u.attn;
+                m->kv_dim[A->kv_layer] = A->n_head_kv * A->hd;
+            }
+    return TL_OK;
 }
 
 static int bind_weights(tl_model *m, tl_error *err) {
@@ -742,8 +751,7 @@ static int bind_weights(tl_model *m, tl_error *err) {
         for (int i = 0; i < hp->n_layer && m->arch->hybrid; i++)
             if ((st = bind_hybrid_layer(m, i, err))) return st;
         if (!m->arch->hybrid && (st = bind_gemma4(m, err))) return st;
-        finish_shapes(m);
-        return TL_OK;
+        return finish_shapes(m, err);
     }
     m->hp.n_kv_layer = hp->n_layer;
     for (int i = 0; i < hp->n_layer; i++) {
@@ -805,7 +813,7 @@ static int bind_weights(tl_model *m, tl_error *err) {
         }
 #undef B
     }
-    finish_shapes(m);
+    if ((st = finish_shapes(m, err))) return st;
     return set_swa_layers(m, err);
 }
 
@@ -872,6 +880,7 @@ void tl_model_free(tl_model *m) {
     pthread_mutex_destroy(&m->pack_mu);
     free(m->chat_template);
     free(m->layers);
+    free(m->kv_dim);
     tl_tokenizer_free(m->tok);
     tl_gguf_close(m->gguf);
     free(m);

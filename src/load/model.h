@@ -252,6 +252,7 @@ struct tl_model {
     const tl_arch_info *arch; /* NULL for vocabulary-only */
     tl_hparams hp;
     tl_layer *layers;         /* n_layer */
+    int *kv_dim;              /* [n_kv_layer] the width of each cached layer's keys (and values) */
     tl_w tok_embd;            /* [n_vocab, d] any dequantizable type */
     tl_w output_norm;         /* [d] f32 */
     tl_w output;              /* [n_vocab, d]; == tok_embd when tied */
