@@ -342,8 +342,11 @@ static val filter_seq(R *r, int pos, const char *name, val x, const args *a) {
             if (at.t == T_STR) {
                 v = jj_get_item(r, pos, in->v[i], at);
                 if (v.t == T_UNDEF && def.t != T_UNDEF) v = def;
+            } else if (a->npos && a->v[0].t == T_STR) { /* map('upper'): a filter, with the rest as its arguments */
+                args rest = {a->v + 1, a->kw + 1, a->n - 1, a->npos - 1};
+                v = jj_apply_filter(r, pos, jj_strdup(r, a->v[0].u.s.s, a->v[0].u.s.n), in->v[i], &rest);
             } else {
-                jj_die(r, TL_ERR_UNSUPPORTED, pos, "unsupported construct: map without attribute=");
+                jj_die(r, TL_ERR_UNSUPPORTED, pos, "unsupported construct: map without a filter or attribute=");
             }
             jj_list_push(r, l, v);
         }
@@ -363,8 +366,61 @@ static val filter_seq(R *r, int pos, const char *name, val x, const args *a) {
     return v_list(l);
 }
 
+/* dictsort's key: the key or the value, lowercased unless case_sensitive
+ * (jinja2's ignore_case lowercases strings only). */
+static val sort_key(R *r, val pair, int by_value, int case_sensitive) {
+    val k = pair.u.l->v[by_value];
+    return k.t == T_STR && !case_sensitive ? str_case(r, k, 0) : k;
+}
+
+/* v[0..n) ordered by their keys k (both permuted), stably: a bottom-up
+ * merge sort that takes from the right run only what comes strictly first,
+ * so equal keys keep their order, reversed or not (as Python's sorted). */
+static void sort_by_keys(R *r, int pos, val *v, val *k, size_t n, int rev) {
+    val *tv = jj_alloc(r, (n ? n : 1) * sizeof *tv), *tk = jj_alloc(r, (n ? n : 1) * sizeof *tk);
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            const size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            size_t i = lo, j = mid, o = lo;
+            while (i < mid || j < hi) {
+                int right = i == mid;
+                if (i < mid && j < hi) {
+                    const int c = jj_val_cmp(r, pos, k[j], k[i]);
+                    right = rev ? c > 0 : c < 0;
+                }
+                const size_t from = right ? j++ : i++;
+                tv[o] = v[from];
+                tk[o++] = k[from];
+            }
+        }
+        memcpy(v, tv, n * sizeof *v);
+        memcpy(k, tk, n * sizeof *k);
+    }
+}
+
+/* jinja2's dictsort: sorted(d.items(), key=..., reverse=...), a stable sort
+ * (equal keys keep the dict's order, reversed or not). */
+static val dictsort(R *r, int pos, val x, const args *a) {
+    if (x.t == T_UNDEF) jj_undef_err(r, pos, x);
+    if (x.t != T_DICT) jj_die(r, TL_ERR_ARG, pos, "dictsort: expected a mapping, got %s", jj_type_name(x));
+    const int cs = jj_truthy(jj_arg(a, 0, "case_sensitive", v_bool(0)));
+    val by = jj_arg(a, 1, "by", v_cstr("key"));
+    const int rev = jj_truthy(jj_arg(a, 2, "reverse", v_bool(0)));
+    if (by.t != T_STR || !((by.u.s.n == 3 && !memcmp(by.u.s.s, "key", 3)) || (by.u.s.n == 5 && !memcmp(by.u.s.s, "value", 5))))
+        jj_die(r, TL_ERR_ARG, pos, "dictsort: you can only sort by either 'key' or 'value'");
+    const int bv = by.u.s.n == 5;
+    args none = {0};
+    val items = jj_call_method(r, pos, x, "items", &none);
+    vlist *l = items.u.l;
+    val *keys = jj_alloc(r, (l->n ? l->n : 1) * sizeof *keys);
+    for (size_t i = 0; i < l->n; i++) keys[i] = sort_key(r, l->v[i], bv, cs);
+    sort_by_keys(r, pos, l->v, keys, l->n, rev);
+    return items;
+}
+
 val jj_apply_filter(R *r, int pos, const char *name, val x, const args *a) {
 #define IS(s) (!strcmp(name, s))
+    if (IS("dictsort")) return dictsort(r, pos, x, a);
     if (IS("default") || IS("d")) {
         val def = jj_arg(a, 0, "default_value", v_str("", 0));
         int boolean = jj_truthy(jj_arg(a, 1, "boolean", v_bool(0)));

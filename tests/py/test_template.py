@@ -1,8 +1,9 @@
 """Chat templates: `tokenloop template` must print byte for byte what Python's
 jinja2 renders when configured as Hugging Face transformers configures it
 (apply_chat_template), for the templates in GGUF files and hand-written ones in
-published formats, over several conversations; raise_exception and
-unsupported constructs must fail with their message.
+published formats, over several conversations (Gemma 4's over its own too,
+and the filters it needs); raise_exception and unsupported constructs must
+fail with their message.
 Usage: TL_BIN=build/tokenloop python3 tests/py/test_template.py"""
 import datetime
 import functools
@@ -116,6 +117,87 @@ def compare(name, model_path, tpl_path, conv_path):
                 check(err[1] in stderr, f"{label}: message {err[1]!r} not in stderr {stderr!r}")
 
 
+# Gemma 4's template over what it does beyond the shared conversations:
+# enable_thinking on and off, tools whose parameters nest (dictsort'ed keys of
+# mixed case, arrays of objects, a type list, a function with a response),
+# calls with ids and their role "tool" results (text and parts), reasoning in
+# a tool loop, an answer after results, an unanswered call with string
+# arguments, a result named by `name`, the legacy tool_responses, two
+# assistant turns in a row, an empty tools list.
+G4_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "description": "The city"},
+            "Unit": {"type": "string", "enum": ["c", "f"]},
+            "days": {"type": "integer"},
+            "opts": {"type": "object", "properties": {"Zeta": {"type": "boolean"},
+                                                      "alpha": {"type": "number", "nullable": True}},
+                     "required": ["alpha"]},
+            "stops": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                 "required": ["name"]}},
+            "free": {"type": "object"},
+            "anyt": {"type": ["string", "null"]},
+            "pattern": {"type": "string", "pattern": "^a"}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "noargs", "description": "No arguments"}},
+    {"type": "function", "function": {"name": "withresp", "description": "Has a response",
+                                      "parameters": {"type": "object", "properties": {}},
+                                      "response": {"description": "what comes back", "type": "object"}}},
+]
+G4_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {
+    "city": "Paris", "Unit": "c", "days": 3, "opts": {"Zeta": True, "alpha": None, "beta": 1.5},
+    "stops": [{"name": "x"}, "y", 2, False], "free": {}}}}
+G4_CALL2 = {"id": "call_2", "type": "function", "function": {"name": "noargs", "arguments": {}}}
+G4_CONVS = {
+    "think_on": {"messages": [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi"}],
+                 "enable_thinking": True},
+    "think_off": {"messages": [{"role": "user", "content": "Hi"}], "enable_thinking": False},
+    "think_history": {"messages": [{"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Hello"},
+                                   {"role": "user", "content": "again"}], "enable_thinking": True},
+    "developer": {"messages": [{"role": "developer", "content": "Dev."},
+                               {"role": "user", "content": [{"type": "text", "text": " a "},
+                                                            {"type": "text", "text": "b"}]}]},
+    "tool_loop": {"messages": [
+        {"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I should call.", "tool_calls": [G4_CALL, G4_CALL2]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "a"},
+                                                               {"type": "text", "text": "b"}]}],
+        "tools": G4_TOOLS, "enable_thinking": True},
+    "answer_after_results": {"messages": [
+        {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Let me check.", "tool_calls": [G4_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."}, {"role": "user", "content": "Thanks"}], "tools": G4_TOOLS},
+    "unanswered": {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c9", "type": "function", "function": {"name": "noargs", "arguments": "raw{}"}}]}],
+        "tools": G4_TOOLS},
+    "result_by_name": {"messages": [
+        {"role": "user", "content": "Weather?"}, {"role": "assistant", "tool_calls": [G4_CALL]},
+        {"role": "tool", "tool_call_id": "other", "name": "get_weather", "content": "x"}], "tools": G4_TOOLS},
+    "tool_responses": {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [G4_CALL], "tool_responses": [
+            {"name": "get_weather", "response": {"temp": 21, "Sky": "clear", "list": [1, "a"]}}, {"response": "plain"}]}],
+        "tools": G4_TOOLS},
+    "assistant_twice": {"messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "One."},
+        {"role": "assistant", "content": "Two <|channel>x<channel|> three"}]},
+    "empty_tools": {"messages": [{"role": "user", "content": "Hi"}], "tools": []},
+}
+# The filters Gemma 4's template needs, over the values that tell them apart.
+FILTERS = {
+    "dictsort": "{{ d | dictsort }}",
+    "dictsort_args": "{% for k, v in d | dictsort(reverse=true) %}{{ k }}={{ v }};{% endfor %}|"
+                     "{{ d | dictsort(true) }}|{{ d | dictsort(by='value') }}|{{ {} | dictsort }}",
+    "dictsort_many": "{{ e | dictsort }}{{ e | dictsort(reverse=true) }}{{ e | dictsort(false, 'value', true) }}",
+    "map_filter": "{{ ['a', 'Bc'] | map('upper') | list }}{{ [[1], 'xy', {}] | map('length') | join(',') }}"
+                  "{{ ['a', 'b'] | map('replace', 'a', 'z') | list }}",
+}
+
+
 def main():
     for p in (TL_BIN, SMOL, PHI3):
         if not os.path.exists(p):
@@ -129,6 +211,25 @@ def main():
         compare("phi-3 (gguf)", PHI3, None, c)
         for t in sorted(glob.glob(os.path.join(TPL_DIR, "*.jinja"))):
             compare(os.path.basename(t), SMOL, t, c)
+
+    with tempfile.TemporaryDirectory() as d:
+        g4 = os.path.join(TPL_DIR, "gemma4.jinja")
+        check(os.path.exists(g4), "tests/templates/gemma4.jinja present")
+        for name, conv in G4_CONVS.items():
+            path = os.path.join(d, name + ".json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(conv, f)
+            compare("gemma4.jinja", SMOL, g4, path)
+        conv = os.path.join(d, "dict.json")
+        with open(conv, "w", encoding="utf-8") as f:
+            json.dump({"messages": [{"role": "user", "content": "x"}], "d": {"b": 1, "A": 3, "a": 2, "C": 0, "_": 5},
+                       "e": {"x9": 1, "X9": 2, "b": 3, "a1": 4, "A1": 5, "z": 6, "Y": 7, "y": 8, "m": 9, "M": 10,
+                             "_a": 11, "1": 12, "Z": 13, "q": 7, "Q": 1}}, f)
+        for name, text in FILTERS.items():
+            path = os.path.join(d, name + ".jinja")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            compare(name, SMOL, path, conv)
 
     # Explicit failure cases: raise_exception text, unsupported construct, syntax error.
     alt = os.path.join(TPL_DIR, "alternation.json")
