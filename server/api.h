@@ -74,6 +74,7 @@ typedef struct api_stream {
     int think;        /* 0: before any reasoning, 1: inside, 2: after */
     int content_on;   /* after reasoning: the content's leading blank lines are dropped until text comes */
     int think_opening; /* the reasoning's start: its open marker (the reply's own) is still to drop */
+    int think_lead;    /* the blanks after it (Gemma 4's channel header) are still to drop */
     api_buf think_hold; /* reasoning text that may be the start of the close marker; before any, what may open it */
     void *ds;           /* the dialect's stream state (server/dialect.h), or NULL */
     tl_harmony *harmony; /* a harmony reply's parser (made at its first text), or NULL */
@@ -96,9 +97,18 @@ char *api_detokenize(const api_ctx *a, const char *body, size_t len, size_t *out
 /* Text to token ids, with the API's error on failure. */
 int api_tokenize_text(const tl_model *m, const char *s, size_t n, int flags, int32_t **ids, int *n_ids,
                       api_err *e);
-/* A chat request's prompt: messages rendered through the template and tokenized. */
+/* A chat request's reasoning, as its prompt sees it. */
+typedef struct api_think {
+    int budget;  /* reasoning tokens it may take; -1: no limit; 0: none (Gemma 4's template is
+                  * then rendered with enable_thinking false) */
+    int eager;   /* a grammar holds the reply from its first token: a template that lets the
+                  * model open its reasoning itself (Gemma 4's) gets it opened in the prompt */
+    int started; /* out: the prompt opened the reasoning (it ends with the open marker) */
+} api_think;
+/* A chat request's prompt: messages rendered through the template and
+ * tokenized. th may be NULL (/tokenize: no budget, nothing eager). */
 int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen,
-                    int *think_started, int32_t **ids, int *n, api_err *e);
+                    api_think *th, int32_t **ids, int *n, api_err *e);
 /* An array of token ids (param names it in errors). */
 int api_token_array(const api_ctx *a, json_t *arr, const char *param, int32_t **ids, int *n, api_err *e);
 /* A completion's prompt: a string, or token ids. */

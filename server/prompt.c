@@ -283,8 +283,127 @@ static json_t *fold_system(json_t *arr) {
     return out;
 }
 
-int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen, int *think_started,
-                       int32_t **ids, int *n, api_err *e) {
+/* The older Gemma 4 template renders tool results only from the calling
+ * message's `tool_responses`: each assistant message with tool calls takes
+ * the role "tool" messages after it (named by its calls, in order; the
+ * content as JSON where it parses) and the answer right after them, as
+ * llama.cpp rewrites the history for it. NULL: no memory. */
+static json_t *g4_legacy_history(json_t *arr) {
+    json_t *out = json_array();
+    size_t n = json_array_size(arr), i = 0;
+    int bad = !out;
+    while (!bad && i < n) {
+        json_t *m = json_array_get(arr, i), *calls = json_object_get(m, "tool_calls");
+        if (strcmp(sval(json_object_get(m, "role")), "assistant") || !json_array_size(calls)) {
+            bad = json_array_append(out, m);
+            i++;
+            continue;
+        }
+        json_t *msg = json_pack("{s:s, s:O}", "role", "assistant", "tool_calls", calls), *resp = json_array();
+        json_t *reas = json_object_get(m, "reasoning_content");
+        bad = !msg || !resp || (json_is_string(reas) && json_object_set(msg, "reasoning_content", reas));
+        for (i++; !bad && i < n && !strcmp(sval(json_object_get(json_array_get(arr, i), "role")), "tool"); i++) {
+            json_t *tm = json_array_get(arr, i), *c = json_object_get(tm, "content");
+            json_t *v = json_is_string(c) ? json_loads(json_string_value(c), JSON_DECODE_ANY, NULL) : NULL;
+            const char *name = sval(json_object_get(json_object_get(json_array_get(calls, json_array_size(resp)),
+                                                                    "function"), "name"));
+            if (!*name) name = sval(json_object_get(tm, "tool_call_id"));
+            bad = json_array_append_new(resp, json_pack("{s:s, s:o}", "name", name, "response",
+                                                        v ? v : c ? json_incref(c) : json_null()));
+        }
+        json_t *next = i < n ? json_array_get(arr, i) : NULL, *nc = json_object_get(next, "content");
+        if (!bad && next && !strcmp(sval(json_object_get(next, "role")), "assistant") &&
+            !json_array_size(json_object_get(next, "tool_calls")) && json_is_string(nc) && json_string_length(nc)) {
+            bad = json_object_set(msg, "content", nc);
+            i++;
+        }
+        bad = bad || (json_array_size(resp) && json_object_set(msg, "tool_responses", resp)) ||
+              json_array_append(out, msg);
+        json_decref(msg);
+        json_decref(resp);
+    }
+    if (bad) {
+        json_decref(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Appends s to a rendered prompt (malloc'ed). 0 or -1 (no memory). */
+static int prompt_add(char **out, size_t *ol, const char *s) {
+    const size_t k = strlen(s);
+    char *o2 = realloc(*out, *ol + k + 1);
+    if (!o2) return -1;
+    memcpy(o2 + *ol, s, k + 1);
+    *out = o2;
+    *ol += k;
+    return 0;
+}
+
+static int ends_with(const char *s, size_t n, const char *m) {
+    const size_t k = strlen(m);
+    return n >= k && !memcmp(s + n - k, m, k);
+}
+
+/* Python's truth of a template variable given as JSON. */
+static int json_truthy(json_t *v) {
+    if (json_is_boolean(v)) return json_is_true(v);
+    if (json_is_number(v)) return json_number_value(v) != 0;
+    if (json_is_string(v)) return json_string_length(v) != 0;
+    if (json_is_array(v)) return json_array_size(v) != 0;
+    if (json_is_object(v)) return json_object_size(v) != 0;
+    return 0;
+}
+
+/* Gemma 4's template thinks only when enable_thinking is set; llama.cpp
+ * sets it unless reasoning is off (or, per request, none). The caller's
+ * chat_template_kwargs win. Returns kwargs, with a reference of its own
+ * (maybe a new object), or NULL with *oom set. */
+static json_t *g4_kwargs(const api_ctx *a, json_t *kwargs, const api_think *th, int *on, int *oom) {
+    json_t *et = json_object_get(kwargs, "enable_thinking");
+    *oom = 0;
+    if (et) {
+        *on = json_truthy(et);
+        return json_incref(kwargs);
+    }
+    *on = a->reasoning != 0 && (!th || th->budget != 0);
+    json_t *kw = kwargs ? json_copy(kwargs) : json_object();
+    if (!kw || json_object_set_new(kw, "enable_thinking", json_boolean(*on))) {
+        json_decref(kw);
+        *oom = 1;
+        return NULL;
+    }
+    return kw;
+}
+
+/* The rendered prompt's end: Gemma 4's turn opened where the template
+ * left it closed, and the reasoning opened where the reply must reason
+ * first (th->started says whether the prompt opened it). thinks: Gemma 4's
+ * enable_thinking. 0 or -1 (no memory). */
+static int prompt_finish(const api_ctx *a, const char *tmpl, int add_gen, int thinks, api_think *th, char **out,
+                         size_t *ol) {
+    const int gemma4 = tools_gemma4(tmpl);
+    /* an answer after tool results closes the turn, and the template opens
+     * no other (llama.cpp opens it) */
+    if (gemma4 && add_gen && ends_with(*out, *ol, "<turn|>\n") && prompt_add(out, ol, "<|turn>model\n")) return -1;
+    if (!th || !a->reasoning || tl_chat_harmony(tmpl)) return 0;
+    /* the reasoning starts in the prompt when the generation prompt ends
+     * with the open marker; with --reasoning on the server writes it there,
+     * and for Gemma 4, which opens it itself, when a grammar would hold the
+     * reply from its first token (the reasoning first, then the grammar, as
+     * for a template that opens it) */
+    const char *open, *close;
+    tl_chat_think_markers(tmpl, &open, &close);
+    th->started = tl_chat_think_started(*out, *ol);
+    const int open_it = a->reasoning == 2 || (gemma4 && thinks && th->eager && ends_with(*out, *ol, "<|turn>model\n"));
+    if (th->started || !open_it || !add_gen) return 0;
+    if (prompt_add(out, ol, open) || prompt_add(out, ol, "\n")) return -1;
+    th->started = 1;
+    return 0;
+}
+
+int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen, api_think *th,
+                    int32_t **ids, int *n, api_err *e) {
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!json_is_array(msgs)) return BAD("messages", "'messages' must be an array");
     if (kwargs && !json_is_object(kwargs))
@@ -296,16 +415,16 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
     size_t nm = json_array_size(msgs);
     if (!nm) return BAD("messages", "'messages' must not be empty");
     if (nm > (size_t)a->max_messages) return BAD("messages", "at most %d messages", a->max_messages);
-    if (!tl_model_chat_template(a->m))
-        return BAD("messages", "this model has no chat template; use /v1/completions");
+    const char *tmpl = tl_model_chat_template(a->m);
+    if (!tmpl) return BAD("messages", "this model has no chat template; use /v1/completions");
     /* tools: through the template's own `tools` variable where it has one,
      * else listed in a system message (server/tools.c) */
     const int with_tools = t && t->tools && t->mode != TOOLS_NONE;
     /* history with tool calls renders the template's way if it has one,
      * else as the tagged blocks, whether or not this request offers tools */
-    const int tmpl_tools = strstr(tl_model_chat_template(a->m), "tools") != NULL;
+    const int tmpl_tools = strstr(tmpl, "tools") != NULL;
     const int native = with_tools && tmpl_tools;
-    const int harmony = tl_chat_harmony(tl_model_chat_template(a->m));
+    const int harmony = tl_chat_harmony(tmpl), gemma4 = tools_gemma4(tmpl);
     json_t *arr = json_array();
     if (!arr) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < nm; i++) {
@@ -322,6 +441,12 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
             json_decref(arr);
             return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         }
+    }
+    if (gemma4 && tools_gemma4_legacy(tmpl)) {
+        json_t *h = g4_legacy_history(arr);
+        json_decref(arr);
+        if (!h) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        arr = h;
     }
     if (with_tools && !native) {
         char *sys = tools_system_text(t->tools);
@@ -344,10 +469,17 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
             return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
+    /* Gemma 4 thinks when asked: enable_thinking from the request's reasoning */
+    int thinks = 0, oom = 0;
+    json_t *kw = gemma4 ? g4_kwargs(a, kwargs, th, &thinks, &oom) : json_incref(kwargs);
+    if (oom) {
+        json_decref(arr);
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     char *out = NULL;
     size_t ol = 0;
     tl_error err = {0};
-    int rc = render_msgs(a, arr, native ? t->tools : NULL, kwargs, add_gen, &out, &ol, &err);
+    int rc = render_msgs(a, arr, native ? t->tools : NULL, kw, add_gen, &out, &ol, &err);
     if (rc && rc != TL_ERR_NOMEM) {
         /* a template that refuses a system message after the first (Gemma's
          * alternation check) gets it folded into the next user turn */
@@ -356,35 +488,20 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
             tl_free(out);
             out = NULL;
             tl_error err2 = {0};
-            if (!render_msgs(a, folded, native ? t->tools : NULL, kwargs, add_gen, &out, &ol, &err2)) rc = TL_OK;
+            if (!render_msgs(a, folded, native ? t->tools : NULL, kw, add_gen, &out, &ol, &err2)) rc = TL_OK;
             json_decref(folded);
         }
     }
     json_decref(arr);
+    json_decref(kw);
     if (rc) {
         tl_free(out);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return BAD("messages", "chat template: %s", err.msg);
     }
-    if (think_started && a->reasoning && !harmony) {
-        /* the reasoning starts in the prompt when the generation prompt ends
-         * with the open marker; with --reasoning on the server writes it there */
-        *think_started = tl_chat_think_started(out, ol);
-        if (!*think_started && a->reasoning == 2 && add_gen) {
-            const char *open, *close;
-            tl_chat_think_markers(NULL, &open, &close);
-            const size_t k = strlen(open);
-            char *o2 = realloc(out, ol + k + 2);
-            if (!o2) {
-                tl_free(out);
-                return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-            }
-            out = o2;
-            memcpy(out + ol, open, k);
-            memcpy(out + ol + k, "\n", 2);
-            ol += k + 1;
-            *think_started = 1;
-        }
+    if (prompt_finish(a, tmpl, add_gen, thinks, th, &out, &ol)) {
+        tl_free(out);
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(a->m, out) ? TL_TOK_ADD_BOS : 0);
     rc = api_tokenize_text(a->m, out, ol, flags, ids, n, e);

@@ -238,12 +238,27 @@ static int harmony_whole(const srv_req *r, const char *s, size_t n, api_buf *con
     return rc ? -1 : 0;
 }
 
+/* The request's reasoning markers (its template's), and how many blanks
+ * after the open marker at t[0..n) belong to it: those that end Gemma 4's
+ * channel header ("<|channel>thought\n"), whose marker names its channel
+ * rather than ending in '>'. */
+static void think_markers(const srv_req *r, const char **open, const char **close) {
+    tl_chat_think_markers(NULL, open, close);
+    if (r->think_open && r->think_close) *open = r->think_open, *close = r->think_close;
+}
+static size_t header_blanks(const char *open, const char *t, size_t n) {
+    size_t k = 0;
+    if (open[strlen(open) - 1] != '>')
+        while (k < n && (t[k] == '\n' || t[k] == ' ')) k++;
+    return k;
+}
+
 /* Collects text, finish reason and logprobs over all events. */
 static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
     api_buf text = {0}, think = {0};
     int in_think = 0, saw_think = 0; /* the last token was reasoning; any was */
     const char *open, *close;
-    tl_chat_think_markers(NULL, &open, &close);
+    think_markers(r, &open, &close);
     const size_t ol = strlen(open), cl = strlen(close);
     json_t *chat_lp = r->kind == SRV_CHAT && r->logprobs ? json_array() : NULL;
     legacy_lp l = {0};
@@ -303,6 +318,8 @@ static json_t *reply_choice(const api_ctx *a, const srv_req *r) {
         size_t rn = think.n, k = 0;
         while (k < rn && (rs[k] == ' ' || rs[k] == '\n')) k++;
         if (!r->think_started && rn - k >= ol && !memcmp(rs + k, open, ol)) rs += k + ol, rn -= k + ol;
+        k = header_blanks(open, rs, rn);
+        rs += k, rn -= k;
         const char *end = rn ? memmem(rs, rn, close, cl) : NULL;
         reasoning = api_jstr_bytes(rs, end ? (size_t)(end - rs) : rn);
         const size_t after = end ? (size_t)(rs + rn - end) - cl : 0; /* the close token's own text after it */
@@ -541,11 +558,12 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
                         int reasoning, int last, api_buf *out) {
     if (lp && chunk(a, r, st, out, NULL, "", 0, lp, NULL)) return -1; /* logprobs travel on their own */
     const char *open, *close;
-    tl_chat_think_markers(NULL, &open, &close);
+    think_markers(r, &open, &close);
     const size_t ol = strlen(open), cl = strlen(close);
     if (reasoning && st->think == 0) { /* it starts: what is held is its open marker's start */
         st->think = 1;
         st->think_opening = !r->think_started; /* the reply writes its open marker */
+        st->think_lead = 1;
     }
     if (!reasoning && st->think == 1) { /* it ended without a close marker seen (held text) */
         if (st->think_hold.n &&
@@ -574,6 +592,12 @@ static int stream_think(const api_ctx *a, const srv_req *r, api_stream *st, cons
                 memmove(h, h + k + ol, hn - k - ol);
                 hn = st->think_hold.n = hn - k - ol;
             }
+        }
+        if (st->think_lead) { /* the blanks that end a channel's header are not reasoning */
+            const size_t k = header_blanks(open, h, hn);
+            memmove(h, h + k, hn - k);
+            hn = st->think_hold.n = hn - k;
+            st->think_lead = hn == 0;
         }
         const char *end = hn ? memmem(h, hn, close, cl) : NULL;
         /* without the marker: all but a tail that may be its start (whole

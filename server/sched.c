@@ -237,7 +237,8 @@ static int slot_setup(srv_sched *s, slot *sl, srv_req *r, tl_error *err) {
     gp.spec = s->spec;
     gp.special_text = r->tool_mode && tools_special_text(r->tool_fmt);
     if (r->think) {
-        tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
+        gp.think_open = r->think_open; /* the template's (validate.c) */
+        gp.think_close = r->think_close;
         gp.think_started = r->think_started;
         gp.think_budget = r->think_budget;
     } else if (r->harmony) { /* the analysis message, counted as reasoning; no budget */

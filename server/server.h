@@ -107,6 +107,7 @@ typedef struct srv_req {
     json_t *tool_strs;               /* owned, TOOLS_QWEN_XML: {function: [its string parameters]}
                                       * (their values are raw text; the others JSON), or NULL */
     int think;                       /* the reply may reason (tl_chat_think_markers) */
+    const char *think_open, *think_close; /* its markers (static strings; NULL: <think>'s) */
     int think_started;               /* the prompt opened the reasoning */
     int think_budget;                /* reasoning tokens before the close is forced; -1: none */
     int harmony;                     /* the reply is harmony's channels (gpt-oss, tl_chat_harmony):

@@ -7,6 +7,8 @@
  *   Qwen3.5/3.6, Qwen3-Coder (XML):
  *                  <tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n</tool_call>
  *                  (a string parameter's value as raw text, the others as JSON)
+ *   Gemma 4:       <|tool_call>call:f{k:<|"|>text<|"|>,n:3,o:{a:[1,true]}}<tool_call|>
+ *                  (keys bare, strings between <|"|> markers, the rest as JSON)
  *
  * The format follows from the chat template. Templates that render tools
  * themselves (a `tools` variable) get the definitions that way; the others
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "tools.h"
 #include "wire.h"
@@ -26,6 +29,9 @@
 
 #define OPEN "<tool_call>"
 #define CLOSE "</tool_call>"
+#define G4_OPEN "<|tool_call>"
+#define G4_CLOSE "<tool_call|>"
+#define G4_STR "<|\"|>" /* Gemma 4's string quote */
 
 typedef struct fmt_def {
     const char *open;  /* the text that opens the calls: the lazy grammar's trigger */
@@ -46,11 +52,21 @@ static const fmt_def FMT[] = {
     [TOOLS_HARMONY] = {" to=functions.", 0, NULL, 0, "arguments", 0, 0},
     /* the call between the tags is XML, not JSON (take_calls' xml_call) */
     [TOOLS_QWEN_XML] = {OPEN, 0, CLOSE, 0, "arguments", 0, 0},
+    /* Gemma's own syntax between the tags (g4_call); its markers are tokens
+     * that llama.cpp keeps in the text, whatever their type in a vocabulary */
+    [TOOLS_GEMMA4] = {G4_OPEN, 0, G4_CLOSE, 0, "arguments", 1, 0},
 };
+
+int tools_gemma4(const char *tmpl) { return tmpl && strstr(tmpl, G4_OPEN "call:"); }
+/* the newer template scans a call's role "tool" results itself (it says so) */
+int tools_gemma4_legacy(const char *tmpl) {
+    return tools_gemma4(tmpl) && !strstr(tmpl, "OpenAI Chat Completions");
+}
 
 int tools_format(const char *tmpl, int native) {
     if (!native || !tmpl) return TOOLS_HERMES;
     if (tl_chat_harmony(tmpl)) return TOOLS_HARMONY;
+    if (tools_gemma4(tmpl)) return TOOLS_GEMMA4;
     if (strstr(tmpl, "[TOOL_CALLS]")) return TOOLS_MISTRAL;
     if (strstr(tmpl, "<function=")) return TOOLS_QWEN_XML;
     if (strstr(tmpl, "<|python_tag|>") || strstr(tmpl, "\"parameters\": dictionary")) return TOOLS_LLAMA3;
@@ -352,10 +368,301 @@ static int xml_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
     return rc;
 }
 
+/* An object's keys in the order Gemma 4's template writes them (jinja's
+ * dictsort: by name, case-folded, ties in the object's order): at most cap
+ * of them; returns how many it has (more than cap: not all listed). */
+static size_t g4_sorted_keys(json_t *o, const char **keys, size_t cap) {
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (n < cap) keys[n] = k;
+        n++;
+    }
+    for (size_t i = 1; i < n && n <= cap; i++) { /* insertion sort: stable */
+        const char *x = keys[i];
+        size_t j = i;
+        for (; j > 0 && strcasecmp(keys[j - 1], x) > 0; j--) keys[j] = keys[j - 1];
+        keys[j] = x;
+    }
+    return n;
+}
+
+/* ---- Gemma 4's calls: the grammar ---- */
+
+/* Gemma's values without a schema, and its strings: raw text between the
+ * <|"|> markers, without a '<' that could start one (nor a last '<'). */
+static const char G4_GENERIC[] =
+    "g4-value ::= g4-str | g4-num | \"true\" | \"false\" | \"null\" | g4-dict | g4-list\n"
+    "g4-str ::= \"<|\\\"|>\" g4-chars \"<|\\\"|>\"\n"
+    "g4-chars ::= ([^<] | \"<\" [^|<])*\n"
+    "g4-num ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
+    "g4-dict ::= \"{\" (g4-kv (\",\" g4-kv)*)? \"}\"\n"
+    "g4-kv ::= [A-Za-z_] [A-Za-z0-9_.$-]* \":\" g4-value\n"
+    "g4-list ::= \"[\" (g4-value (\",\" g4-value)*)? \"]\"\n";
+
+typedef struct g4gen {
+    api_buf b;    /* the rules so far */
+    int n;        /* schema rules made (g4s-N), JSON sub-grammars (g4jN-) */
+    int bad;      /* out of memory */
+    int rc;       /* a schema the JSON converter refused (err says why) */
+    tl_error *err;
+} g4gen;
+
+/* A JSON value in Gemma's syntax, as a GBNF literal's text (an enum's or
+ * const's value): keys bare in the template's order, strings quoted. */
+static int g4_text(api_buf *b, json_t *v, int depth) {
+    if (depth > 32) return -1;
+    if (json_is_string(v))
+        return api_buf_add(b, G4_STR, sizeof G4_STR - 1) || api_buf_add(b, json_string_value(v), json_string_length(v)) ||
+               api_buf_add(b, G4_STR, sizeof G4_STR - 1);
+    if (json_is_array(v)) {
+        int bad = api_buf_add(b, "[", 1);
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) bad = bad || (i && api_buf_add(b, ",", 1)) || g4_text(b, x, depth + 1);
+        return bad || api_buf_add(b, "]", 1);
+    }
+    if (json_is_object(v)) {
+        const char *keys[64];
+        size_t n = g4_sorted_keys(v, keys, 64);
+        int bad = n > 64 || api_buf_add(b, "{", 1);
+        for (size_t i = 0; !bad && i < n; i++)
+            bad = (i && api_buf_add(b, ",", 1)) || api_buf_add(b, keys[i], strlen(keys[i])) || api_buf_add(b, ":", 1) ||
+                  g4_text(b, json_object_get(v, keys[i]), depth + 1);
+        return bad || api_buf_add(b, "}", 1);
+    }
+    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    int bad = !t || api_buf_add(b, t, strlen(t));
+    free(t);
+    return bad;
+}
+
+/* A literal (g4_text of v) into the rule r. */
+static int g4_lit(api_buf *r, json_t *v) {
+    api_buf t = {0};
+    int bad = g4_text(&t, v, 0) || api_buf_add(&t, "", 1) || gbnf_lit(r, t.p);
+    api_buf_free(&t);
+    return bad;
+}
+
+static void g4_schema(g4gen *g, json_t *s, int depth, char *name);
+
+/* The schema's one type, or NULL; *many: its "type" is a list. */
+static const char *g4_type(json_t *s, int *many) {
+    json_t *ty = json_object_get(s, "type");
+    *many = json_is_array(ty);
+    if (json_is_string(ty)) return json_string_value(ty);
+    if (json_object_get(s, "properties")) return "object";
+    if (json_object_get(s, "items")) return "array";
+    return NULL;
+}
+
+/* An object's keys in the order the template writes them (dictsort),
+ * optional ones optional, each value by its schema. */
+static void g4_object(g4gen *g, json_t *s, int depth, api_buf *r) {
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    const char *keys[64];
+    size_t n = json_is_object(props) ? g4_sorted_keys(props, keys, 64) : 0;
+    if (!n || n > 64) { /* no properties (or too many to list): any object */
+        g->bad |= api_buf_add(r, "g4-dict", 7);
+        return;
+    }
+    int must[64], first_req = -1;
+    api_buf lits[64]; /* each key's item: "key:" value-rule, as GBNF (NUL-terminated) */
+    memset(lits, 0, sizeof lits);
+    for (size_t i = 0; i < n; i++) {
+        char sub[32];
+        g4_schema(g, json_object_get(props, keys[i]), depth + 1, sub);
+        g->bad |= gbnf_lit(&lits[i], keys[i]) || api_buf_add(&lits[i], " \":\" ", 5) ||
+                  api_buf_add(&lits[i], sub, strlen(sub)) || api_buf_add(&lits[i], "", 1);
+        must[i] = 0;
+        size_t q;
+        json_t *rv;
+        json_array_foreach(req, q, rv) must[i] |= json_is_string(rv) && !strcmp(json_string_value(rv), keys[i]);
+        if (must[i] && first_req < 0) first_req = (int)i;
+    }
+    for (size_t i = 0; i < n; i++) g->bad |= !lits[i].p;
+    if (g->bad) {
+        for (size_t i = 0; i < n; i++) api_buf_free(&lits[i]);
+        return;
+    }
+    g->bad |= api_buf_add(r, "\"{\" ", 4);
+    if (first_req >= 0) { /* optional keys before the first required one bring their comma */
+        for (int i = 0; i < first_req; i++)
+            g->bad |= api_buf_add(r, "(", 1) || api_buf_add(r, lits[i].p, strlen(lits[i].p)) ||
+                      api_buf_add(r, " \",\")? ", 7);
+        g->bad |= api_buf_add(r, lits[first_req].p, strlen(lits[first_req].p));
+        for (size_t i = (size_t)first_req + 1; i < n; i++)
+            g->bad |= api_buf_add(r, must[i] ? " \",\" " : " (\",\" ", must[i] ? 5 : 6) ||
+                      api_buf_add(r, lits[i].p, strlen(lits[i].p)) || (!must[i] && api_buf_add(r, ")?", 2));
+    } else { /* all optional: the first present one, then any of those after it */
+        g->bad |= api_buf_add(r, "(", 1);
+        for (size_t i = 0; i < n; i++) {
+            g->bad |= (i && api_buf_add(r, " | ", 3)) || api_buf_add(r, lits[i].p, strlen(lits[i].p));
+            for (size_t j = i + 1; j < n; j++)
+                g->bad |= api_buf_add(r, " (\",\" ", 6) || api_buf_add(r, lits[j].p, strlen(lits[j].p)) ||
+                          api_buf_add(r, ")?", 2);
+        }
+        g->bad |= api_buf_add(r, ")?", 2);
+    }
+    g->bad |= api_buf_add(r, " \"}\"", 4);
+    for (size_t i = 0; i < n; i++) api_buf_free(&lits[i]);
+}
+
+/* An array: its items by their schema, within minItems and maxItems. */
+static void g4_array(g4gen *g, json_t *s, int depth, api_buf *r) {
+    json_t *mi = json_object_get(s, "minItems"), *ma = json_object_get(s, "maxItems");
+    const long long lo = json_is_integer(mi) ? json_integer_value(mi) : 0,
+                    hi = json_is_integer(ma) ? json_integer_value(ma) : -1;
+    char it[32], t[160];
+    json_t *items = json_object_get(s, "items");
+    if (json_is_object(items)) g4_schema(g, items, depth + 1, it);
+    else snprintf(it, sizeof it, "g4-value");
+    if (hi == 0 || (hi > 0 && hi < lo)) {
+        snprintf(t, sizeof t, "\"[\" \"]\"");
+    } else {
+        const long long a = lo > 0 ? lo - 1 : 0, b = hi > 0 ? hi - 1 : -1;
+        char rep[48];
+        if (a > 1000 || b > 1000) snprintf(rep, sizeof rep, "*");
+        else if (b < 0) snprintf(rep, sizeof rep, a ? "{%lld,}" : "*", a);
+        else snprintf(rep, sizeof rep, "{%lld,%lld}", a, b);
+        snprintf(t, sizeof t, "\"[\" %s%s (\",\" %s)%s%s \"]\"", lo > 0 ? "" : "(", it, it, rep, lo > 0 ? "" : ")?");
+    }
+    g->bad |= api_buf_add(r, t, strlen(t));
+}
+
+/* A scalar that Gemma writes as JSON (numbers, booleans, null): the JSON
+ * Schema converter's grammar, its rules prefixed. */
+static void g4_json(g4gen *g, json_t *s, api_buf *r) {
+    char *text = json_dumps(s, JSON_COMPACT), *gbnf = NULL, pre[32];
+    if (!text) {
+        g->bad = 1;
+        return;
+    }
+    if (!g->rc) g->rc = tl_json_schema_to_gbnf(text, strlen(text), &gbnf, g->err);
+    snprintf(pre, sizeof pre, "g4j%d-", g->n++);
+    if (!g->rc) g->bad |= gbnf_prefixed(&g->b, gbnf, pre) || api_buf_add(r, pre, strlen(pre)) || api_buf_add(r, "root", 4);
+    free(text);
+    tl_free(gbnf);
+}
+
+/* A rule for the values schema s allows, in Gemma's syntax; its name into
+ * name[32]. */
+static void g4_schema(g4gen *g, json_t *s, int depth, char *name) {
+    if (!json_is_object(s) || depth > 16) {
+        snprintf(name, 32, "g4-value");
+        return;
+    }
+    snprintf(name, 32, "g4s-%d", g->n++);
+    api_buf r = {0};
+    json_t *nu = json_object_get(s, "nullable");
+    if (nu) { /* OpenAPI's nullable, which Gemma's template writes: the value, or null if true */
+        json_t *rest = json_copy(s);
+        char sub[32] = "g4-value";
+        g->bad |= !rest || json_object_del(rest, "nullable");
+        if (!g->bad) g4_schema(g, rest, depth + 1, sub);
+        json_decref(rest);
+        g->bad |= api_buf_add(&r, name, strlen(name)) || api_buf_add(&r, " ::= ", 5) ||
+                  api_buf_add(&r, sub, strlen(sub)) || (json_is_true(nu) && api_buf_add(&r, " | \"null\"", 9)) ||
+                  api_buf_add(&r, "\n", 1) || api_buf_add(&g->b, r.p, r.n);
+        api_buf_free(&r);
+        return;
+    }
+    int many = 0;
+    const char *ty = g4_type(s, &many);
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
+           *any = json_object_get(s, "anyOf") ? json_object_get(s, "anyOf") : json_object_get(s, "oneOf");
+    g->bad |= api_buf_add(&r, name, strlen(name)) || api_buf_add(&r, " ::= ", 5);
+    if (json_is_array(en) && json_array_size(en)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(en, i, v) g->bad |= (i && api_buf_add(&r, " | ", 3)) || g4_lit(&r, v);
+    } else if (cn) {
+        g->bad |= g4_lit(&r, cn);
+    } else if (json_is_array(any) && json_array_size(any)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(any, i, v) {
+            char sub[32];
+            g4_schema(g, v, depth + 1, sub);
+            g->bad |= (i && api_buf_add(&r, " | ", 3)) || api_buf_add(&r, sub, strlen(sub));
+        }
+    } else if (many) { /* "type": [...]: one alternative per type */
+        size_t i;
+        json_t *v;
+        json_array_foreach(json_object_get(s, "type"), i, v) {
+            json_t *one = json_copy(s);
+            char sub[32];
+            g->bad |= !one || json_object_set(one, "type", v);
+            if (one) g4_schema(g, one, depth + 1, sub);
+            else snprintf(sub, sizeof sub, "g4-value");
+            json_decref(one);
+            g->bad |= (i && api_buf_add(&r, " | ", 3)) || api_buf_add(&r, sub, strlen(sub));
+        }
+    } else if (ty && !strcmp(ty, "string")) {
+        json_t *ml = json_object_get(s, "maxLength"), *nl = json_object_get(s, "minLength");
+        const long long hi = json_is_integer(ml) ? json_integer_value(ml) : -1,
+                        lo = json_is_integer(nl) ? json_integer_value(nl) : 0;
+        char t[96];
+        if ((hi >= 0 && hi <= 1000) || (lo > 0 && lo <= 1000)) /* counted: text without '<' */
+            snprintf(t, sizeof t, hi >= 0 && hi <= 1000 ? "\"<|\\\"|>\" [^<]{%lld,%lld} \"<|\\\"|>\""
+                                                        : "\"<|\\\"|>\" [^<]{%lld,} \"<|\\\"|>\"",
+                     lo, hi);
+        else
+            snprintf(t, sizeof t, "g4-str");
+        g->bad |= api_buf_add(&r, t, strlen(t));
+    } else if (ty && !strcmp(ty, "object")) {
+        g4_object(g, s, depth, &r);
+    } else if (ty && !strcmp(ty, "array")) {
+        g4_array(g, s, depth, &r);
+    } else if (ty && (!strcmp(ty, "integer") || !strcmp(ty, "number") || !strcmp(ty, "boolean") || !strcmp(ty, "null"))) {
+        g4_json(g, s, &r);
+    } else {
+        g->bad |= api_buf_add(&r, "g4-value", 8);
+    }
+    g->bad |= api_buf_add(&r, "\n", 1) || api_buf_add(&g->b, r.p, r.n);
+    api_buf_free(&r);
+}
+
+/* Gemma 4's calls: <|tool_call>call:NAME{...}<tool_call|>, one after
+ * another when parallel; a function's arguments by its parameters. */
+static int g4_grammar(const tools_req *t, tl_grammar **out, tl_error *err) {
+    g4gen g = {{0}, 0, 0, 0, err};
+    api_buf root = {0};
+    g.bad |= api_buf_add(&root, "root ::= g4-call", 16) || (t->parallel && api_buf_add(&root, "+", 1)) ||
+             api_buf_add(&root, "\ng4-call ::= \"" G4_OPEN "call:\" (", strlen("\ng4-call ::= \"" G4_OPEN "call:\" (")) ||
+             api_buf_add(&g.b, G4_GENERIC, sizeof G4_GENERIC - 1);
+    size_t i;
+    json_t *tool;
+    int k = 0;
+    json_array_foreach(t->tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function"), *params = json_object_get(fn, "parameters");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (t->only && strcmp(name, t->only)) continue;
+        char sub[32];
+        if (json_is_object(params)) {
+            g4_schema(&g, params, 0, sub);
+        } else {
+            snprintf(sub, sizeof sub, "g4-dict");
+        }
+        g.bad |= (k++ && api_buf_add(&root, " | ", 3)) || gbnf_lit(&root, name) || api_buf_add(&root, " ", 1) ||
+                 api_buf_add(&root, sub, strlen(sub));
+    }
+    g.bad |= api_buf_add(&root, ") \"" G4_CLOSE "\"\n", strlen(") \"" G4_CLOSE "\"\n")) || api_buf_add(&root, g.b.p, g.b.n);
+    int rc = g.rc;
+    if (!rc && g.bad) rc = tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    if (!rc) rc = tl_grammar_parse(root.p, root.n, out, err);
+    api_buf_free(&root);
+    api_buf_free(&g.b);
+    return rc;
+}
+
 int tools_grammar(const tools_req *t, int fmt, tl_grammar **out, tl_error *err) {
     *out = NULL;
     if (fmt == TOOLS_HARMONY) return harmony_grammar(t, out, err);
     if (fmt == TOOLS_QWEN_XML) return xml_grammar(t, out, err);
+    if (fmt == TOOLS_GEMMA4) return g4_grammar(t, out, err);
     json_t *alts = json_array(), *schema = json_object();
     size_t i;
     json_t *tool;
@@ -485,6 +792,160 @@ static json_t *xml_call(const char *s, size_t n, json_t *strs) {
     return o;
 }
 
+/* ---- Gemma 4's calls: the reply ---- */
+
+enum { G4_OK = 0, G4_MORE = 1, G4_BAD = -1, G4_NOMEM = -2 };
+
+static void g4_blanks(const char **p, const char *e) {
+    while (*p < e && (**p == ' ' || **p == '\n' || **p == '\t' || **p == '\r')) (*p)++;
+}
+
+/* Whether s[0..n) is lit, or (G4_MORE) could still become it. */
+static int g4_expect(const char *s, size_t n, const char *lit) {
+    const size_t l = strlen(lit);
+    if (n < l) return memcmp(s, lit, n) ? G4_BAD : G4_MORE;
+    return memcmp(s, lit, l) ? G4_BAD : G4_OK;
+}
+
+static int g4_value(const char **p, const char *e, int depth, json_t **out);
+
+/* A key (bare, or between the string markers) and its ':'. */
+static int g4_key(const char **p, const char *e, char *key, size_t cap) {
+    const char *s = *p;
+    if (s < e && *s == '<') {
+        int rc = g4_expect(s, (size_t)(e - s), G4_STR);
+        if (rc) return rc;
+        s += sizeof G4_STR - 1;
+        const char *q = memmem(s, (size_t)(e - s), G4_STR, sizeof G4_STR - 1);
+        if (!q) return G4_MORE;
+        if ((size_t)(q - s) >= cap) return G4_BAD;
+        memcpy(key, s, (size_t)(q - s));
+        key[q - s] = 0;
+        s = q + sizeof G4_STR - 1;
+    } else {
+        const char *q = s;
+        while (q < e && *q != ':' && !memchr(",{}[]<\n", *q, 7)) q++;
+        if (q == e) return G4_MORE;
+        if (*q != ':') return G4_BAD;
+        const char *ke = q;
+        while (ke > s && (ke[-1] == ' ' || ke[-1] == '\t')) ke--;
+        if (ke == s || (size_t)(ke - s) >= cap) return G4_BAD;
+        memcpy(key, s, (size_t)(ke - s));
+        key[ke - s] = 0;
+        s = q;
+    }
+    g4_blanks(&s, e);
+    if (s == e) return G4_MORE;
+    if (*s != ':') return G4_BAD;
+    *p = s + 1;
+    return G4_OK;
+}
+
+/* A dict or a list, at its bracket. */
+static int g4_compound(const char **p, const char *e, int depth, json_t **out) {
+    const int obj = **p == '{';
+    const char close = obj ? '}' : ']';
+    json_t *v = obj ? json_object() : json_array();
+    if (!v) return G4_NOMEM;
+    (*p)++;
+    for (int first = 1;; first = 0) {
+        g4_blanks(p, e);
+        int rc = *p < e ? G4_OK : G4_MORE;
+        if (!rc && **p == close && first) {
+            (*p)++;
+            *out = v;
+            return G4_OK;
+        }
+        char key[256];
+        json_t *item = NULL;
+        if (!rc && obj) rc = g4_key(p, e, key, sizeof key);
+        if (!rc) rc = g4_value(p, e, depth + 1, &item);
+        if (!rc && (obj ? json_object_set_new(v, key, item) : json_array_append_new(v, item))) rc = G4_NOMEM;
+        if (!rc) g4_blanks(p, e);
+        if (!rc && *p == e) rc = G4_MORE;
+        if (!rc && **p != ',' && **p != close) rc = G4_BAD;
+        if (rc) {
+            json_decref(v);
+            return rc;
+        }
+        if (*(*p)++ == close) {
+            *out = v;
+            return G4_OK;
+        }
+    }
+}
+
+/* One value in Gemma's syntax at *p: a string between <|"|> markers, a
+ * dict with bare keys, a list, or a JSON number, true, false or null
+ * (Python's None, True and False too, which the template writes back). */
+static int g4_value(const char **p, const char *e, int depth, json_t **out) {
+    *out = NULL;
+    if (depth > 64) return G4_BAD;
+    g4_blanks(p, e);
+    if (*p >= e) return G4_MORE;
+    const char *s = *p;
+    if (*s == '<') {
+        int rc = g4_expect(s, (size_t)(e - s), G4_STR);
+        if (rc) return rc;
+        s += sizeof G4_STR - 1;
+        const char *q = memmem(s, (size_t)(e - s), G4_STR, sizeof G4_STR - 1);
+        if (!q) return G4_MORE;
+        *out = api_jstr_bytes(s, (size_t)(q - s));
+        *p = q + sizeof G4_STR - 1;
+        return *out ? G4_OK : G4_NOMEM;
+    }
+    if (*s == '{' || *s == '[') return g4_compound(p, e, depth, out);
+    const char *q = s;
+    while (q < e && !memchr(",}] \n\t\r<", *q, 9)) q++;
+    if (q == e) return G4_MORE; /* a number may go on */
+    static const struct { const char *py; int kind; } PY[] = {{"None", 0}, {"True", 1}, {"False", 2}};
+    for (size_t i = 0; i < sizeof PY / sizeof *PY; i++)
+        if ((size_t)(q - s) == strlen(PY[i].py) && !memcmp(s, PY[i].py, (size_t)(q - s)))
+            *out = PY[i].kind ? json_boolean(PY[i].kind == 1) : json_null();
+    if (!*out) *out = q > s ? json_loadb(s, (size_t)(q - s), JSON_DECODE_ANY, NULL) : NULL;
+    if (!*out || json_is_string(*out)) {
+        json_decref(*out);
+        *out = NULL;
+        return G4_BAD;
+    }
+    *p = q;
+    return G4_OK;
+}
+
+/* One call after its open text: call:NAME{...} and the close text, as
+ * {"name", "arguments"}; *used: the bytes it took. */
+static int g4_call(const char *s, size_t n, json_t **out, size_t *used) {
+    const char *p = s, *e = s + n;
+    *out = NULL;
+    g4_blanks(&p, e);
+    int rc = g4_expect(p, (size_t)(e - p), "call:");
+    if (rc) return rc;
+    p += 5;
+    const char *name = p;
+    while (p < e && *p != '{') {
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-' || *p == '.'))
+            return G4_BAD;
+        p++;
+    }
+    if (p == e) return G4_MORE;
+    if (p == name || p - name > 64) return G4_BAD;
+    const char *name_end = p;
+    json_t *args = NULL;
+    rc = g4_value(&p, e, 0, &args);
+    if (!rc) {
+        g4_blanks(&p, e);
+        rc = g4_expect(p, (size_t)(e - p), G4_CLOSE);
+    }
+    if (rc) {
+        json_decref(args);
+        return rc;
+    }
+    *out = json_pack("{s:s%, s:o}", "name", name, (size_t)(name_end - name), "arguments", args);
+    *used = (size_t)(p - s) + sizeof G4_CLOSE - 1;
+    return *out ? G4_OK : G4_NOMEM;
+}
+
 /* The calls in s[0..n), which starts just after the open text (at it, for
  * Llama 3): appended to calls (with "index" if indexed), *n_calls counting
  * the reply's calls so far. Returns the bytes they took, 0 while they are
@@ -494,7 +955,10 @@ static long take_calls(int fmt, const char *s, size_t n, const char *req_id, jso
     const fmt_def *f = &FMT[fmt];
     json_t *v = NULL;
     size_t used;
-    if (fmt == TOOLS_QWEN_XML) {
+    if (fmt == TOOLS_GEMMA4) { /* the close text may sit in a string: the parser finds it */
+        const int rc = g4_call(s, n, &v, &used);
+        if (rc) return rc == G4_MORE ? 0 : rc == G4_NOMEM ? -2 : -1;
+    } else if (fmt == TOOLS_QWEN_XML) {
         const char *c = memmem(s, n, f->close, strlen(f->close));
         if (!c) return 0;
         v = xml_call(s, (size_t)(c - s), strs);

@@ -9,7 +9,7 @@
 
 enum { TOOLS_NONE = 0, TOOLS_AUTO = 1, TOOLS_REQUIRED = 2 };
 /* Call formats (see tools.c). */
-enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2, TOOLS_HARMONY = 3, TOOLS_QWEN_XML = 4 };
+enum { TOOLS_HERMES = 0, TOOLS_LLAMA3 = 1, TOOLS_MISTRAL = 2, TOOLS_HARMONY = 3, TOOLS_QWEN_XML = 4, TOOLS_GEMMA4 = 5 };
 
 /* A request's tools (borrowed from its JSON body). */
 typedef struct tools_req {
@@ -24,6 +24,14 @@ int tools_parse(json_t *root, tools_req *t, api_err *e);
 /* The format the model's template teaches (native: the template renders the
  * tools itself); Hermes otherwise. */
 int tools_format(const char *tmpl, int native);
+/* Whether tmpl (may be NULL) is Gemma 4's: it writes calls as
+ * <|tool_call>call:NAME{...}<tool_call|> (and thinks only when asked,
+ * with its enable_thinking variable). */
+int tools_gemma4(const char *tmpl);
+/* Whether it is the older Gemma 4 template, which renders tool results
+ * only from the calling message's tool_responses, not from role "tool"
+ * messages (llama.cpp rewrites the history for it, and so does prompt.c). */
+int tools_gemma4_legacy(const char *tmpl);
 /* The text that opens the calls: under auto, the calls' grammar starts there. */
 const char *tools_trigger(int fmt);
 /* Whether the reply's text must show control tokens (Mistral's [TOOL_CALLS]). */

@@ -252,11 +252,15 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     if ((rc = api_get_int(root, "max_thinking_tokens", 0, a->n_ctx, &x, e)) < 0) return -1;
     if (rc) r->think_budget = (int)x;
     r->think = a->reasoning != 0 && !r->harmony; /* harmony's reasoning is a channel */
+    tl_chat_think_markers(tl_model_chat_template(a->m), &r->think_open, &r->think_close);
     if (r->harmony) r->think_budget = -1;
     json_t *kw = api_field(root, "chat_template_kwargs");
-    if (!r->harmony || !effort || (kw && !json_is_object(kw)))
-        return api_chat_prompt(a, api_field(root, "messages"), &t, kw, 1, &r->think_started, &r->prompt,
-                               &r->n_prompt, e);
+    api_think th = {r->think_budget, r->think && r->grammar && !r->grammar_lazy, 0};
+    if (!r->harmony || !effort || (kw && !json_is_object(kw))) {
+        rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw, 1, &th, &r->prompt, &r->n_prompt, e);
+        r->think_started = th.started;
+        return rc;
+    }
     /* harmony: the effort is the template's reasoning_effort (low, medium or
      * high), as llama.cpp passes it; the reasoning has no budget */
     const char *ev = json_string_value(effort);
@@ -267,7 +271,8 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
         json_decref(kw2);
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
-    rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw2, 1, &r->think_started, &r->prompt, &r->n_prompt, e);
+    rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw2, 1, &th, &r->prompt, &r->n_prompt, e);
+    r->think_started = th.started;
     json_decref(kw2);
     return rc;
 }

@@ -11,6 +11,15 @@ reasoning; chat_template_kwargs enable_thinking=false leaves it all content;
 reasoning_effort low caps at its documented 256; a JSON schema and tool calls
 apply to the answer after the reasoning; an assistant turn sent back with
 its reasoning_content renders through the template.
+Gemma 4 too (tests/templates/gemma4.jinja on a random model whose vocabulary
+has its markers as tokens): it reasons in a thought channel,
+<|channel>thought ... <channel|>, and thinks only when its template is asked
+(enable_thinking, which the server sets unless the request's reasoning is
+none); a grammar that holds the reply from its first token gets the channel
+opened in the prompt, so the reasoning (within its budget) comes first;
+with --reasoning on the server opens it for any reply: budgets, streamed
+equal to whole, no marker (nor the header's newline) in either part, and
+the Messages and Responses dialects' reasoning equal to chat's.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_think.py"""
 import json
 import os
@@ -116,6 +125,124 @@ def dialects(srv, cl):
                              reasoning={"effort": "low"}) as s:
         deltas = "".join(ev.delta for ev in s if ev.type == "response.reasoning_text.delta")
     check(deltas == text, f"responses reasoning streamed: {deltas!r:.60}")
+
+
+G4_TEMPLATE = os.path.join(ROOT, "tests", "templates", "gemma4.jinja")
+G4_MARKERS = ("<|channel>", "<channel|>", "<|turn>", "<turn|>")
+
+
+def g4_model(path):
+    vocab = os.path.join(os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab")),
+                         "ggml-vocab-gpt-2.gguf")
+    args = [sys.executable, MKMODEL, "llama3", path, "--vocab", vocab, "--seed", "5", "--eos", "<turn|>",
+            "--template", G4_TEMPLATE]
+    for c in ("<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|think|>"):
+        args += ["--add-control", c]
+    for c in ("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>", '<|"|>', "<|tool_response>",
+              "<tool_response|>"):
+        args += ["--add-token", c]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    return check(p.returncode == 0, f"mkmodel gemma4: {p.stderr[-300:]}")
+
+
+def g4_clean(s):
+    return not any(m in (s or "") for m in G4_MARKERS)
+
+
+def gemma4_auto(model):
+    """--reasoning auto: the template's markers are Gemma's; a JSON schema
+    opens the channel in the prompt, the budget ends it, the JSON follows;
+    reasoning none renders enable_thinking false and reasons not at all."""
+    srv = Server(model, ["-np", "2", "-c", "2048", "-t", "2"])
+    try:
+        if not check(srv.wait_ready(), "gemma4 server ready"):
+            return
+        close = post(srv.url + "/tokenize", {"content": "<channel|>", "add_special": False})["tokens"]
+        check(len(close) == 1, f"gemma4: <channel|> is one token: {close}")
+        cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+        schema = {"type": "object", "properties": {"prime": {"type": "boolean"},
+                                                   "why": {"type": "string", "maxLength": 20}},
+                  "required": ["prime", "why"], "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        kw = dict(model="m", messages=MSGS, max_tokens=120, temperature=0.8, seed=5, response_format=rf,
+                  logit_bias={str(close[0]): -100}, extra_body={"max_thinking_tokens": 8})
+        r = cl.chat.completions.create(**kw)
+        m = r.choices[0].message
+        n_r = r.usage.completion_tokens_details.reasoning_tokens
+        try:
+            jsonschema.validate(json.loads(m.content), schema)
+            ok = bool(reasoning_of(m)) and g4_clean(reasoning_of(m)) and 8 <= n_r <= 11
+        except (TypeError, ValueError, jsonschema.ValidationError):
+            ok = False
+        check(ok, f"gemma4: json after reasoning: {n_r} tokens, reasoning {reasoning_of(m)!r:.50}, "
+                  f"content {m.content!r:.100}")
+        srs, scs, sfin, su, _ = stream(cl, **kw)
+        check(srs == reasoning_of(m) and scs == m.content and su.completion_tokens_details.reasoning_tokens == n_r,
+              f"gemma4: json after reasoning streamed: {srs!r:.50}/{scs!r:.60} vs {reasoning_of(m)!r:.50}/{m.content!r:.60}")
+        r = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=120, temperature=0.8, seed=5,
+                                       response_format=rf, reasoning_effort="none")
+        m = r.choices[0].message
+        try:
+            jsonschema.validate(json.loads(m.content), schema)
+            ok = not reasoning_of(m) and r.usage.completion_tokens_details.reasoning_tokens == 0
+        except (TypeError, ValueError, jsonschema.ValidationError):
+            ok = False
+        check(ok, f"gemma4: reasoning none: {reasoning_of(m)!r:.40}, content {m.content!r:.80}")
+    finally:
+        srv.stop()
+
+
+def gemma4_on(model):
+    """--reasoning on: the server opens Gemma's channel after the generation
+    prompt; budgets hold, streamed equals whole, the dialects agree."""
+    srv = Server(model, ["-np", "2", "-c", "2048", "-t", "2", "--reasoning", "on"])
+    try:
+        if not check(srv.wait_ready(), "gemma4 server ready (--reasoning on)"):
+            return
+        close = post(srv.url + "/tokenize", {"content": "<channel|>", "add_special": False})["tokens"]
+        cl = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120 * SLOW)
+        keep = {str(close[0]): -100}
+        for budget in (1, 7, 40):
+            kw = dict(model="m", messages=MSGS, max_tokens=budget + 16, temperature=0.8, seed=budget,
+                      logit_bias=keep, extra_body={"max_thinking_tokens": budget})
+            r = cl.chat.completions.create(**kw)
+            m = r.choices[0].message
+            rs, n_r = reasoning_of(m), r.usage.completion_tokens_details.reasoning_tokens
+            check(rs and g4_clean(rs) and g4_clean(m.content) and not rs.startswith("\n")
+                  and budget <= n_r <= budget + 3 and r.usage.completion_tokens > n_r,
+                  f"gemma4 budget {budget}: {n_r} reasoning tokens, reasoning {rs!r:.60}, content {m.content!r:.60}")
+            srs, scs, sfin, su, _ = stream(cl, **kw)
+            check(srs == rs and scs == (m.content or "") and sfin == r.choices[0].finish_reason
+                  and su.completion_tokens_details.reasoning_tokens == n_r,
+                  f"gemma4 budget {budget}: streamed {srs!r:.50}/{scs!r:.50} vs {rs!r:.50}/{m.content!r:.50}")
+        chat = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=30, temperature=0, logit_bias=keep,
+                                          extra_body={"max_thinking_tokens": 7})
+        cm = chat.choices[0].message
+        ac = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0, timeout=120 * SLOW)
+        akw = dict(model="m", max_tokens=30, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 7},
+                   extra_body={"temperature": 0, "logit_bias": keep})
+        am = ac.messages.create(**akw)
+        th = [b.thinking for b in am.content if b.type == "thinking"]
+        tx = "".join(b.text for b in am.content if b.type == "text")
+        check(th == [reasoning_of(cm)] and tx == (cm.content or ""),
+              f"gemma4 messages thinking: {th!r:.80} / {tx!r:.60} vs chat {reasoning_of(cm)!r:.80} / {cm.content!r:.60}")
+        with ac.messages.stream(**akw) as st:
+            fm = st.get_final_message()
+        check([b.thinking for b in fm.content if b.type == "thinking"] == th, f"gemma4 messages streamed: {fm.content}")
+        ce = cl.chat.completions.create(model="m", messages=MSGS, max_tokens=40, temperature=0, logit_bias=keep,
+                                        reasoning_effort="low")
+        rkw = dict(model="m", input=MSGS[0]["content"], max_output_tokens=40, temperature=0,
+                   reasoning={"effort": "low"}, extra_body={"logit_bias": keep})
+        rr = cl.responses.create(**rkw)
+        items = [o for o in rr.output if o.type == "reasoning"]
+        text = items[0].content[0].text if items and items[0].content else None
+        check(text and text == reasoning_of(ce.choices[0].message) and rr.output_text == (ce.choices[0].message.content or ""),
+              f"gemma4 responses reasoning item: {text!r:.60} vs {reasoning_of(ce.choices[0].message)!r:.60}")
+        with cl.responses.stream(**rkw) as st:
+            deltas = "".join(ev.delta for ev in st if ev.type == "response.reasoning_text.delta")
+        check(deltas == text, f"gemma4 responses reasoning streamed: {deltas!r:.60}")
+    finally:
+        srv.stop()
 
 
 def main():
@@ -237,6 +364,10 @@ def main():
         dialects(srv, cl)
     finally:
         srv.stop()
+    g4 = os.path.join(tmp, "gemma4.gguf")
+    if g4_model(g4):
+        gemma4_auto(g4)
+        gemma4_on(g4)
     tlcheck.finish()
 
 

@@ -381,14 +381,21 @@ static void cat(char *dst, size_t cap, const char *s) {
     if (s && strlen(dst) + strlen(s) < cap) strcat(dst, s);
 }
 
-static void reasoning_case(const char *what, const char *const *texts, const int *flags, int n, const char *want_r,
-                           const char *want_c) {
+/* The markers (NULL: <think>'s) and whether the prompt opened the reasoning. */
+typedef struct markers {
+    const char *open, *close;
+    int started;
+} markers;
+
+static void reasoning_case_m(const char *what, markers mk, const char *const *texts, const int *flags, int n,
+                             const char *want_r, const char *want_c) {
     srv_req *r = NULL;
     const char *chat = "{" CHAT_MSG "}";
     CHECK(parse(SRV_CHAT, chat, strlen(chat), NULL, &r) == 0, "chat");
     if (!r) return;
     r->think = 1;
-    r->think_started = 0;
+    r->think_started = mk.started;
+    if (mk.open) r->think_open = mk.open, r->think_close = mk.close;
     for (int i = 0; i < n; i++) {
         srv_event ev = {.kind = SRV_EV_TOKEN, .token = 1, .text = strdup(texts[i]), .text_len = strlen(texts[i]),
                         .reasoning = flags[i]};
@@ -432,6 +439,11 @@ static void reasoning_case(const char *what, const char *const *texts, const int
     }
 }
 
+static void reasoning_case(const char *what, const char *const *texts, const int *flags, int n, const char *want_r,
+                           const char *want_c) {
+    reasoning_case_m(what, (markers){NULL, NULL, 0}, texts, flags, n, want_r, want_c);
+}
+
 static void test_reasoning(void) {
     /* the open marker in pieces: the loop counts it from the piece that
      * completes it */
@@ -447,6 +459,24 @@ static void test_reasoning(void) {
     const char *t3[] = {"<think>", "Hmm", " wait</"};
     const int f3[] = {1, 1, 1};
     reasoning_case("reasoning cut off", t3, f3, 3, "Hmm wait</", "");
+    /* Gemma 4's thought channel: the open marker names the channel, and the
+     * newline that ends its header is not reasoning */
+    const markers g4 = {"<|channel>thought", "<channel|>", 0};
+    const char *t4[] = {"<|channel>", "thought", "\n", "I'm\nthinking", "\n", "<channel|>", "Hello", ", world!"};
+    const int f4[] = {0, 1, 1, 1, 1, 1, 0, 0};
+    reasoning_case_m("Gemma 4's channel", g4, t4, f4, 8, "I'm\nthinking\n", "Hello, world!");
+    const char *t5[] = {"\n<|channel>thought", "  ", "x", "<channel|>", "\n\nHi"}; /* blanks around */
+    const int f5[] = {1, 1, 1, 1, 0};
+    reasoning_case_m("Gemma 4's channel, blanks around", g4, t5, f5, 5, "x", "Hi");
+    /* the prompt opened it (a grammar follows, or --reasoning on) */
+    const char *t6[] = {"\n", "Plan", ": call", "<chan", "nel|>", "<|tool_call>"};
+    const int f6[] = {1, 1, 1, 1, 1, 0};
+    reasoning_case_m("Gemma 4's channel opened by the prompt", (markers){g4.open, g4.close, 1}, t6, f6, 6,
+                     "Plan: call", "<|tool_call>");
+    /* a marker the loop did not count stays text */
+    const char *t7[] = {"Sure. ", "<|channel>thought\nx<channel|>"};
+    const int f7[] = {0, 0};
+    reasoning_case_m("Gemma 4's channel late", g4, t7, f7, 2, NULL, "Sure. <|channel>thought\nx<channel|>");
 }
 
 /* A stream's events leave the request as its reader takes them: however many
@@ -580,6 +610,15 @@ static void test_tool_formats(void) {
         {TOOLS_QWEN_XML, "<tool_call>\n<function=f>\n<parameter=s>\na <b> c\nd\n</parameter>\n</function>\n</tool_call>",
          "", "f", "{\"s\":\"a <b> c\\nd\"}"},
         {TOOLS_QWEN_XML, "<tool_call> is what I would write", "<tool_call> is what I would write", "", NULL},
+        /* Gemma 4's: keys bare, strings between <|"|> (a close tag inside one is text), the rest JSON */
+        {TOOLS_GEMMA4, "Let me check.\n<|tool_call>call:f{x:1,s:<|\"|>a, b}<tool_call|> c<|\"|>}<tool_call|>"
+                       "<|tool_call>call:g{}<tool_call|>", "Let me check.", "f,g", "{\"x\":1,\"s\":\"a, b}<tool_call|> c\"}"},
+        {TOOLS_GEMMA4, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,opts:{a:[1,-7,3.25,true,null,<|\"|>x<|\"|>],"
+                       "B:{}},n:None, q : false}<tool_call|>", "", "get_weather",
+         "{\"city\":\"Paris\",\"opts\":{\"a\":[1,-7,3.25,true,null,\"x\"],\"B\":{}},\"n\":null,\"q\":false}"},
+        {TOOLS_GEMMA4, "<|tool_call> is the tag", "<|tool_call> is the tag", "", NULL},
+        {TOOLS_GEMMA4, "<|tool_call>call:f{x:}<tool_call|>", "<|tool_call>call:f{x:}<tool_call|>", "", NULL},
+        {TOOLS_GEMMA4, "<|tool_call>call:f{x:<|\"|>open", "<|tool_call>call:f{x:<|\"|>open", "", NULL},
     };
     json_t *strs = json_pack("{s:[s]}", "f", "s");
     for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
@@ -654,9 +693,98 @@ static void test_tool_formats(void) {
               tools_format("<|python_tag|>{{ tools }}", 1) == TOOLS_LLAMA3 &&
               tools_format("<tool_call>{{ tools }}", 1) == TOOLS_HERMES &&
               tools_format("[TOOL_CALLS]", 0) == TOOLS_HERMES &&
-              tools_format("<tool_call>\n<function=example_function_name>{{ tools }}", 1) == TOOLS_QWEN_XML,
+              tools_format("<tool_call>\n<function=example_function_name>{{ tools }}", 1) == TOOLS_QWEN_XML &&
+              tools_format("{{- '<|tool_call>call:' + function['name'] + '{' -}}{{ tools }}", 1) == TOOLS_GEMMA4,
           "the format follows the template");
     json_decref(strs);
+}
+
+/* Gemma 4's grammar: calls in its syntax whose arguments follow each
+ * function's parameters (the keys in the template's order, the required
+ * ones always, strings between <|"|> within their enum or length). */
+static void g4_grammar_case(const tl_vocab_trie *trie, const char *tools, int parallel, const char *only,
+                            const char *text, int want) {
+    json_t *root = json_loads(tools, 0, NULL);
+    tools_req t;
+    api_err e;
+    json_t *body = json_pack("{s:O, s:b, s:o}", "tools", json_object_get(root, "tools"), "parallel_tool_calls",
+                             parallel, "tool_choice",
+                             only ? json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", only)
+                                  : json_string("required"));
+    tl_grammar *g = NULL;
+    tl_matcher *m = NULL;
+    tl_error err = {0};
+    int ok = body && !tools_parse(body, &t, &e) && !tools_grammar(&t, TOOLS_GEMMA4, &g, &err) &&
+             !tl_matcher_new(g, trie, &m, &err);
+    CHECK(ok, "Gemma 4 grammar compiles: %s", err.msg);
+    if (ok) {
+        int got = tl_matcher_accept_bytes(m, text, strlen(text), NULL) == 0 && tl_matcher_can_end(m);
+        CHECK(got == want, "Gemma 4 grammar %s %s", want ? "accepts" : "refuses", text);
+    }
+    tl_matcher_free(m);
+    tl_grammar_free(g);
+    json_decref(body);
+    json_decref(root);
+}
+
+static void test_gemma4_grammar(void) {
+    tl_vocab_trie *trie = NULL;
+    tl_error err = {0};
+    CHECK(tl_vocab_trie_new(A.m, &trie, &err) == TL_OK, "trie: %s", err.msg);
+    if (!trie) return;
+    static const char TOOLS[] =
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"unit\":{\"enum\":[\"c\",\"f\"]},\"City\":{\"type\":\"string\",\"maxLength\":12},"
+        "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":7,\"nullable\":true}},\"required\":[\"City\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"a\":{\"type\":\"number\"},\"b\":{\"type\":\"number\"}},\"required\":[\"a\",\"b\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"plan\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"steps\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":2,\"items\":{\"type\":\"object\",\"properties\":"
+        "{\"do\":{\"type\":\"string\"},\"done\":{\"type\":\"boolean\"}},\"required\":[\"do\"]}},"
+        "\"note\":{\"type\":[\"string\",\"null\"]},\"mode\":{\"anyOf\":[{\"const\":1},{\"type\":\"string\",\"enum\":[\"x\"]}]},"
+        "\"extra\":{}}}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}";
+#define Q "<|\"|>"
+#define CALL(x) "<|tool_call>call:" x "<tool_call|>"
+    static const struct {
+        const char *text;
+        int parallel, want;
+    } C[] = {
+        {CALL("get_weather{City:" Q "Paris" Q "}"), 1, 1},
+        /* the template's order: case-folded names (City, days, unit) */
+        {CALL("get_weather{City:" Q "Paris" Q ",days:3,unit:" Q "c" Q "}"), 1, 1},
+        {CALL("get_weather{City:" Q "a<b" Q ",unit:" Q "f" Q "}"), 1, 0}, /* maxLength: no '<' counted */
+        {CALL("get_weather{unit:" Q "c" Q ",City:" Q "Paris" Q "}"), 1, 0},
+        {CALL("get_weather{days:3}"), 1, 0},                                /* City is required */
+        {CALL("get_weather{City:" Q "Paris" Q ",days:9}"), 1, 0},          /* maximum */
+        {CALL("get_weather{City:" Q "Paris" Q ",days:null}"), 1, 1},       /* nullable */
+        {CALL("get_weather{City:" Q "Paris" Q ",unit:" Q "k" Q "}"), 1, 0}, /* enum */
+        {CALL("get_weather{City:" Q "Constantinople" Q "}"), 1, 0},        /* maxLength 12 */
+        {CALL("get_weather{City:\"Paris\"}"), 1, 0},                       /* JSON's quotes */
+        {CALL("get_weather{City:" Q "Paris" Q ",wind:1}"), 1, 0},
+        {CALL("add{a:2,b:-3.5e2}") CALL("add{a:0,b:1}"), 1, 1},
+        {CALL("add{a:2,b:3}") CALL("add{a:0,b:1}"), 0, 0}, /* one call when not parallel */
+        {CALL("add{a:" Q "2" Q ",b:3}"), 1, 0},
+        {CALL("plan{steps:[{do:" Q "a<b>" Q ",done:true}]}"), 1, 1},
+        {CALL("plan{extra:{k:[1,{z:null}],s:" Q "x" Q "},mode:1,note:null,steps:[{do:" Q "a" Q "},{do:" Q "b" Q "}]}"),
+         1, 1},
+        {CALL("plan{mode:" Q "x" Q ",note:" Q "n" Q "}"), 1, 1},
+        {CALL("plan{steps:[]}"), 1, 0},                                        /* minItems */
+        {CALL("plan{steps:[{do:" Q "a" Q "},{do:" Q "b" Q "},{do:" Q "c" Q "}]}"), 1, 0}, /* maxItems */
+        {CALL("plan{steps:[{done:true}]}"), 1, 0},
+        {CALL("plan{mode:2}"), 1, 0},
+        {CALL("plan{note:" Q "a<|b" Q "}"), 1, 0}, /* no string marker's start inside a string */
+        {CALL("now{}"), 1, 1},
+        {CALL("now{any:[1,2],k:" Q "v" Q "}"), 1, 1}, /* no parameters: any object */
+        {CALL("unknown{}"), 1, 0},
+        {"<|tool_call>call:now{}", 1, 0},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof *C; i++) g4_grammar_case(trie, TOOLS, C[i].parallel, NULL, C[i].text, C[i].want);
+    g4_grammar_case(trie, TOOLS, 1, "add", CALL("add{a:1,b:2}"), 1);
+    g4_grammar_case(trie, TOOLS, 1, "add", CALL("now{}"), 0);
+#undef CALL
+#undef Q
+    tl_vocab_trie_free(trie);
 }
 
 int main(void) {
@@ -678,6 +806,7 @@ int main(void) {
     test_event_storage();
     test_misc();
     test_tool_formats();
+    test_gemma4_grammar();
     /* and compiled per request, as where the server could not compile it */
     A.tmpl = NULL;
     test_messages();
