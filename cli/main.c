@@ -21,6 +21,7 @@ static const char USAGE[] =
     "  info        describe a GGUF file (architecture, shapes, types, vocabulary)\n"
     "  perplexity  perplexity of a text, with llama.cpp's protocol\n"
     "  logits      write the logits of a token sequence (for testing against peers)\n"
+    "  embed       embeddings of texts (pooled hidden states), as OpenAI's JSON\n"
     "  quantize    convert a GGUF model's weights to another type (Q4_0, Q8_0, Q4_K, F16, ...)\n"
     "  bench       prefill/decode speed (llama-bench's protocol) and memory bandwidth\n"
     "  serve       OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
@@ -231,7 +232,7 @@ int main(int argc, char **argv) {
         const char *name;
         int (*fn)(int, char **);
     } cmds[] = {{"run", cmd_run},   {"chat", cmd_chat},     {"tokenize", cmd_tokenize},
-                {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits},
+                {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits}, {"embed", cmd_embed},
                 {"template", cmd_template}, {"bench", cmd_bench},
                 {"quantize", cmd_quantize}, {"serve", cmd_serve}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -89,6 +89,9 @@ int tl_tokenize(const tl_model *model, const char *text, size_t len, int flags,
                 int32_t **ids, size_t *n_ids, tl_error *err);
 /* Whether the model's metadata asks for a BOS token on completions. */
 int tl_model_add_bos(const tl_model *model);
+/* Whether the file asks for an EOS after a text (tokenizer.ggml.add_eos_token:
+ * embedding models pooled at the last token, e.g. Qwen3-Embedding). */
+int tl_model_add_eos(const tl_model *model);
 int32_t tl_token_bos(const tl_model *model); /* -1 if none */
 int32_t tl_token_eos(const tl_model *model); /* -1 if none */
 /* End of generation: EOS, EOT and the other end markers (<|im_end|>, ...). */
@@ -172,6 +175,31 @@ int tl_ctx_truncate(tl_ctx *ctx, int n_past, tl_error *err);
 int tl_ctx_eval(tl_ctx *ctx, const int32_t *tokens, size_t n, int all_logits, tl_error *err);
 /* Logits row i of the last eval (i = -1: the last token). NULL if not kept. */
 const float *tl_ctx_logits(const tl_ctx *ctx, int i);
+/* Embeddings: a sequence's final (output-normed) hidden states, pooled
+ * into one vector as llama.cpp pools them. Values are llama.cpp's
+ * pooling_type numbers. */
+typedef enum tl_pooling {
+    TL_POOL_MODEL = -1, /* the file's <arch>.pooling_type, else mean (llama-embedding's default) */
+    TL_POOL_NONE = 0,   /* one vector per token */
+    TL_POOL_MEAN = 1,   /* the tokens' average */
+    TL_POOL_CLS = 2,    /* the first token's */
+    TL_POOL_LAST = 3,   /* the last token's (decoder embedding models: Qwen3-Embedding) */
+} tl_pooling;
+/* The model's width (the length of an embedding) and its pooling_type. */
+int tl_model_n_embd(const tl_model *model);
+int tl_model_pooling(const tl_model *model);
+/* "none", "mean", "cls", "last" -> tl_pooling; -2 for an unknown name. */
+int tl_pooling_parse(const char *name);
+const char *tl_pooling_name(int pooling);
+/* Embeds tokens[0..n) as one sequence on the implicit sequence 0 (cleared
+ * first; any length up to n_ctx, run in chunks of n_batch): TL_POOL_NONE
+ * writes n rows of tl_model_n_embd floats to out, the others one row.
+ * normalize: each row scaled to unit L2 length (OpenAI's vectors), as
+ * llama.cpp's common_embd_normalize computes it. A row depends on the
+ * tokens alone, never on n_batch or the thread count. Returns the rows
+ * written, or a negative status. */
+int tl_ctx_embed(tl_ctx *ctx, const int32_t *tokens, size_t n, int pooling, int normalize, float *out,
+                 tl_error *err);
 /* The CPU code path in use, e.g. "avx512-vnni". */
 const char *tl_ctx_backend(const tl_ctx *ctx);
 /* The numerics in use: "fast" or "exact". */

@@ -27,6 +27,8 @@ typedef struct tl_fwd_batch {
                                    * values are slot p % TL_KV_BLOCK of block blk[t][p / TL_KV_BLOCK] */
     const int *lrow;              /* [nl] the tokens whose logits are wanted, ascending */
     int nl;
+    int embd;                     /* 1: the rows are the output-normed hidden states (n_embd floats
+                                   * each), not logits */
 } tl_fwd_batch;
 
 typedef struct tl_backend_params {

@@ -1284,7 +1284,11 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
         }
         if (L->out_scale) tl_cpu_par_tokens(c, n, out_scale_tokens, (void *)L->out_scale->data);
     }
-    if (nl > 0) {
+    if (nl > 0 && b->embd) { /* embeddings: llama.cpp's t_embd, after the output norm */
+        for (int i = 0; i < nl; i++)
+            c->kern.math.rmsnorm(out + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
+                                 hp->norm_eps);
+    } else if (nl > 0) {
         for (int i = 0; i < nl; i++)
             c->kern.math.rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
                     hp->norm_eps);

@@ -3,6 +3,7 @@
  * checked and placed (each token's position and block table), the logits
  * kept, and each call's cost measured for speculation (cost.h). The sequence
  * API is seq.c's. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -276,6 +277,66 @@ int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_e
     return TL_OK;
 }
 
+/* common_embd_normalize's euclidean case: float squares summed in double,
+ * then each element times (float)(1 / sqrt(sum)). */
+static void l2_normalize(float *v, int d) {
+    double sum = 0.0;
+    for (int i = 0; i < d; i++) sum += v[i] * v[i];
+    sum = sqrt(sum);
+    const float norm = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    for (int i = 0; i < d; i++) v[i] *= norm;
+}
+
+int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int normalize, float *out, tl_error *err) {
+    if (!c || !tokens || !out) return tl_fail(err, TL_ERR_ARG, "tl_ctx_embed: NULL argument");
+    if (pooling == TL_POOL_MODEL) pooling = tl_model_pooling(c->m);
+    if (pooling < TL_POOL_NONE || pooling > TL_POOL_LAST)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "pooling %d is not supported (none, mean, cls, last)", pooling);
+    if (n == 0) return tl_fail(err, TL_ERR_ARG, "nothing to embed: no tokens");
+    if (n > (size_t)c->n_ctx)
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "an input of %zu tokens exceeds the context of %d", n, c->n_ctx);
+    const int d = c->m->hp.n_embd, nv = c->m->hp.n_vocab;
+    int st = check_tokens(c, tokens, (int)n, err);
+    if (st || (st = tl_ctx_truncate(c, 0, err))) return st;
+    /* a chunk's rows of d floats in the logits buffer (rows of nv) */
+    if ((st = logits_room(c, ((size_t)c->n_batch * d + nv - 1) / nv, err))) return st;
+    if (tl_kv_seq_grow(c->kv, 0, (int)n)) return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    const float inv = 1.0f / (float)n;
+    if (pooling == TL_POOL_MEAN) memset(out, 0, (size_t)d * sizeof *out);
+    /* the mean summed in token order across the calls, whatever their size
+     * (llama.cpp's is a matmul by a column of 1/n over one call: the same
+     * to the last bits or so, and it refuses a text longer than a batch) */
+    c->embd_mode = 1;
+    for (size_t done = 0; done < n && !st;) {
+        const int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
+        const int last = done + (size_t)nb == n;
+        for (int t = 0; t < nb; t++)
+            c->blg[t] = (uint8_t)(pooling == TL_POOL_NONE || pooling == TL_POOL_MEAN ||
+                                  (pooling == TL_POOL_CLS && done == 0 && t == 0) ||
+                                  (pooling == TL_POOL_LAST && last && t == nb - 1));
+        tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
+        if ((st = tl_ctx_decode_into(c, &b, nb, c->logits, err))) break;
+        const float *rows = c->logits;
+        switch (pooling) {
+        case TL_POOL_NONE: memcpy(out + done * (size_t)d, rows, (size_t)nb * d * sizeof *out); break;
+        case TL_POOL_MEAN: /* in token order, each term times 1/n as ggml's mean matrix has it */
+            for (int t = 0; t < nb; t++)
+                for (int i = 0; i < d; i++) out[i] += rows[(size_t)t * d + i] * inv;
+            break;
+        default: /* the one row kept, if this chunk held it */
+            if (c->blogits_n == 1) memcpy(out, rows, (size_t)d * sizeof *out);
+            break;
+        }
+        done += (size_t)nb;
+    }
+    c->embd_mode = 0;
+    c->logits_n = c->blogits_n = 0;
+    if (st) return st;
+    const int nrow = pooling == TL_POOL_NONE ? (int)n : 1;
+    for (int r = 0; normalize && r < nrow; r++) l2_normalize(out + (size_t)r * d, d);
+    return nrow;
+}
+
 const float *tl_ctx_logits(const tl_ctx *c, int i) {
     if (c->logits_n == 0) return NULL;
     int total = c->logits_first + c->logits_n;
@@ -341,7 +402,7 @@ int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, t
         return st;
     }
     const tl_fwd_batch fb = {.n = b->n, .tokens = b->token, .pos = c->tpos, .seq = c->tseq,
-                             .blk = c->tblk, .lrow = c->lrow, .nl = c->blogits_n};
+                             .blk = c->tblk, .lrow = c->lrow, .nl = c->blogits_n, .embd = c->embd_mode};
     c->be.ops->forward(c->be.state, &fb, out);
     for (int id = 0; id < c->n_seq; id++) {
         if (!c->seq_cnt[id]) continue;

@@ -28,6 +28,7 @@ struct tl_ctx {
     int blogits_n;      /* rows held by the last tl_ctx_decode */
     int32_t *bseq0;     /* [n_batch] zeros: tl_ctx_eval's batches are all sequence 0 */
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
+    int embd_mode;      /* tl_ctx_embed is running: rows are hidden states (tl_fwd_batch.embd) */
     tl_cost cost;       /* tl_ctx_decode's seconds per call size */
     char sizing[320];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
     tl_kvdisk *disk;    /* the prefix cache on disk (tl_ctx_disk_cache), or NULL */

@@ -240,8 +240,10 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "attention.key_length_swa", 0, hp->head_dim, &hp->head_dim_swa, err)) ||
         (st = hp_int(m, "attention.value_length_swa", 0, hp->head_dim_swa, &vlen, err)) ||
         (st = hp_int(m, "rope.dimension_count_swa", 0, hp->n_rot, &hp->n_rot_swa, err)) ||
-        (st = hp_int(m, "embedding_length_per_layer_input", 0, 0, &hp->n_embd_pl, err)))
+        (st = hp_int(m, "embedding_length_per_layer_input", 0, 0, &hp->n_embd_pl, err)) ||
+        (st = hp_int(m, "pooling_type", 0, TL_POOL_MEAN, &hp->pooling, err)))
         return st;
+    if (hp->pooling > TL_POOL_LAST) hp->pooling = TL_POOL_MEAN; /* rank: a reranker's head, not here */
     if (vlen != hp->head_dim_swa || hp->head_dim_swa <= 0 || hp->head_dim_swa % 2 || hp->n_rot_swa > hp->head_dim_swa ||
         hp->n_rot_swa % 2 || hp->n_rot_swa <= 0)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "sliding-window head sizes k=%d v=%d (rotary %d) not supported",
@@ -896,12 +898,25 @@ int tl_model_n_expert(const tl_model *m, int *n_used) {
     return m && m->arch ? m->hp.n_expert : 0;
 }
 const char *tl_model_chat_template(const tl_model *m) { return m->chat_template; }
+int tl_model_n_embd(const tl_model *m) { return m && m->arch ? m->hp.n_embd : 0; }
+int tl_model_pooling(const tl_model *m) { return m && m->arch ? m->hp.pooling : TL_POOL_MEAN; }
+
+static const char *const POOL_NAMES[] = {"none", "mean", "cls", "last"};
+
+int tl_pooling_parse(const char *name) {
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, POOL_NAMES[i])) return i;
+    return -2;
+}
+
+const char *tl_pooling_name(int pooling) { return pooling >= 0 && pooling < 4 ? POOL_NAMES[pooling] : "?"; }
 
 int tl_tokenize(const tl_model *m, const char *text, size_t len, int flags, int32_t **ids,
                 size_t *n_ids, tl_error *err) {
     return tl_tokenizer_encode(m->tok, text, len, flags, ids, n_ids, err);
 }
 int tl_model_add_bos(const tl_model *m) { return tl_tokenizer_add_bos(m->tok); }
+int tl_model_add_eos(const tl_model *m) { return tl_tokenizer_add_eos(m->tok); }
 int32_t tl_token_bos(const tl_model *m) { return tl_tokenizer_bos(m->tok); }
 int32_t tl_token_eos(const tl_model *m) { return tl_tokenizer_eos(m->tok); }
 int tl_token_is_eog(const tl_model *m, int32_t id) { return tl_tokenizer_is_eog(m->tok, id); }

@@ -112,6 +112,7 @@ typedef struct tl_hparams {
     int n_rot_swa;       /* rope.dimension_count_swa (default n_rot) */
     int head_dim_max, q_dim_max, kv_dim_max;
     int n_embd_pl;       /* Gemma 4's per-layer input width (embedding_length_per_layer_input), or 0 */
+    int pooling;         /* pooling_type (tl_pooling), TL_POOL_MEAN when absent */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x

@@ -1327,6 +1327,7 @@ int32_t tl_tokenizer_bos(const tl_tokenizer *t) { return t ? t->bos : -1; }
 int32_t tl_tokenizer_eos(const tl_tokenizer *t) { return t ? t->eos : -1; }
 int32_t tl_tokenizer_eot(const tl_tokenizer *t) { return t ? t->eot : -1; }
 int tl_tokenizer_add_bos(const tl_tokenizer *t) { return t && t->add_bos && t->bos >= 0; }
+int tl_tokenizer_add_eos(const tl_tokenizer *t) { return t && t->add_eos && t->eos >= 0; }
 
 int tl_tokenizer_is_eog(const tl_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab && (t->attr[id] & ATTR_EOG);

@@ -29,6 +29,7 @@ int32_t tl_tokenizer_bos(const tl_tokenizer *t);
 int32_t tl_tokenizer_eos(const tl_tokenizer *t);
 int32_t tl_tokenizer_eot(const tl_tokenizer *t);
 int tl_tokenizer_add_bos(const tl_tokenizer *t);
+int tl_tokenizer_add_eos(const tl_tokenizer *t); /* tokenizer.ggml.add_eos_token, with an EOS */
 int tl_tokenizer_is_eog(const tl_tokenizer *t, int32_t id);
 int tl_tokenizer_is_control(const tl_tokenizer *t, int32_t id);
 /* Bytes of token id (see tl_token_piece in tokenloop.h). */
