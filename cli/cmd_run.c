@@ -460,7 +460,7 @@ static int generate_ids(session *s, const run_opts *o, const int32_t *ids, size_
                         .grammar = s->matcher, .think_budget = o->think_budget,
                         .tracer = s->tracer, .trace_cached = cached};
     if (os->think) {
-        tl_chat_think_markers(NULL, &gp.think_open, &gp.think_close);
+        tl_chat_think_markers(tl_model_chat_template(s->m), &gp.think_open, &gp.think_close);
         gp.think_started = os->think_started;
     } else if (os->harmony) { /* the analysis message, counted as reasoning; no budget */
         gp.think_open = TL_HARMONY_THINK_OPEN;
