@@ -24,8 +24,9 @@ static const char SERVE_HELP[] =
     "usage: tokenloop serve [-m FILE] [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions\n"
-    "(streaming with \"stream\": true), GET /v1/models, POST /tokenize, POST /detokenize,\n"
-    "GET /health, GET /ready, GET /metrics (Prometheus), GET /props. Agents' other\n"
+    "(streaming with \"stream\": true), POST /v1/embeddings, GET /v1/models, POST /tokenize,\n"
+    "POST /detokenize, GET /health, GET /ready, GET /metrics (Prometheus), GET /props.\n"
+    "Ollama's API too (/api/*: docs/SERVER.md). Agents' other\n"
     "dialects too: OpenAI's Responses API (POST /v1/responses; GET and DELETE\n"
     "/v1/responses/{id}) and Anthropic's Messages API (POST /v1/messages,\n"
     "/v1/messages/count_tokens); docs/AGENTS.md. Every live request shares each\n"
@@ -66,6 +67,9 @@ static const char SERVE_HELP[] =
     "                          reasoning_content: auto (default: if the chat template speaks of\n"
     "                          <think>), on (also opens <think> after the generation prompt\n"
     "                          when the template does not), off (all of it is content)\n"
+    "      --pooling P         embeddings (POST /v1/embeddings, /api/embed): mean, cls, last or\n"
+    "                          none (a vector per token); default: the file's pooling_type, else\n"
+    "                          mean; a request's \"pooling\" overrides it\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
     "      --max-conns-per-client N  open connections one client address may hold\n"
@@ -160,6 +164,12 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); o->draft_path = v;
         } else if (!strcmp(a, "--prefill-chunk")) {
             VAL(); if (cli_int(a, v, 1, 1 << 20, &o->prefill_chunk)) return -1;
+        } else if (!strcmp(a, "--pooling")) {
+            VAL();
+            if ((o->pooling = tl_pooling_parse(v)) < 0) {
+                cli_error("--pooling '%s': expected none, mean, cls or last", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--drain-timeout")) {
             VAL(); if (cli_int(a, v, 0, 86400, &o->drain_timeout_s)) return -1;
         } else {
@@ -362,7 +372,7 @@ int cmd_serve(int argc, char **argv) {
     srv_opts o = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .spec = TL_SPEC_AUTO, .max_queue = 64,
                   .n_batch = 512, .prefill_chunk = 256, .drain_timeout_s = 30, .read_timeout_s = 30, .reasoning = 1,
                   .responses_max = 1024, .responses_ttl_s = 3600, .responses_mib = 256,
-                  .max_body = (size_t)8 << 20};
+                  .max_body = (size_t)8 << 20, .pooling = TL_POOL_MODEL};
     int pr = parse_serve(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : EXIT_USAGE;
     cli_kv_type_warn(o.kv_type_k, o.kv_type_v);

@@ -18,6 +18,7 @@
 #include <microhttpd.h>
 
 #include "dialect.h"
+#include "embed.h"
 #include "base/util.h"
 #include "http.h"
 #include "loop.h"
@@ -52,7 +53,8 @@ struct srv_http {
 
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
-             R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS };
+             R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS, R_EMBED, R_OLL_EMBED,
+             R_OLL_EMBEDS };
 
 /* prefix: the path is a prefix and the rest an id (/v1/responses/{id}; 2:
  * the id then "/input_items");
@@ -70,6 +72,9 @@ static const struct {
     {"/v1/responses/", "GET", R_RESP_ITEMS, 1, 0, 2, 0},
     {"/v1/messages", "POST", R_MSG, 1, 1, 0, 1},
     {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, 1},
+    {"/v1/embeddings", "POST", R_EMBED, 1, 1, 0, 0},
+    {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, 0},
+    {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, 0},
     {"/props", "GET", R_PROPS, 0, 0, 0, 0},
     {"/v1/models", "GET", R_MODELS, 1, 0, 0, 0},
     {"/health", "GET", R_HEALTH, 0, 0, 0, 0},
@@ -349,8 +354,35 @@ static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *
         return fail(app, c, k->ri, 503, "unavailable_error", m);
     }
     size_t n = 0;
-    char *s = api_reply_json(&app->api, r, &n);
+    char *s = r->kind == SRV_EMBED ? emb_reply_json(&app->api, r, &n) : api_reply_json(&app->api, r, &n);
     return reply_json(app, c, k->ri, 200, s, n);
+}
+
+/* An embedding request: queued for the scheduler's thread, which runs it
+ * between decode steps, and answered whole. */
+static enum MHD_Result embed_request(srv_app *app, struct MHD_Connection *c, conn *k) {
+    api_err e;
+    if (!(k->req = srv_req_new())) return reply_json(app, c, k->ri, 500, NULL, 0);
+    enum route rt = ROUTES[k->ri].r;
+    const int fmt = rt == R_OLL_EMBED ? EMB_OLLAMA : rt == R_OLL_EMBEDS ? EMB_OLLAMA_OLD : EMB_OPENAI;
+    if (emb_parse(&app->api, fmt, app->o->pooling, k->body ? k->body : "", k->n, k->req, &e))
+        return reply_err(app, c, k->ri, &e);
+    char why[sizeof e.msg];
+    switch (srv_sched_embed(app->sched, k->req, why, sizeof why)) {
+    case SRV_OK:
+        break;
+    case SRV_QUEUE_FULL:
+        return fail(app, c, k->ri, 503, "unavailable_error", "the server is busy: too many requests waiting");
+    case SRV_DRAINING:
+        return fail(app, c, k->ri, 503, "unavailable_error", "the server is shutting down");
+    default:
+        api_fail(&e, 400, "invalid_request_error", fmt == EMB_OLLAMA_OLD ? "prompt" : "input",
+                 "context_length_exceeded", "%s", why);
+        return reply_err(app, c, k->ri, &e);
+    }
+    atomic_fetch_add(&app->busy, 1);
+    k->counted = 1;
+    return wait_reply(app, c, k);
 }
 
 static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *k) {
@@ -460,6 +492,7 @@ static enum MHD_Result body_done(srv_app *app, struct MHD_Connection *c, conn *k
     }
     enum route r = ROUTES[k->ri].r;
     if (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG) return completion(app, c, k);
+    if (r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS) return embed_request(app, c, k);
     api_err e;
     size_t n = 0;
     const char *b = k->body ? k->body : "";
@@ -520,7 +553,8 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     enum route r = ROUTES[ri].r;
     if (phase == SRV_PHASE_LOADING && r != R_HEALTH && r != R_READY && r != R_METRICS)
         return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
-    if (phase == SRV_PHASE_DRAINING && (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG))
+    if (phase == SRV_PHASE_DRAINING &&
+        (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS))
         return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (ROUTES[ri].post && cl && strtoull(cl, NULL, 10) > app->o->max_body) {

@@ -61,10 +61,21 @@ void srv_req_release(srv_req *r) {
     tl_sampler_free(r->smp);
     tl_grammar_free(r->grammar);
     json_decref(r->tool_strs);
+    srv_embed_free(r->emb);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     close(r->efd);
     free(r);
+}
+
+void srv_embed_free(srv_embed *e) {
+    if (!e) return;
+    for (int i = 0; e->tok && i < e->n; i++) tl_free(e->tok[i]);
+    free(e->tok);
+    free(e->n_tok);
+    free(e->out);
+    free(e->off);
+    free(e);
 }
 
 int srv_req_push(srv_req *r, const srv_event *ev) {

@@ -70,6 +70,8 @@ struct srv_sched {
     int stop, draining;
     srv_req **wait; /* FIFO ring */
     int w_head, w_len, w_cap;
+    srv_req **eq;   /* embedding requests (FIFO ring, w_cap too), served between steps */
+    int e_head, e_len;
     int n_running;
 
     /* scheduler thread only */
@@ -381,6 +383,61 @@ static void admit(srv_sched *s) {
     }
 }
 
+/* ---- embeddings ---------------------------------------------------------------- */
+
+/* The embedding request at the queue's head leaves it (answered before). */
+static void embed_pop(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    srv_req *r = s->eq[s->e_head];
+    s->e_head = (s->e_head + 1) % s->w_cap;
+    s->e_len--;
+    pthread_mutex_unlock(&s->mu);
+    srv_req_release(r);
+}
+
+/* Embeds one input of the oldest embedding request, on sequence 0 between
+ * steps (the context is this thread's alone), so a long request never holds
+ * the decoding sequences up for more than one input. Returns whether there
+ * is more to do. */
+static int serve_embed(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    srv_req *r = s->e_len ? s->eq[s->e_head] : NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!r) return 0;
+    srv_embed *em = r->emb;
+    if (atomic_load(&r->cancelled)) {
+        push_error(r, 0, "cancelled");
+        embed_pop(s);
+        return 1;
+    }
+    tl_error err = {0};
+    const int i = em->done;
+    int rows = tl_ctx_embed(s->ctx, em->tok[i], (size_t)em->n_tok[i], em->pooling, em->normalize,
+                            em->out + em->off[i], &err);
+    tl_error terr = {0};
+    (void)tl_seq_truncate(s->ctx, 0, 0, &terr); /* its blocks back to the pool (full ones stay cached) */
+    if (rows < 0) {
+        /* blocks the running sequences hold now come back as they end */
+        if (rows == TL_ERR_CONTEXT_FULL && s->n_running > 0) return 0;
+        push_error(r, request_status(rows), err.msg[0] ? err.msg : "embedding failed");
+        embed_pop(s);
+        return 1;
+    }
+    if (++em->done < em->n) return 1;
+    int total = 0;
+    for (int k = 0; k < em->n; k++) total += em->n_tok[k];
+    r->prompt_tokens = total;
+    srv_metrics_tokens(s->mx, total, 0, 0);
+    srv_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SRV_EV_DONE;
+    ev.finish_reason = "stop";
+    ev.text = dup_text("", 0);
+    push_event(r, &ev);
+    embed_pop(s);
+    return 1;
+}
+
 /* ---- one step ------------------------------------------------------------------ */
 
 static void batch_add(srv_sched *s, int *n, int32_t tok, int seq, int keep, int *n_rows, int si,
@@ -615,7 +672,7 @@ static void idle_wait(srv_sched *s) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&s->mu);
-    if (!s->stop && s->w_len == 0) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    if (!s->stop && s->w_len == 0 && s->e_len == 0) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -625,6 +682,13 @@ static void shutdown_all(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     while (s->w_len) {
         srv_req *r = queue_pop(s);
+        push_error(r, 0, "the server is shutting down");
+        srv_req_release(r);
+    }
+    while (s->e_len) {
+        srv_req *r = s->eq[s->e_head];
+        s->e_head = (s->e_head + 1) % s->w_cap;
+        s->e_len--;
         push_error(r, 0, "the server is shutting down");
         srv_req_release(r);
     }
@@ -645,8 +709,9 @@ static void *sched_main(void *arg) {
         int n = build_batch(s, &n_rows);
         s->tracing = s->tracer && srv_loop_watched(s->loop);
         if (n > 0) run_batch(s, n, n_rows);
+        const int more = serve_embed(s);
         publish_state(s);
-        if (n == 0) idle_wait(s);
+        if (n == 0 && !more) idle_wait(s);
     }
     shutdown_all(s);
     publish_state(s);
@@ -659,12 +724,13 @@ static int sched_alloc(srv_sched *s, tl_error *err) {
     size_t nb = (size_t)s->n_batch;
     s->slots = calloc((size_t)s->np, sizeof *s->slots);
     s->wait = calloc((size_t)s->w_cap, sizeof *s->wait);
+    s->eq = calloc((size_t)s->w_cap, sizeof *s->eq);
     s->b_tok = calloc(nb, sizeof *s->b_tok);
     s->b_seq = calloc(nb, sizeof *s->b_seq);
     s->b_lg = calloc(nb, sizeof *s->b_lg);
     s->rows = calloc(nb, sizeof *s->rows);
     s->order_idx = calloc((size_t)s->np, sizeof *s->order_idx);
-    if (!s->order_idx || !s->slots || !s->wait || !s->b_tok || !s->b_seq || !s->b_lg || !s->rows) {
+    if (!s->order_idx || !s->slots || !s->wait || !s->eq || !s->b_tok || !s->b_seq || !s->b_lg || !s->rows) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         err->status = TL_ERR_NOMEM;
         return TL_ERR_NOMEM;
@@ -678,6 +744,7 @@ static void sched_release_mem(srv_sched *s) {
     free(s->slots);
     tl_vocab_trie_free(s->trie);
     free(s->wait);
+    free(s->eq);
     free(s->b_tok);
     free(s->b_seq);
     free(s->b_lg);
@@ -870,6 +937,33 @@ int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap) {
     return rc;
 }
 
+int srv_sched_embed(srv_sched *s, srv_req *r, char *why, size_t why_cap) {
+    if (why && why_cap) why[0] = 0;
+    const srv_embed *em = r->emb;
+    for (int i = 0; i < em->n; i++) {
+        if (em->n_tok[i] > s->n_ctx)
+            return refuse(why, why_cap, SRV_TOO_LONG,
+                          "input %d is %d tokens; the server's context is %d tokens per sequence (-c)", i,
+                          em->n_tok[i], s->n_ctx);
+        if (blocks_for(em->n_tok[i]) > s->kv_blocks)
+            return refuse(why, why_cap, SRV_TOO_LONG,
+                          "input %d needs %d tokens of KV cache; the server has %d in all (%s)", i, em->n_tok[i],
+                          s->kv_blocks * TL_KV_BLOCK, s->kv_why);
+    }
+    pthread_mutex_lock(&s->mu);
+    int rc = SRV_OK;
+    if (s->draining || s->stop) rc = SRV_DRAINING;
+    else if (s->e_len >= s->max_queue) rc = SRV_QUEUE_FULL;
+    else {
+        atomic_fetch_add(&r->refs, 1);
+        s->eq[(s->e_head + s->e_len) % s->w_cap] = r;
+        s->e_len++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 void srv_sched_drain(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->draining = 1;
@@ -878,7 +972,7 @@ void srv_sched_drain(srv_sched *s) {
 
 int srv_sched_pending(srv_sched *s) {
     pthread_mutex_lock(&s->mu);
-    int n = s->w_len + s->n_running;
+    int n = s->w_len + s->n_running + s->e_len;
     pthread_mutex_unlock(&s->mu);
     return n;
 }

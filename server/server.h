@@ -49,10 +49,29 @@ typedef struct srv_opts {
     int responses_mib;     /* --responses-mem: MiB of stored responses' JSON (256) */
     int read_timeout_s;    /* --read-timeout: seconds to send a whole request, from connecting or the last reply (30) */
     struct srv_loop *loop; /* where the scheduler publishes its trace while someone watches; NULL: nowhere */
+    int pooling;           /* --pooling: embeddings' default (tl_pooling; TL_POOL_MODEL: the file's, else mean) */
 } srv_opts;
 
 /* ---- a request and its events ------------------------------------------------ */
-typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION, SRV_EMBED } srv_kind;
+
+/* An embedding request's work (SRV_EMBED; server/embed.c parses and replies):
+ * its inputs, embedded one at a time by the scheduler's thread between decode
+ * steps, on the context's implicit sequence 0 (tl_ctx_embed). */
+typedef struct srv_embed {
+    int n;            /* inputs */
+    int32_t **tok;    /* tok[i][0..n_tok[i]): input i's tokens (owned) */
+    int *n_tok;
+    int pooling;      /* tl_pooling, resolved (never TL_POOL_MODEL) */
+    int normalize;    /* unit L2 length */
+    int d;            /* floats per row: tl_model_n_embd */
+    float *out;       /* the rows, input after input: one each, n_tok[i] each for TL_POOL_NONE */
+    size_t *off;      /* off[i]: input i's first float in out */
+    int done;         /* inputs embedded (scheduler thread only) */
+    int fmt;          /* the reply's shape (embed.c's EMB_*) */
+    int base64;       /* encoding_format base64 */
+} srv_embed;
+void srv_embed_free(srv_embed *e);
 
 typedef enum srv_ev_kind {
     SRV_EV_PROMPT, /* echo: one prompt token with its logprob entry (first has none) */
@@ -127,6 +146,8 @@ typedef struct srv_req {
     atomic_int cancelled;            /* set by the HTTP side (client left); the scheduler frees the sequence at its next step */
     atomic_int refs;                 /* HTTP side + scheduler; srv_req_release frees at 0 */
 
+    srv_embed *emb;                  /* SRV_EMBED: the inputs and their vectors (owned) */
+
     /* Written by the scheduler before DONE. */
     int prompt_tokens, completion_tokens, cached_tokens;
     int spec_drafted, spec_accepted; /* speculative guesses verified, kept */
@@ -165,6 +186,12 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
  * are found here, on the caller's thread, so a stream is refused before its
  * 200. why may be NULL. */
 int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap);
+/* Queues an embedding request (r->kind SRV_EMBED, r->emb filled; takes a
+ * reference): its inputs run on the scheduler's thread between steps, and a
+ * DONE event (or ERROR) says its vectors are in r->emb->out. Returns SRV_OK,
+ * SRV_QUEUE_FULL, SRV_DRAINING, or SRV_TOO_LONG with why (an input longer
+ * than the context or the KV pool). */
+int srv_sched_embed(srv_sched *s, srv_req *r, char *why, size_t why_cap);
 /* Stops admitting; running and waiting requests go on. */
 void srv_sched_drain(srv_sched *s);
 /* Requests waiting + running. */

@@ -380,6 +380,104 @@ static void test_refusals(void) {
     srv_sched_free(s);
 }
 
+/* An embedding request of texts, as embed.c makes it (pooling mean, normalized). */
+static srv_req *make_embed(const char *const *texts, int n) {
+    srv_req *r = srv_req_new();
+    srv_embed *em = calloc(1, sizeof *em);
+    if (!r || !em) {
+        free(em);
+        srv_req_release(r);
+        return NULL;
+    }
+    r->kind = SRV_EMBED;
+    r->emb = em;
+    em->n = n;
+    em->d = tl_model_n_embd(g_model);
+    em->pooling = TL_POOL_MEAN;
+    em->normalize = 1;
+    em->tok = calloc((size_t)n, sizeof *em->tok);
+    em->n_tok = calloc((size_t)n, sizeof *em->n_tok);
+    em->off = calloc((size_t)n, sizeof *em->off);
+    em->out = calloc((size_t)n * (size_t)em->d, sizeof *em->out);
+    if (!em->tok || !em->n_tok || !em->off || !em->out) {
+        srv_req_release(r);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t k = 0;
+        if (tl_tokenize(g_model, texts[i], strlen(texts[i]), TL_TOK_PARSE_SPECIAL, &em->tok[i], &k, NULL)) {
+            srv_req_release(r);
+            return NULL;
+        }
+        em->n_tok[i] = (int)k;
+        em->off[i] = (size_t)i * (size_t)em->d;
+    }
+    return r;
+}
+
+/* Embedding requests run on the scheduler's context between decode steps:
+ * their vectors equal tl_ctx_embed's on a context of their own, bit for bit,
+ * and the completions decoding beside them keep their tokens; one longer
+ * than the context is refused at submit; a cancelled one ends with ERROR. */
+static void test_embed(void) {
+    srv_metrics *mx = srv_metrics_new();
+    srv_sched *s = NULL;
+    srv_opts o = base_opts(2);
+    o.n_ctx = 256;
+    CHECK(srv_sched_new(g_model, &o, mx, &s, NULL) == 0, "sched new");
+    if (!s) {
+        srv_metrics_free(mx);
+        return;
+    }
+    const int d = tl_model_n_embd(g_model);
+    srv_req *ref = make_embed(prompts, N_PROMPTS);
+    tl_ctx *ctx = NULL;
+    tl_ctx_params cp = {.n_ctx = 256, .n_threads = 1, .n_batch = 7}; /* chunked: the same bits */
+    CHECK(ref && tl_ctx_new(g_model, &cp, &ctx, NULL) == 0, "reference context");
+    for (int i = 0; ref && ctx && i < N_PROMPTS; i++)
+        CHECK(tl_ctx_embed(ctx, ref->emb->tok[i], (size_t)ref->emb->n_tok[i], TL_POOL_MEAN, 1,
+                           ref->emb->out + (size_t)i * d, NULL) == 1, "reference embed %d", i);
+    tl_ctx_free(ctx);
+    srv_req *gen_alone = make_req(prompts[0], 24, 0.0f, 1), *gen = make_req(prompts[0], 24, 0.0f, 1);
+    CHECK(srv_sched_submit(s, gen_alone, NULL, 0) == SRV_OK && wait_done(gen_alone, 60), "generation alone");
+    srv_req *em[4];
+    CHECK(srv_sched_submit(s, gen, NULL, 0) == SRV_OK, "generation beside embeddings");
+    for (int k = 0; k < 4; k++) {
+        em[k] = make_embed(prompts, N_PROMPTS);
+        CHECK(em[k] && srv_sched_embed(s, em[k], NULL, 0) == SRV_OK, "embed submit %d", k);
+    }
+    for (int k = 0; k < 4; k++) {
+        if (!em[k]) continue;
+        CHECK(wait_done(em[k], 60) && one_final(em[k]) && em[k]->ev[em[k]->n_ev - 1].kind == SRV_EV_DONE,
+              "embed %d done", k);
+        CHECK(ref && !memcmp(em[k]->emb->out, ref->emb->out, (size_t)N_PROMPTS * d * sizeof(float)),
+              "embed %d: tl_ctx_embed's bits", k);
+        srv_req_release(em[k]);
+    }
+    CHECK(wait_done(gen, 60) && same_tokens(gen, gen_alone), "the generation beside them keeps its tokens");
+    /* longer than the context: refused at submit, with why */
+    char buf[4000];
+    memset(buf, 0, sizeof buf);
+    for (int i = 0; i + 6 < (int)sizeof buf - 1; i += 6) memcpy(buf + i, "hello ", 6);
+    const char *longp[] = {buf};
+    srv_req *lr = make_embed(longp, 1);
+    char why[256];
+    CHECK(lr && srv_sched_embed(s, lr, why, sizeof why) == SRV_TOO_LONG && strstr(why, "context"),
+          "too long: %s", why);
+    srv_req_release(lr);
+    /* cancelled before it runs: an ERROR, nothing else */
+    srv_req *c = make_embed(prompts, N_PROMPTS);
+    if (c) atomic_store(&c->cancelled, 1);
+    CHECK(c && srv_sched_embed(s, c, NULL, 0) == SRV_OK && wait_done(c, 60) && one_final(c) &&
+              c->ev[c->n_ev - 1].kind == SRV_EV_ERROR, "cancelled embed: ERROR");
+    srv_req_release(c);
+    srv_req_release(ref);
+    srv_req_release(gen);
+    srv_req_release(gen_alone);
+    srv_sched_free(s);
+    srv_metrics_free(mx);
+}
+
 int main(void) {
     tl_model *m = NULL;
     tl_error err = {0};
@@ -396,6 +494,7 @@ int main(void) {
     test_limits();
     test_context_full();
     test_refusals();
+    test_embed();
     printf("crowd %.1f s, echo %.1f s, limits %.1f s\n", t1 - t0, t2 - t1, now_s() - t2);
     tl_model_free(m);
     return tl_test_summary();
