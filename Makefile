@@ -56,6 +56,11 @@ $(BUILD)/simde/test_kernels_bench: $(BUILD)/tests/unit/test_kernels_bench.o $(SI
 
 lib: $(BUILD)/libtokenloop.a
 
+# The library as a shared object for the Python package (python/, docs/PYTHON.md):
+# the same objects (CFLAGS has -fPIC), every dependency resolved at link time.
+$(BUILD)/libtokenloop.so: $(LIB_OBJ)
+	$(CC) $(LDFLAGS) -shared -Wl,-z,defs -Wl,-soname,libtokenloop.so -o $@ $^ $(LDLIBS)
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ISA) -c $< -o $@
