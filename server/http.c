@@ -19,6 +19,7 @@
 
 #include "dialect.h"
 #include "embed.h"
+#include "ollama.h"
 #include "base/util.h"
 #include "http.h"
 #include "loop.h"
@@ -54,11 +55,12 @@ struct srv_http {
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
              R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS, R_EMBED, R_OLL_EMBED,
-             R_OLL_EMBEDS };
+             R_OLL_EMBEDS, R_OLL_CHAT, R_OLL_GEN, R_OLL_VERSION, R_OLL_TAGS, R_OLL_PS, R_OLL_SHOW };
 
 /* prefix: the path is a prefix and the rest an id (/v1/responses/{id}; 2:
  * the id then "/input_items");
- * anthropic: errors in Anthropic's shape. */
+ * anthropic: errors in Anthropic's shape (1), or Ollama's (2: {"error": "..."},
+ * and streams as NDJSON). */
 static const struct {
     const char *path, *method;
     enum route r;
@@ -73,8 +75,14 @@ static const struct {
     {"/v1/messages", "POST", R_MSG, 1, 1, 0, 1},
     {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, 1},
     {"/v1/embeddings", "POST", R_EMBED, 1, 1, 0, 0},
-    {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, 0},
-    {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, 0},
+    {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, 2},
+    {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, 2},
+    {"/api/chat", "POST", R_OLL_CHAT, 1, 1, 0, 2},
+    {"/api/generate", "POST", R_OLL_GEN, 1, 1, 0, 2},
+    {"/api/show", "POST", R_OLL_SHOW, 1, 1, 0, 2},
+    {"/api/version", "GET", R_OLL_VERSION, 1, 0, 0, 2},
+    {"/api/tags", "GET", R_OLL_TAGS, 1, 0, 0, 2},
+    {"/api/ps", "GET", R_OLL_PS, 1, 0, 0, 2},
     {"/props", "GET", R_PROPS, 0, 0, 0, 0},
     {"/v1/models", "GET", R_MODELS, 1, 0, 0, 0},
     {"/health", "GET", R_HEALTH, 0, 0, 0, 0},
@@ -143,7 +151,9 @@ static enum MHD_Result reply_json(srv_app *app, struct MHD_Connection *c, int ri
 
 static enum MHD_Result reply_err(srv_app *app, struct MHD_Connection *c, int ri, const api_err *e) {
     size_t n = 0;
-    char *s = ri >= 0 && ROUTES[ri].anthropic ? msg_error_json(e, &n) : api_error_json(e, &n);
+    char *s = ri >= 0 && ROUTES[ri].anthropic == 1   ? msg_error_json(e, &n)
+              : ri >= 0 && ROUTES[ri].anthropic == 2 ? oll_error_json(e, &n)
+                                                     : api_error_json(e, &n);
     return reply_json(app, c, ri, (unsigned)e->http, s, n);
 }
 
@@ -232,8 +242,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (got > 0) continue;
         int w = wait_events(s->r, s->fd, 1000);
         if (w < 0) break;
-        /* openai's SSE decoder skips comment lines: keeps proxies and clients from timing out. */
-        if (w == 0 && api_buf_add(&s->out, ": keep-alive\n\n", 14)) break;
+        /* openai's SSE decoder skips comment lines: keeps proxies and clients from timing out
+         * (an NDJSON stream has no comments: it stays quiet) */
+        if (w == 0 && s->r->dialect != SRV_DIALECT_OLLAMA && api_buf_add(&s->out, ": keep-alive\n\n", 14)) break;
     }
     atomic_store(&s->r->cancelled, 1);
     return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -264,7 +275,8 @@ static enum MHD_Result start_stream(srv_app *app, struct MHD_Connection *c, conn
         stream_free(s);
         return MHD_NO;
     }
-    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            ROUTES[k->ri].anthropic == 2 ? "application/x-ndjson" : "text/event-stream");
     MHD_add_response_header(rsp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, rsp);
     MHD_destroy_response(rsp);
@@ -391,10 +403,18 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
     enum route rt = ROUTES[k->ri].r;
     srv_kind kind = rt == R_COMPL ? SRV_COMPLETION : SRV_CHAT;
     const char *b = k->body ? k->body : "";
+    int empty = 0;
     int bad = rt == R_RESP  ? resp_parse(&app->api, b, k->n, k->req, &e)
               : rt == R_MSG ? msg_parse(&app->api, b, k->n, k->req, 0, &e)
-                            : api_parse_request(&app->api, kind, b, k->n, k->req, &e);
+              : rt == R_OLL_CHAT || rt == R_OLL_GEN
+                  ? oll_parse(&app->api, rt == R_OLL_GEN, b, k->n, k->req, &empty, &e)
+                  : api_parse_request(&app->api, kind, b, k->n, k->req, &e);
     if (bad) return reply_err(app, c, k->ri, &e);
+    if (empty) { /* Ollama's "load the model": it is loaded */
+        size_t n = 0;
+        char *s = oll_load_json(&app->api, &n);
+        return reply_json(app, c, k->ri, 200, s, n);
+    }
     /* 503 (with Retry-After) only for what another try, or another replica,
      * may not meet: overload and draining. A request that can never run gets
      * 400 naming the limit, as OpenAI, vLLM and llama-server answer a context
@@ -411,7 +431,7 @@ static enum MHD_Result completion(srv_app *app, struct MHD_Connection *c, conn *
     case SRV_TOO_LONG:
     case SRV_NO_KV:
         api_fail(&e, 400, "invalid_request_error",
-                 rt == R_RESP ? "input" : rt == R_MSG || kind == SRV_CHAT ? "messages" : "prompt",
+                 rt == R_RESP ? "input" : rt == R_MSG || rt == R_OLL_CHAT || kind == SRV_CHAT ? "messages" : "prompt",
                  "context_length_exceeded", "%s", why);
         return reply_err(app, c, k->ri, &e);
     case SRV_INVALID:
@@ -446,6 +466,13 @@ static enum MHD_Result simple_get(srv_app *app, struct MHD_Connection *c, conn *
         return s ? reply_json(app, c, ri, 200, s, n) : reply_err(app, c, ri, &e);
     case R_PROPS:
         s = api_props_json(&app->api, &n);
+        return reply_json(app, c, ri, 200, s, n);
+    case R_OLL_VERSION:
+        s = oll_version_json(&n);
+        return reply_json(app, c, ri, 200, s, n);
+    case R_OLL_TAGS:
+    case R_OLL_PS:
+        s = oll_tags_json(&app->api, ROUTES[ri].r == R_OLL_PS, &n);
         return reply_json(app, c, ri, 200, s, n);
     case R_HEALTH:
         /* llama-server's convention, which scripts and probes wait on: 503
@@ -491,11 +518,16 @@ static enum MHD_Result body_done(srv_app *app, struct MHD_Connection *c, conn *k
         return fail(app, c, k->ri, 413, "invalid_request_error", m);
     }
     enum route r = ROUTES[k->ri].r;
-    if (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG) return completion(app, c, k);
+    if (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_OLL_CHAT || r == R_OLL_GEN)
+        return completion(app, c, k);
     if (r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS) return embed_request(app, c, k);
     api_err e;
     size_t n = 0;
     const char *b = k->body ? k->body : "";
+    if (r == R_OLL_SHOW) {
+        char *s = oll_show_json(&app->api, b, k->n, &n, &e);
+        return s ? reply_json(app, c, k->ri, 200, s, n) : reply_err(app, c, k->ri, &e);
+    }
     if (r == R_MSG_COUNT) {
         srv_req *q = srv_req_new();
         if (!q) return reply_json(app, c, k->ri, 500, NULL, 0);
@@ -554,7 +586,8 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     if (phase == SRV_PHASE_LOADING && r != R_HEALTH && r != R_READY && r != R_METRICS)
         return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
     if (phase == SRV_PHASE_DRAINING &&
-        (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS))
+        (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_EMBED || r == R_OLL_EMBED ||
+         r == R_OLL_EMBEDS || r == R_OLL_CHAT || r == R_OLL_GEN))
         return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (ROUTES[ri].post && cl && strtoull(cl, NULL, 10) > app->o->max_body) {

@@ -207,7 +207,10 @@ static int slot_token(const tl_gen_event *ge, void *user) {
     ev.n_top = ge->n_top < SRV_MAX_TOP ? ge->n_top : SRV_MAX_TOP;
     if (ev.n_top > 0) memcpy(ev.top, ge->top, (size_t)ev.n_top * sizeof *ev.top);
     double t = now_s();
-    if (tl_step_count(sl->step) == 1) srv_metrics_ttft(s->mx, t - sl->r->t_arrival);
+    if (tl_step_count(sl->step) == 1) {
+        srv_metrics_ttft(s->mx, t - sl->r->t_arrival);
+        sl->r->t_first = t;
+    }
     else srv_metrics_itl(s->mx, t - sl->t_last);
     sl->t_last = t;
     if (s->tracing) tl_tracer_token(s->tracer, sl->seq, ge);

@@ -96,7 +96,7 @@ typedef struct srv_event {
                                       * request itself can never run; 0: 503, another try may work */
 } srv_event;
 
-enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES };
+enum { SRV_DIALECT_CHAT, SRV_DIALECT_RESPONSES, SRV_DIALECT_MESSAGES, SRV_DIALECT_OLLAMA };
 
 typedef struct srv_req {
     /* Filled by validate.c before srv_sched_submit, read-only afterwards. */
@@ -134,6 +134,7 @@ typedef struct srv_req {
     char id[64];                     /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;                 /* unix seconds */
     double t_arrival;                /* monotonic seconds, for time-to-first-token */
+    double t_first;                  /* monotonic seconds of the first generated token (the scheduler's; 0: none yet) */
 
     /* Shared between the HTTP thread and the scheduler, under mu. */
     pthread_mutex_t mu;
