@@ -361,8 +361,8 @@ static char *oll_reply(const api_ctx *a, const srv_req *r, json_t *chat, size_t 
     json_t *o = head(a);
     const char *finish = json_string_value(json_object_get(c, "finish_reason"));
     int bad = !o || (json_array_size(tc) && !calls) ||
-              body_fields(o, d, json_is_string(content) ? content : NULL, json_is_string(thinking) ? thinking : NULL,
-                          calls) ||
+              body_fields(o, d, json_is_string(content) ? content : NULL,
+                          json_string_length(thinking) ? thinking : NULL, calls) ||
               finish_fields(o, r, finish);
     json_decref(calls);
     json_decref(chat);

@@ -18,11 +18,17 @@ Python client (ollama.Client(host=...)) against a SmolLM2 server:
 - tools: a call in Ollama's shape (arguments an object) whole and streamed,
   the client's parser accepts it, and the history with the call and its
   result goes back through client.chat;
-- errors as Ollama's {"error": "..."} with a 4xx (ollama.ResponseError).
+- errors as Ollama's {"error": "..."} with a 4xx (ollama.ResponseError);
+- on a random hybrid qwen35 with Qwen 3.5's template: an XML tool call in
+  Ollama's shape (whole = streamed), think's reasoning as message.thinking
+  (whole = streamed), /api/embed equal to `tokenloop embed` bit for bit.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_ollama.py"""
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 
@@ -198,6 +204,64 @@ def error_checks(cl, url):
         check(400 <= e.status_code < 500, f"chat([]): {e.status_code}")
 
 
+def qwen35_checks():
+    """A random hybrid qwen35 with Qwen 3.5's template (as test_server_tool_formats
+    makes it): tools in its XML format come back in Ollama's shape, reasoning
+    as thinking (whole = streamed), and /api/embed gives `tokenloop embed`'s bits."""
+    vocab = os.path.join(os.environ.get("TL_VOCAB_DIR", os.path.join(ROOT, "..", "shared", "vocab")),
+                         "ggml-vocab-gpt-2.gguf")
+    if not os.path.exists(vocab):
+        print(f"skip qwen35: {vocab} is missing")
+        return
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "qwen35.gguf")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "qwen35", path, "--vocab", vocab,
+                        "--seed", "11", "--template", os.path.join(ROOT, "tests", "templates", "qwen3.5.jinja"),
+                        "--add-control", "<|im_start|>", "--add-control", "<|im_end|>", "--add-token", "<think>",
+                        "--add-token", "</think>", "--eos", "<|im_end|>"], capture_output=True, text=True, timeout=300)
+    if not check(p.returncode == 0, f"mkmodel qwen35: {p.stderr[-300:]}"):
+        return
+    srv = Server(path, ["-c", "512", "-np", "2"])
+    try:
+        if not check(srv.wait_ready(), "qwen35 server ready"):
+            return
+        cl = ollama.Client(host=srv.url)
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                                   "parameters": {"type": "object", "properties": {
+                                                       "city": {"type": "string", "maxLength": 12}},
+                                                       "required": ["city"], "additionalProperties": False}}}]
+        body = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools,
+                "tool_choice": "required", "think": False, "options": {"temperature": 0, "num_predict": 96},
+                "stream": False}
+        st, lines = raw(srv.url, "/api/chat", body)
+        calls = (lines[0].get("message", {}).get("tool_calls") or []) if lines else []
+        check(st == 200 and calls and calls[0]["function"]["name"] == "get_weather"
+              and isinstance(calls[0]["function"]["arguments"], dict), f"qwen35: an XML call as Ollama's: {lines}")
+        st, slines = raw(srv.url, "/api/chat", {**body, "stream": True})
+        scalls = [c for ln in slines for c in (ln.get("message", {}).get("tool_calls") or [])]
+        check(st == 200 and scalls == calls, f"qwen35: streamed call = whole: {scalls} vs {calls}")
+        w = cl.chat(model="m", messages=[{"role": "user", "content": "Hi"}], think=True,
+                    options={"temperature": 0, "num_predict": 40}, stream=False)
+        parts = list(cl.chat(model="m", messages=[{"role": "user", "content": "Hi"}], think=True,
+                             options={"temperature": 0, "num_predict": 40}, stream=True))
+        th = "".join(x.message.thinking or "" for x in parts)
+        ct = "".join(x.message.content or "" for x in parts)
+        check(w.message.thinking and th == w.message.thinking and ct == (w.message.content or ""),
+              f"qwen35: thinking, streamed = whole: {th[:60]!r} vs {(w.message.thinking or '')[:60]!r}")
+        texts = ["Hello world", "A longer text about the weather in Paris."]
+        e = cl.embed(model="m", input=texts)
+        cmd = [os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop")), "embed", "-m", path]
+        for t in texts:
+            cmd += ["-p", t]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        ref = [np.array(d["embedding"], dtype=np.float32) for d in json.loads(out.stdout)["data"]] if out.returncode == 0 else []
+        check(len(ref) == 2 and all(np.array(a, dtype=np.float32).tobytes() == b.tobytes()
+                                    for a, b in zip(e.embeddings, ref)), "qwen35 (hybrid): /api/embed = tokenloop embed")
+    finally:
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     if not check(os.path.exists(MODEL), f"{MODEL} is missing (make models)"):
         tlcheck.finish()
@@ -213,6 +277,7 @@ def main():
             error_checks(cl, srv.url)
     finally:
         srv.stop()
+    qwen35_checks()
     tlcheck.finish()
 
 
