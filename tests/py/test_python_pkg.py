@@ -166,6 +166,44 @@ def check_layouts(tl):
     check(len(got) > 60, f"layout program printed {len(got)} lines")
 
 
+def check_splitter():
+    """Replies into content, reasoning and calls: gpt-oss's channels through
+    the library's harmony parser, Hermes calls held back when streamed."""
+    from tokenloop import _reply
+    from tokenloop.model import Event
+
+    def split(harmony, pieces):
+        s = _reply.Splitter(harmony, True)
+        streamed, calls = [], []
+        for p in pieces:
+            s.push(Event(p, 1, 0))
+            t = s.take()
+            streamed += t.content
+            calls += t.calls
+        s.end()
+        last = s.take()
+        last.calls = calls + last.calls
+        return streamed + last.content, last
+
+    s = _reply.Splitter(True, True)
+    for piece in ["<|channel|>analysis<|message|>Let me", " think<|end|><|start|>assistant<|channel|>final",
+                  "<|message|>Hel", "lo"]:
+        s.push(Event(piece, 1, 0))
+    s.end()
+    p = s.take()
+    check("".join(p.reasoning) == "Let me think" and "".join(p.content) == "Hello" and not p.calls,
+          f"harmony: {p.reasoning} {p.content} {p.calls}")
+    content, p = split(True, ['<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":',
+                              '"Paris"}<|call|>'])
+    check(p.calls == [("get_weather", '{"city":"Paris"}')] and not content, f"harmony call: {p.calls} {content}")
+    content, p = split(False, ["Sure", ", calling <tool", '_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'])
+    check(content == ["Sure", ", calling "] and p.calls == [("f", {"a": 1})], f"hermes call: {content} {p.calls}")
+    content, p = split(False, ["a <to", "day>"])
+    check("".join(content) == "a <today>" and not p.calls, f"held text that is no call: {content}")
+    content, p = split(False, ["x <tool_call>not json"])
+    check("".join(content) == "x <tool_call>not json" and not p.calls, f"a broken call stays text: {content}")
+
+
 def checks():
     import tokenloop
     site = os.environ["TL_PYPKG_SITE"]
@@ -176,6 +214,7 @@ def checks():
         ver = re.search(r'#define TL_VERSION "([^"]+)"', f.read()).group(1)
     check(tokenloop.__version__ == ver, f"version {tokenloop.__version__} == TL_VERSION {ver}")
     check_layouts(tokenloop)
+    check_splitter()
 
     t0 = time.time()
     m = tokenloop.Model(MODEL, n_threads=2)
