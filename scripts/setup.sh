@@ -2,7 +2,8 @@
 # Installs what the build and the tests need and is missing: a C compiler,
 # make, PCRE2, SIMDe, libmicrohttpd, jansson and nettle (Debian packages) and the Python
 # packages the tests check against (gguf, numpy, jinja2) or drive the server with
-# (openai, anthropic, prometheus-client, jsonschema), Chromium with selenium for the
+# (openai, anthropic, ollama, prometheus-client, jsonschema; setuptools and wheel
+# build the Python package), Chromium with selenium for the
 # live page's test, HAProxy for the scale-out test and kubernetes-validate
 # for deploy/k8s/. Idempotent and quiet when everything is there.
 set -euo pipefail
@@ -35,10 +36,11 @@ if ! python3 -c 'import gguf, numpy, jinja2' >/dev/null 2>&1; then
     python3 -m pip install -q gguf numpy jinja2 >&2 ||
         python3 -m pip install -q --break-system-packages gguf numpy jinja2 >&2
 fi
-if ! python3 -c 'import openai, anthropic, prometheus_client, jsonschema, selenium' >/dev/null 2>&1; then
-    echo "setup: installing Python packages openai, anthropic, prometheus-client, jsonschema, selenium" >&2
-    python3 -m pip install -q openai anthropic prometheus-client jsonschema selenium >&2 ||
-        python3 -m pip install -q --break-system-packages openai anthropic prometheus-client jsonschema selenium >&2
+if ! python3 -c 'import openai, anthropic, ollama, prometheus_client, jsonschema, selenium, setuptools, wheel' >/dev/null 2>&1; then
+    echo "setup: installing Python packages openai, anthropic, ollama, prometheus-client, jsonschema, selenium, setuptools, wheel" >&2
+    python3 -m pip install -q openai anthropic ollama prometheus-client jsonschema selenium setuptools wheel >&2 ||
+        python3 -m pip install -q --break-system-packages openai anthropic ollama prometheus-client jsonschema selenium \
+            setuptools wheel >&2
 fi
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
     echo "setup: installing Python package kubernetes-validate (deploy/k8s/ checks)" >&2
