@@ -90,8 +90,8 @@ static json_t *chat_msg(json_t *m, size_t i, api_err *e) {
                 json_decref(o);
                 return BAD(p, "'%s.tool_calls' entries need function.name", p), NULL;
             }
-            if (api_jpush(calls, json_pack("{s:s, s:{s:O, s:O}}", "type", "function", "function", "name", nm,
-                                           "arguments", args ? args : json_object()))) {
+            if (api_jpush(calls, json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name", nm,
+                                           "arguments", args ? json_incref(args) : json_object()))) {
                 json_decref(calls);
                 json_decref(o);
                 return OOM(), NULL;
