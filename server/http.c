@@ -59,12 +59,13 @@ enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_
 
 /* prefix: the path is a prefix and the rest an id (/v1/responses/{id}; 2:
  * the id then "/input_items");
- * anthropic: errors in Anthropic's shape (1), or Ollama's (2: {"error": "..."},
- * and streams as NDJSON). */
+ * vendor: errors in OpenAI's shape (0), Anthropic's (V_ANTHROPIC) or Ollama's
+ * (V_OLLAMA: {"error": "..."}, and streams as NDJSON). */
+enum { V_OPENAI = 0, V_ANTHROPIC = 1, V_OLLAMA = 2 };
 static const struct {
     const char *path, *method;
     enum route r;
-    int auth, post, prefix, anthropic;
+    int auth, post, prefix, vendor;
 } ROUTES[] = {
     {"/v1/chat/completions", "POST", R_CHAT, 1, 1, 0, 0},
     {"/v1/completions", "POST", R_COMPL, 1, 1, 0, 0},
@@ -72,17 +73,17 @@ static const struct {
     {"/v1/responses/", "GET", R_RESP_GET, 1, 0, 1, 0},
     {"/v1/responses/", "DELETE", R_RESP_DEL, 1, 0, 1, 0},
     {"/v1/responses/", "GET", R_RESP_ITEMS, 1, 0, 2, 0},
-    {"/v1/messages", "POST", R_MSG, 1, 1, 0, 1},
-    {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, 1},
+    {"/v1/messages", "POST", R_MSG, 1, 1, 0, V_ANTHROPIC},
+    {"/v1/messages/count_tokens", "POST", R_MSG_COUNT, 1, 1, 0, V_ANTHROPIC},
     {"/v1/embeddings", "POST", R_EMBED, 1, 1, 0, 0},
-    {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, 2},
-    {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, 2},
-    {"/api/chat", "POST", R_OLL_CHAT, 1, 1, 0, 2},
-    {"/api/generate", "POST", R_OLL_GEN, 1, 1, 0, 2},
-    {"/api/show", "POST", R_OLL_SHOW, 1, 1, 0, 2},
-    {"/api/version", "GET", R_OLL_VERSION, 1, 0, 0, 2},
-    {"/api/tags", "GET", R_OLL_TAGS, 1, 0, 0, 2},
-    {"/api/ps", "GET", R_OLL_PS, 1, 0, 0, 2},
+    {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, V_OLLAMA},
+    {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, V_OLLAMA},
+    {"/api/chat", "POST", R_OLL_CHAT, 1, 1, 0, V_OLLAMA},
+    {"/api/generate", "POST", R_OLL_GEN, 1, 1, 0, V_OLLAMA},
+    {"/api/show", "POST", R_OLL_SHOW, 1, 1, 0, V_OLLAMA},
+    {"/api/version", "GET", R_OLL_VERSION, 1, 0, 0, V_OLLAMA},
+    {"/api/tags", "GET", R_OLL_TAGS, 1, 0, 0, V_OLLAMA},
+    {"/api/ps", "GET", R_OLL_PS, 1, 0, 0, V_OLLAMA},
     {"/props", "GET", R_PROPS, 0, 0, 0, 0},
     {"/v1/models", "GET", R_MODELS, 1, 0, 0, 0},
     {"/health", "GET", R_HEALTH, 0, 0, 0, 0},
@@ -151,8 +152,8 @@ static enum MHD_Result reply_json(srv_app *app, struct MHD_Connection *c, int ri
 
 static enum MHD_Result reply_err(srv_app *app, struct MHD_Connection *c, int ri, const api_err *e) {
     size_t n = 0;
-    char *s = ri >= 0 && ROUTES[ri].anthropic == 1   ? msg_error_json(e, &n)
-              : ri >= 0 && ROUTES[ri].anthropic == 2 ? oll_error_json(e, &n)
+    char *s = ri >= 0 && ROUTES[ri].vendor == V_ANTHROPIC ? msg_error_json(e, &n)
+              : ri >= 0 && ROUTES[ri].vendor == V_OLLAMA ? oll_error_json(e, &n)
                                                      : api_error_json(e, &n);
     return reply_json(app, c, ri, (unsigned)e->http, s, n);
 }
@@ -276,7 +277,7 @@ static enum MHD_Result start_stream(srv_app *app, struct MHD_Connection *c, conn
         return MHD_NO;
     }
     MHD_add_response_header(rsp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                            ROUTES[k->ri].anthropic == 2 ? "application/x-ndjson" : "text/event-stream");
+                            ROUTES[k->ri].vendor == V_OLLAMA ? "application/x-ndjson" : "text/event-stream");
     MHD_add_response_header(rsp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, rsp);
     MHD_destroy_response(rsp);
