@@ -15,14 +15,18 @@
   each gives alone;
 - 400s in OpenAI's shape: empty input, an empty string, bad token ids, an
   unknown pooling, dimensions other than the model's width, an input longer
-  than the context, a bad encoding_format; and the server still answers.
+  than the context, a bad encoding_format; and the server still answers;
+- no 5xx over 150 mutated bodies.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_embed.py"""
 import base64
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 
 import numpy as np
 import openai
@@ -67,8 +71,6 @@ def create(oc, inp, **kw):
 
 
 def status_of(url, body):
-    import urllib.error
-    import urllib.request
     req = urllib.request.Request(url + "/v1/embeddings", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     try:
@@ -147,6 +149,43 @@ def smol_checks(srv):
     except openai.BadRequestError:
         check(True, "")
     check(same(create(oc, TEXTS[:1]), ref[:1]), "the server still answers after the errors")
+    fuzz(srv.url)
+
+
+def fuzz(url, n=150):
+    """No 5xx over mutated bodies (odd values for each field, inputs of every shape)."""
+    rnd = random.Random(7)
+    odd = [None, 0, -1, 1.5, 1e300, "", "x" * 300, [], {}, True, [[[[[]]]]], [[1, 2], "a"], [-1], [2 ** 40],
+           "é" * 40, "😀" * 20, "none", "base64", "float", 576, [[]], ["", "a"]]
+    bases = [{"model": "m", "input": ["a", "b c"], "encoding_format": "base64", "dimensions": 576, "pooling": "mean"},
+             {"model": "m", "input": [[1, 2, 3], [4]], "normalize": False, "embd_normalize": 2, "user": "u"},
+             {"model": "m", "input": "hello", "pooling": "none"}]
+    n5 = 0
+    for i in range(n):
+        b = json.loads(json.dumps(bases[i % len(bases)]))
+        for _ in range(rnd.randint(1, 3)):
+            k = rnd.choice(list(b) + ["extra"])
+            if rnd.random() < 0.25 and k in b:
+                del b[k]
+            else:
+                b[k] = json.loads(json.dumps(rnd.choice(odd)))
+        data = json.dumps(b).encode()
+        if rnd.random() < 0.08:
+            data = data[:rnd.randrange(len(data))]
+        req = urllib.request.Request(url + "/v1/embeddings", data=data, headers={"Content-Type": "application/json"},
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+            e.read()
+        if code >= 500:
+            n5 += 1
+            if n5 <= 3:
+                print(f"  5xx: {data[:300]!r} -> {code}")
+    check(n5 == 0, f"no 5xx over {n} mutated bodies: {n5}")
 
 
 def qwen_checks():

@@ -19,12 +19,14 @@ Python client (ollama.Client(host=...)) against a SmolLM2 server:
   the client's parser accepts it, and the history with the call and its
   result goes back through client.chat;
 - errors as Ollama's {"error": "..."} with a 4xx (ollama.ResponseError);
+- no 5xx over mutated bodies on every POST;
 - on a random hybrid qwen35 with Qwen 3.5's template: an XML tool call in
   Ollama's shape (whole = streamed), think's reasoning as message.thinking
   (whole = streamed), /api/embed equal to `tokenloop embed` bit for bit.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_ollama.py"""
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -204,6 +206,78 @@ def error_checks(cl, url):
         check(400 <= e.status_code < 500, f"chat([]): {e.status_code}")
 
 
+ODD = [None, 0, -1, 1.5, 1e300, "", "x" * 300, [], {}, True, [[[[[]]]]], {"type": "text"}, "\u0000",
+       -(2 ** 63), 2 ** 64, "é" * 40, "€" * 30, "😀" * 20, "json", {"type": "object"}]
+
+
+def mutate(body, rnd):
+    """body with 1-3 random changes (a key dropped, a value made odd, a list
+    element repeated), sometimes cut short: bytes."""
+    b = json.loads(json.dumps(body))
+    for _ in range(rnd.randint(1, 3)):
+        paths, stack = [], [((), b)]
+        while stack:
+            p, v = stack.pop()
+            paths.append(p)
+            if isinstance(v, dict):
+                stack += [(p + (k,), x) for k, x in v.items()]
+            elif isinstance(v, list):
+                stack += [(p + (i,), x) for i, x in enumerate(v)]
+        if len(paths) < 2:
+            continue
+        p = rnd.choice(paths[1:])
+        parent = b
+        for k in p[:-1]:
+            parent = parent[k]
+        op = rnd.random()
+        if op < 0.3 and isinstance(parent, dict):
+            del parent[p[-1]]
+        elif op < 0.4 and isinstance(parent, list):
+            parent.append(json.loads(json.dumps(parent[p[-1]])))
+        else:
+            parent[p[-1]] = json.loads(json.dumps(rnd.choice(ODD)))
+    data = json.dumps(b).encode()
+    return data[:rnd.randrange(len(data))] if rnd.random() < 0.08 else data
+
+
+def fuzz(url, n=120):
+    """No 5xx, and the server still up, over mutated bodies on every POST."""
+    rnd = random.Random(32)
+    chat = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                       {"role": "assistant", "content": "", "thinking": "hm", "tool_calls": [
+                                           {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                                       {"role": "tool", "content": "Sunny", "tool_name": "get_weather"}],
+            "tools": [WEATHER], "format": "json", "think": False, "keep_alive": "5m",
+            "options": {"num_predict": 4, "temperature": 0, "stop": ["x"], "top_k": 5, "repeat_penalty": 1.2}}
+    bases = {"/api/chat": [chat, {**chat, "stream": False}],
+             "/api/generate": [{"model": "m", "prompt": "Hi", "system": "Be brief.", "options": {"num_predict": 4}},
+                               {"model": "m", "prompt": "Hi", "raw": True, "stream": False,
+                                "format": {"type": "object"}, "options": {"num_predict": 4, "seed": 3}}],
+             "/api/embed": [{"model": "m", "input": ["a", "b"], "truncate": True, "options": {}}],
+             "/api/embeddings": [{"model": "m", "prompt": "a"}],
+             "/api/show": [{"model": "m", "verbose": True}]}
+    for path, bs in bases.items():
+        n5 = 0
+        for i in range(n if path in ("/api/chat", "/api/generate") else n // 3):
+            data = mutate(bs[i % len(bs)], rnd)
+            req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"},
+                                         method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    r.read()
+                    code = r.status
+            except urllib.error.HTTPError as e:
+                code = e.code
+                e.read()
+            if code >= 500:
+                n5 += 1
+                if n5 <= 3:
+                    print(f"  5xx on {path}: {data[:300]!r} -> {code}")
+        check(n5 == 0, f"no 5xx over mutated bodies on {path}: {n5}")
+    with urllib.request.urlopen(url + "/api/version", timeout=30) as r:
+        check(r.status == 200, "the server answers after the mutated bodies")
+
+
 def qwen35_checks():
     """A random hybrid qwen35 with Qwen 3.5's template (as test_server_tool_formats
     makes it): tools in its XML format come back in Ollama's shape, reasoning
@@ -275,6 +349,7 @@ def main():
             generate_checks(cl)
             tool_checks(cl, srv.url)
             error_checks(cl, srv.url)
+            fuzz(srv.url)
     finally:
         srv.stop()
     qwen35_checks()
