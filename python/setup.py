@@ -100,5 +100,5 @@ if bdist_wheel:
 
     cmdclass["bdist_wheel"] = BdistWheel
 
-setup(version=version(), cmdclass=cmdclass, distclass=BinaryDistribution, package_data={"tokenloop": ["libtokenloop.so"]},
-      zip_safe=False)
+setup(version=version(), cmdclass=cmdclass, distclass=BinaryDistribution,
+      package_data={"tokenloop": ["libtokenloop.so"]}, zip_safe=False)

@@ -142,8 +142,8 @@ def check_layouts(tl):
         src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
         with open(src, "w") as f:
             f.write("\n".join(lines) + "\n")
-        r = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-I", os.path.join(ROOT, "include"), src, "-o",
-                            exe], capture_output=True, text=True)
+        r = subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wextra", "-Werror", "-I",
+                            os.path.join(ROOT, "include"), src, "-o", exe], capture_output=True, text=True)
         if not check(r.returncode == 0, f"compiling the layout program: {r.stderr[-1000:]}"):
             return
         got = subprocess.run([exe], capture_output=True, text=True).stdout.split("\n")
@@ -259,10 +259,11 @@ def checks():
     # OpenAI shapes
     r = m.create_chat_completion(msgs, max_tokens=N, temperature=0)
     c0 = r["choices"][0]
-    rendered = m.render_chat(msgs)
+    n_rendered = len(m.tokenize(m.render_chat(msgs), special=True))
     check(r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-") and isinstance(r["created"], int)
-          and c0["index"] == 0 and c0["message"]["role"] == "assistant" and c0["message"]["content"] == want_chat(m, msgs)
-          and c0["finish_reason"] in ("stop", "length") and r["usage"]["prompt_tokens"] == len(m.tokenize(rendered, special=True))
+          and c0["index"] == 0 and c0["message"]["role"] == "assistant"
+          and c0["message"]["content"] == want_chat(m, msgs)
+          and c0["finish_reason"] in ("stop", "length") and r["usage"]["prompt_tokens"] == n_rendered
           and r["usage"]["total_tokens"] == r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
           and 0 < r["usage"]["completion_tokens"] <= N, f"create_chat_completion: {json.dumps(r)[:600]}")
     chunks = list(m.create_chat_completion(msgs, max_tokens=N, temperature=0, stream=True))
