@@ -185,13 +185,14 @@ static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, in
 /* ---- perplexity: llama.cpp's protocol (tools/perplexity) ---- */
 
 static const char PPL_HELP[] =
-    "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [-b N] [-t N] [--numerics fast|exact]\n"
-    "                             [--kv-type f16|q8_0|q4_0] [--kv-type-k T] [--kv-type-v T]\n"
+    "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [--chunks N] [-b N] [-t N]\n"
+    "                             [--numerics fast|exact] [--kv-type f16|q8_0|q4_0] [--kv-type-k T] [--kv-type-v T]\n"
     "\n"
     "The text is tokenized whole and cut into non-overlapping chunks of -c tokens;\n"
     "the first token of each chunk becomes BOS where the model adds one; only the\n"
     "second half of each chunk is scored. Needs at least 2*c tokens. Prints a running\n"
-    "estimate per chunk and a last line 'Final estimate: PPL = <value> +/- <stderr>'.\n";
+    "estimate per chunk and a last line 'Final estimate: PPL = <value> +/- <stderr>'.\n"
+    "--chunks N scores the first N chunks only (llama-perplexity's --chunks; default all).\n";
 
 /* -log p(tok | logits), with the log-sum-exp in double. */
 static double nll_of(const float *logits, int n_vocab, int32_t tok) {
@@ -205,7 +206,7 @@ static double nll_of(const float *logits, int n_vocab, int32_t tok) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
-    int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0, kv_k = 0, kv_v = 0, kt;
+    int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0, kv_k = 0, kv_v = 0, kt, max_chunks = 0;
     cli_args p = cli_args_start(argc, argv);
     const char *a;
     int more;
@@ -220,6 +221,8 @@ int cmd_perplexity(int argc, char **argv) {
             if (!(file = cli_arg(&p))) return EXIT_USAGE;
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
             if (!(v = cli_arg(&p)) || cli_int(a, v, 8, 1 << 20, &n_ctx)) return EXIT_USAGE;
+        } else if (!strcmp(a, "--chunks")) {
+            if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 30, &max_chunks)) return EXIT_USAGE;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (!(v = cli_arg(&p)) || cli_int(a, v, 1, 1 << 20, &n_batch)) return EXIT_USAGE;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -256,6 +259,7 @@ int cmd_perplexity(int argc, char **argv) {
         goto done;
     }
     size_t n_chunk = n / (size_t)n_ctx;
+    if (max_chunks > 0 && (size_t)max_chunks < n_chunk) n_chunk = (size_t)max_chunks;
     int first = n_ctx / 2;
     fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d, scoring positions %d..%d\n", n,
             n_chunk, n_ctx, first, n_ctx - 2);

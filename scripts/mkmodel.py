@@ -135,6 +135,38 @@ def llama3_rope_factors(base, dim):
     return np.array(out, dtype=np.float32)
 
 
+def tokenizer_fields(path):
+    """The tokenizer.* fields of a GGUF file as (name, type, array subtype,
+    value). GGUFReader takes seconds over a 32k-token vocabulary and the suite
+    makes dozens of files from the same few: the fields are cached (pickled,
+    keyed by the file's path, size and mtime) in models/random/.vocab-cache."""
+    import hashlib
+    import pickle
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    cache = os.path.join(ROOT, "models", "random", ".vocab-cache", key + ".pkl")
+    try:
+        with open(cache, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        pass
+    r = gguf.GGUFReader(path)
+    out = []
+    for name, f in r.fields.items():
+        if name.startswith("tokenizer."):
+            vt = f.types[0]
+            out.append((name, vt, f.types[1] if vt == VT.ARRAY else None, f.contents()))
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(out, f)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only tree: no cache, same fields
+    return out
+
+
 def copy_vocab(w, path, keys=None, none=False, added=(), eos=None, template=None):
     """Copies the tokenizer.* keys; their names go into the set keys if given.
     none: write only tokenizer.ggml.model = "none" (a file without a vocabulary,
@@ -144,22 +176,16 @@ def copy_vocab(w, path, keys=None, none=False, added=(), eos=None, template=None
     <|im_end|>); eos: the text of the end token, template: a chat template."""
     if not os.path.isfile(path):
         sys.exit(f"mkmodel: vocabulary {path} not found (set TL_VOCAB_DIR, see scripts/fetch-vocab.sh)")
-    r = gguf.GGUFReader(path)
     n_vocab, tokens = None, []
     if none:
         w.add_tokenizer_model("none")
         if keys is not None:
             keys.update({"tokenizer.ggml.model", "tokenizer.chat_template", "tokenizer.ggml.add_bos_token"})
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
+    for name, vt, sub, val in tokenizer_fields(path):
         if none:
             if name == "tokenizer.ggml.tokens":
-                n_vocab = len(f.data)
+                n_vocab = len(val)
             continue
-        vt = f.types[0]
-        sub = f.types[1] if vt == VT.ARRAY else None
-        val = f.contents()
         if added and name == "tokenizer.ggml.tokens":
             val = val + [t for t, _ in added]
         elif added and name == "tokenizer.ggml.scores":

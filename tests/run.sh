@@ -12,12 +12,18 @@ total_pass=0 total_fail=0 failed_progs=()
 TL_VOCAB_DIR=$(scripts/fetch-vocab.sh) || { echo "!! no vocabulary files"; exit 1; }
 export TL_VOCAB_DIR
 
+# A program that hangs fails alone, named, instead of taking the CI's whole
+# 90 minutes with it: each gets TL_TEST_TIMEOUT seconds (the slowest takes
+# about 300 under the sanitizers on 2 cores).
+limit=${TL_TEST_TIMEOUT:-900}
+
 run_one() { # name, command...
     local name=$1; shift
     echo "== $name"
     local out rc t0=$SECONDS
-    out=$("$@" 2>&1); rc=$?
+    out=$(timeout -k 10 "$limit" "$@" 2>&1); rc=$?
     printf '%s\n' "$out" | tail -n 40
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "!! $name ran past $limit s and was stopped (TL_TEST_TIMEOUT)"
     echo "   ($name: $((SECONDS - t0)) s)"
     local line p f
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
@@ -68,6 +74,7 @@ if [ "$unit_only" != "--unit" ]; then
 fi
 
 echo
+echo "suite time: $SECONDS s"
 [ ${#failed_progs[@]} -eq 0 ] || echo "failing: ${failed_progs[*]}"
 echo "$total_pass passed, $total_fail failed"
 [ "$total_fail" -eq 0 ]

@@ -69,6 +69,12 @@ def main():
             tlcheck.finish()
         rows = fx["rows"]
         ids = fx["ids"]
+        if os.environ.get("TL_ASAN") == "1":
+            # the sanitizer run takes the first segment only: the 32k prefill
+            # goes through the same paged blocks, 8x more of them, and takes
+            # over a minute there (the plain run checks both)
+            rows = [r for r in rows if r["pos"] < 8192]
+            print(f"  sanitizer run: {len(rows)} of {len(fx['rows'])} positions (those below 8192)")
         worst, n_cached = 0.0, 0
         tok_of = {}
         for i, row in enumerate(rows):

@@ -7,7 +7,6 @@ Shares the helpers of test_oracle.py. A missing model or binary is a failure.
 Usage: TL_BIN=build/tokenloop python3 tests/py/test_oracle_gemma.py [tokenizer logits greedy perplexity]
 """
 import os
-import re
 import sys
 import tempfile
 
@@ -50,7 +49,9 @@ def test_logits():
     fast = to.NUMERICS == "fast"
     n_dec = n_ok = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for it in fx["items"]:
+        # under the sanitizers: the prompt through the wrapped sliding-window
+        # ring, and two short ones
+        for it in to.asan_pick(fx["items"], ("long_swa", "code_c", "single_token"), f"logits [{to.NUMERICS}]"):
             name, ids = it["name"], it["tokens"]
             got, err = to.run_logits(ids, tmp)
             if not to.check(got is not None, f"logits {name}: {err}"):
@@ -87,7 +88,7 @@ def test_greedy():
     fx = to.load("gemma_greedy.json")
     n = fx["meta"]["settings"]["n_gen"]
     to.MARGIN = MARGIN
-    for it in fx["items"]:
+    for it in to.asan_pick(fx["items"], 3, "greedy"):
         rc, out, err = to.tl(["run", "-m", MODEL, "-p", it["prompt"], "-n", str(n), "--temp", "0", "--ids"])
         got = to.parse_ids(out) if rc == 0 else None
         if got is None:
@@ -101,25 +102,21 @@ def test_perplexity():
     text = os.path.join(to.FIX, fx["text_file"])
     to.check(bool(fx["results"]), "gemma_perplexity.json has no results")
     results = sorted(fx["results"].items(), key=lambda kv: int(kv[0]))
-    if os.environ.get("TL_ASAN") and len(results) > 1:
-        # The sanitizer run checks the smallest context only: -c 2048 takes
-        # ~10 min there and its code paths (the wrapped sliding-window ring)
-        # are exercised under the sanitizers by test_forward's Gemma checks.
+    if to.ASAN and len(results) > 1:
+        # -c 2048's code paths (the wrapped sliding-window ring) are exercised
+        # under the sanitizers by the long_swa logits above and test_forward
         print(f"perplexity: sanitizer run, checking -c {results[0][0]} only "
               f"(the normal run checks {', '.join(k for k, _ in results)})")
         results = results[:1]
     for n_ctx, ref in results:
-        rc, out, err = to.tl(["perplexity", "-m", MODEL, "-f", text, "-c", n_ctx])
-        m = None
-        for ln in (out.decode("utf-8", "replace") + "\n" + err).splitlines():
-            m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", ln) or m
-        if not to.check(rc == 0 and m is not None, f"perplexity -c {n_ctx}: rc={rc} {err.strip()[-300:]}"):
+        r = to.run_perplexity(MODEL, text, n_ctx, ref["ppl"], ref.get("running_ppl"), PPL_REL)
+        if r is None:
             continue
-        ppl = float(m.group(1))
-        rel = abs(ppl - ref["ppl"]) / ref["ppl"]
-        print(f"perplexity [{to.NUMERICS}] -c {n_ctx}: ours {ppl:.4f} +/- {float(m.group(2)):.5f}, reference "
-              f"{ref['ppl']:.4f} +/- {ref['stderr']:.5f} ({ref['n_chunks']} chunks), rel diff {rel:.5f}")
-        to.check(rel <= PPL_REL, f"perplexity -c {n_ctx}: {ppl:.4f} vs {ref['ppl']:.4f} (rel {rel:.5f})")
+        ppl, se, ref_ppl, bound = r
+        rel = abs(ppl - ref_ppl) / ref_ppl
+        print(f"perplexity [{to.NUMERICS}] -c {n_ctx}: ours {ppl:.4f} +/- {se:.5f}, reference "
+              f"{ref_ppl:.4f} ({ref['n_chunks']} chunks in all), rel diff {rel:.5f}")
+        to.check(rel <= bound, f"perplexity -c {n_ctx}: {ppl:.4f} vs {ref_ppl:.4f} (rel {rel:.5f} > {bound})")
 
 
 def main():
@@ -135,7 +132,7 @@ def main():
         # kernels stay under it through the logits here and test_forward's
         # --numerics exact run)
         for to.NUMERICS in ("exact", "fast"):
-            long_ok = not os.environ.get("TL_ASAN") or to.NUMERICS == "fast"
+            long_ok = not to.ASAN or to.NUMERICS == "fast"
             if "logits" in parts:
                 test_logits()
             if "greedy" in parts and long_ok:

@@ -546,13 +546,13 @@ def main():
         url = srv.url
         oc = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120 * SLOW)
         ac = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120 * SLOW)
-        responses_checks(url, oc)
-        messages_checks(url, ac)
-        same_tokens(url, oc, ac)
-        malformed(url)
-        unknown_fields(url)
-        cache_replay(url)
-        fuzz(url)
+        for part, fn in (("responses", lambda: responses_checks(url, oc)),
+                         ("messages", lambda: messages_checks(url, ac)),
+                         ("same tokens", lambda: same_tokens(url, oc, ac)), ("malformed", lambda: malformed(url)),
+                         ("unknown fields", lambda: unknown_fields(url)), ("cache replay", lambda: cache_replay(url)),
+                         ("fuzz", lambda: fuzz(url))):
+            with tlcheck.timed(part):
+                fn()
         m = oc.models.list().data[0]
         extra = m.model_extra or {}
         check(extra.get("context_length") == 2048 and extra.get("capabilities", {}).get("tools") is True,
@@ -563,8 +563,10 @@ def main():
         check(srv.proc.poll() is None, "the server is still up")
     finally:
         srv.stop()
-    mid_system()
-    store_budget()
+    with tlcheck.timed("mid system"):
+        mid_system()
+    with tlcheck.timed("store budget"):
+        store_budget()
     tlcheck.finish()
 
 

@@ -28,3 +28,21 @@ def summary():
 
 def finish():
     sys.exit(summary())
+
+
+class timed:
+    """`with timed("part"):` prints how long the part took, so a run's log
+    shows where a slow check spends its time (CI has 90 minutes for all)."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __enter__(self):
+        import time
+        self.t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        import time
+        print(f"   [{self.what}: {time.monotonic() - self.t0:.1f} s]")
+        return False

@@ -616,6 +616,7 @@ int main(void) {
 
     check_oracle_json("tests/oracle/fixtures/tokenizer_gpt2.json", vocab_path("ggml-vocab-gpt-2.gguf"));
     check_oracle_json("tests/oracle/fixtures/tokenizer.json", SMOLLM);
+    check_oracle_json("tests/oracle/fixtures/gemma_tokenizer.json", "models/gemma-3-270m-q4_k_m.gguf");
 
     loaded sm;
     if (load(SMOLLM, &sm) == 0) {
