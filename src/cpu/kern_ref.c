@@ -45,7 +45,9 @@ static float ref_dot_f16(int64_t n, const uint16_t *x, const uint16_t *y) { retu
 /* ggml_vec_dot_f32 as its x86 AVX2 build runs it (mul_mat_id's dot for F32
  * weights, where mul_mat takes tinyBLAS's order): four 8-lane fma chains
  * over steps of 32, folded 0+2, 1+3, then 0+1, the lanes as hi128 + lo128
- * then two horizontal adds; the tail in float. */
+ * then two horizontal adds; the tail as GCC compiled vec.cpp's leftover loop:
+ * blocks of 8 and then 4 multiplied and added in order, the last 0-3 fused
+ * (forward/pool.c's mean takes the same order). */
 static float ref_dot_f32_ggml(int64_t n, const void *w, const void *a) {
     const float *x = w, *y = a;
     float acc[4][8] = {{0}};
@@ -57,7 +59,10 @@ static float ref_dot_f32_ggml(int64_t n, const void *w, const void *a) {
     for (int l = 0; l < 8; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
     for (int l = 0; l < 4; l++) h[l] = v[l] + v[l + 4];
     float s = (h[0] + h[1]) + (h[2] + h[3]);
-    for (int64_t i = np; i < n; i++) s += x[i] * y[i];
+    const int64_t rem = n - np, fused = np + (rem & ~(int64_t)7) + ((rem & 7) >= 4 ? 4 : 0);
+    int64_t i = np;
+    for (; i < fused; i++) s += x[i] * y[i];
+    for (; i < n; i++) s = fmaf(x[i], y[i], s);
     return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include "base/util.h"
 #include "forward/ctx.h"
+#include "forward/pool.h"
 #include "forward/kvfmt.h"
 #include "base/sysmem.h"
 
@@ -301,11 +302,9 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     /* a chunk's rows of d floats in the logits buffer (rows of nv) */
     if ((st = logits_room(c, ((size_t)c->n_batch * d + nv - 1) / nv, err))) return st;
     if (tl_kv_seq_grow(c->kv, 0, (int)n)) return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
-    const float inv = 1.0f / (float)n;
-    if (pooling == TL_POOL_MEAN) memset(out, 0, (size_t)d * sizeof *out);
-    /* the mean summed in token order across the calls, whatever their size
-     * (llama.cpp's is a matmul by a column of 1/n over one call: the same
-     * to the last bits or so, and it refuses a text longer than a batch) */
+    /* the mean in llama.cpp's order (forward/pool.c), streamed across calls */
+    tl_mean_pool mp = {0};
+    if (pooling == TL_POOL_MEAN && tl_mean_pool_init(&mp, d, n)) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     c->embd_mode = 1;
     for (size_t done = 0; done < n && !st;) {
         const int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
@@ -319,10 +318,7 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
         const float *rows = c->logits;
         switch (pooling) {
         case TL_POOL_NONE: memcpy(out + done * (size_t)d, rows, (size_t)nb * d * sizeof *out); break;
-        case TL_POOL_MEAN: /* in token order, each term times 1/n as ggml's mean matrix has it */
-            for (int t = 0; t < nb; t++)
-                for (int i = 0; i < d; i++) out[i] += rows[(size_t)t * d + i] * inv;
-            break;
+        case TL_POOL_MEAN: tl_mean_pool_add(&mp, rows, nb); break;
         default: /* the one row kept, if this chunk held it */
             if (c->blogits_n == 1) memcpy(out, rows, (size_t)d * sizeof *out);
             break;
@@ -331,6 +327,8 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     }
     c->embd_mode = 0;
     c->logits_n = c->blogits_n = 0;
+    if (pooling == TL_POOL_MEAN && !st) tl_mean_pool_finish(&mp, out);
+    tl_mean_pool_free(&mp);
     if (st) return st;
     const int nrow = pooling == TL_POOL_NONE ? (int)n : 1;
     for (int r = 0; normalize && r < nrow; r++) l2_normalize(out + (size_t)r * d, d);
