@@ -57,6 +57,8 @@ const char *tl_supported_weight_types(void);
 int tl_model_n_vocab(const tl_model *model);
 int tl_model_n_ctx_train(const tl_model *model);
 int tl_model_can_run(const tl_model *model); /* 1 if it has runnable weights */
+/* 1 for an encoder (bert, nomic-bert): it gives embeddings (tl_ctx_embed), never logits */
+int tl_model_is_encoder(const tl_model *model);
 /* Bytes of weights one decoded token reads: every tensor of every layer (of
  * a mixture of experts, only the share of the experts a token is routed to), the
  * final norm, the output matrix (and RoPE factors, if any), and one row of the

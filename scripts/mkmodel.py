@@ -31,7 +31,10 @@ llama.cpp's converter writes for a rope_scaling of that type: the factor
 (--rope-orig-ctx, default the context length) and beta_fast 32, beta_slow 1
 (gpt-oss's config); --rope-attn-factor adds rope.scaling.attn_factor. --add-token/--add-control/--eos/--template give a
 random model a chat format of its own (markers such as <think> as single
-tokens), for the server tests of reasoning and tool calls.
+tokens), for the server tests of reasoning and tool calls. Encoders (embeddings
+only, the WordPiece vocabulary of tests/oracle/fixtures/bert_vocab.json): bert
+(bge's layout: absolute positions, biases, GELU, CLS pooling) and nomic-bert
+(nomic-embed-text's: fused qkv, RoPE, SwiGLU, mean pooling), 2 layers of 128.
 """
 import argparse
 import math
@@ -83,6 +86,9 @@ ARCHS = {
     # dense FFN, gate and up fused, per-expert scales)
     "gemma4": dict(arch="gemma4", layers=6, base=1000000.0, tied=True, swa=16),
     "gemma4moe": dict(arch="gemma4", layers=4, base=1000000.0, tied=True, swa=16, moe=(8, 2, 64, 0)),
+    # encoders (build_bert): embeddings only, a WordPiece vocabulary
+    "bert": dict(arch="bert", layers=2, base=10000.0, tied=False, swa=0),
+    "nomic-bert": dict(arch="nomic-bert", layers=2, base=1000.0, tied=False, swa=0),
 }
 
 # Gemma 4's shapes: sliding-window layers' heads of 32 (2 KV heads, fully
@@ -384,6 +390,87 @@ def build_gemma4(args, w, spec, g, put, n_vocab):
             put(b + "post_norm.weight", g.vec(D, 1.0, 0.2))
         put(b + "layer_output_scale.weight", g.vec(1, 1.0, 0.3))
     put("output_norm.weight", g.vec(D, 1.0, 0.2))
+
+
+# The encoders' vocabulary: the cut of llama.cpp's ggml-vocab-bert-bge that
+# test_bert_vocab checks (5,042 WordPiece tokens, [CLS] 101, [SEP] 102).
+BERT_VOCAB = os.path.join(ROOT, "tests", "oracle", "fixtures", "bert_vocab.json")
+
+
+def build_bert(args):
+    """bert (absolute positions, biases everywhere, a GELU FFN, CLS pooling,
+    as bge) or nomic-bert (fused qkv, NeoX RoPE, SwiGLU without biases, mean
+    pooling, as nomic-embed-text), with the keys and tensor names llama.cpp's
+    converter writes: post-norm layers, attention over the whole text."""
+    import json
+    spec = ARCHS[args.arch]
+    nomic = args.arch == "nomic-bert"
+    with open(BERT_VOCAB, encoding="utf-8") as f:
+        v = json.load(f)["vocab"]
+    tokens = [bytes.fromhex(h) for h in v["tokens_hex"]]
+    w = gguf.GGUFWriter(args.out, args.arch_name or spec["arch"])
+    w.add_name(f"tokenloop-random-{args.arch}")
+    w.add_file_type(FILE_TYPE[args.type])
+    ctx = min(args.ctx, 512)
+    w.add_context_length(ctx)
+    w.add_embedding_length(D)
+    w.add_block_count(spec["layers"])
+    w.add_feed_forward_length(FF)
+    w.add_head_count(N_HEAD)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN if nomic else gguf.PoolingType.CLS)
+    if nomic:
+        w.add_rope_freq_base(spec["base"])
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("bert-bge")
+    w.add_token_list(tokens)
+    w.add_token_types(v["token_types"])
+    w.add_token_type_count(2)
+    w.add_unk_token_id(v["unknown_token_id"])
+    w.add_sep_token_id(v["seperator_token_id"])
+    w.add_pad_token_id(v["padding_token_id"])
+    w.add_uint32("tokenizer.ggml.cls_token_id", v["cls_token_id"])
+    w.add_mask_token_id(v["mask_token_id"])
+    g = Gen(args.seed, args.type)
+    drop = set(args.drop or [])
+    put = lambda name, arr: add_weight(w, name, arr, args.type, drop)  # noqa: E731
+    put("token_embd.weight", g.mat(len(tokens), D, 1.0))
+    # F32 in every variant, as llama-quantize leaves them (llama.cpp adds
+    # the token_types row with ggml_add, which takes no quantized operand)
+    put32 = lambda name, arr: add_weight(w, name, arr, "f32", drop)  # noqa: E731
+    put32("token_types.weight", g.mat(2, D, 1.0))
+    if not nomic:
+        put32("position_embd.weight", g.mat(ctx, D, 1.0))
+    put("token_embd_norm.weight", g.vec(D, 1.0, 0.2))
+    put("token_embd_norm.bias", g.vec(D, 0.0, 0.2))
+    for i in range(spec["layers"]):
+        b = f"blk.{i}."
+        if nomic:
+            put(b + "attn_qkv.weight", g.mat(3 * D, D))
+        else:
+            for t in ("q", "k", "v"):
+                put(b + f"attn_{t}.weight", g.mat(D, D))
+                put(b + f"attn_{t}.bias", g.vec(D, 0.0, 0.5))
+        put(b + "attn_output.weight", g.mat(D, D))
+        if not nomic:
+            put(b + "attn_output.bias", g.vec(D, 0.0, 0.5))
+        put(b + "attn_output_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "attn_output_norm.bias", g.vec(D, 0.0, 0.2))
+        put(b + "ffn_up.weight", g.mat(FF, D))
+        if nomic:
+            put(b + "ffn_gate.weight", g.mat(FF, D))
+        else:
+            put(b + "ffn_up.bias", g.vec(FF, 0.0, 0.5))
+        put(b + "ffn_down.weight", g.mat(D, FF))
+        if not nomic:
+            put(b + "ffn_down.bias", g.vec(D, 0.0, 0.5))
+        put(b + "layer_output_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "layer_output_norm.bias", g.vec(D, 0.0, 0.2))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def build(args):
@@ -808,6 +895,8 @@ def main():
         build_big_moe(args)
     elif args.arch == "llama1b":
         build_llama1b(args)
+    elif args.arch in ("bert", "nomic-bert"):
+        build_bert(args)
     else:
         build(args)
 

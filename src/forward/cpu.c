@@ -1187,6 +1187,187 @@ static void moe_block(tl_cpu *c, const tl_moe_block *E, int n) {
     tl_cpu_par_tokens(c, n, tl_cpu_add_tokens, NULL);
 }
 
+/* ------------------------------------------------------------- encoders */
+
+/* BERT's LayerNorm as ggml_norm computes it on the AVX2 build (every level
+ * here, both modes): the mean from a double sum rounded to float, the
+ * centred squares added in groups of 8 (((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7))
+ * in float, each group into a double), scale 1/sqrtf(var + eps); then
+ * ggml_mul by w and ggml_add of b, each one rounding. out may be in. */
+static void layernorm_row(float *out, const float *in, const float *w, const float *b, int d, float eps) {
+    double s = 0.0;
+    for (int i = 0; i < d; i++) s += (double)in[i];
+    const float mean = (float)s / (float)d;
+    double sum = 0.0;
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        float v[8];
+        for (int l = 0; l < 8; l++) {
+            out[i + l] = in[i + l] - mean;
+            v[l] = out[i + l] * out[i + l];
+        }
+        sum += (double)(((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+    }
+    for (; i < d; i++) {
+        out[i] = in[i] - mean;
+        sum += (double)(out[i] * out[i]);
+    }
+    const float var = (float)(sum / d);
+    const float scale = 1.0f / sqrtf(var + eps);
+    for (i = 0; i < d; i++) out[i] = (out[i] * scale) * w[i] + b[i];
+}
+
+typedef struct ln_job {
+    tl_w w, b;
+} ln_job;
+
+/* x = LayerNorm(x + xb) * w + b: a post-norm block's residual sum (ggml_add
+ * of the block's output and its input) normed */
+static void add_ln_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const ln_job *j = arg;
+    const int d = c->m->hp.n_embd;
+    for (int t = t0; t < t1; t++) {
+        float *x = c->x + (size_t)t * d;
+        const float *o = c->xb + (size_t)t * d;
+        for (int i = 0; i < d; i++) x[i] = o[i] + x[i];
+        layernorm_row(x, x, j->w->data, j->b->data, d, c->m->hp.norm_eps);
+    }
+}
+
+/* The input: token row + token_types row 0 (+ position_embd row pos), then
+ * the embeddings' LayerNorm, in llm_build_bert's order. */
+static void enc_embd_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    (void)arg;
+    const tl_model *m = c->m;
+    const int d = m->hp.n_embd;
+    for (int t = t0; t < t1; t++) {
+        float *x = c->x + (size_t)t * d, *r = c->xb + (size_t)t * d;
+        if (m->type_embd) {
+            tl_dequantize_row((tl_type)m->type_embd->type, m->type_embd->data, r, d);
+            for (int i = 0; i < d; i++) x[i] += r[i];
+        }
+        if (m->pos_embd) {
+            const size_t rb = tl_row_size((tl_type)m->pos_embd->type, d);
+            tl_dequantize_row((tl_type)m->pos_embd->type, (const uint8_t *)m->pos_embd->data + (size_t)c->tpos[t] * rb,
+                              r, d);
+            for (int i = 0; i < d; i++) x[i] = r[i] + x[i];
+        }
+        layernorm_row(x, x, m->embd_norm->data, m->embd_norm_b->data, d, m->hp.norm_eps);
+    }
+}
+
+/* The tokens of t's sequence in this call: the run around t (an encoder's
+ * text is one run: tl_ctx_embed sends it whole). */
+static void enc_run(const tl_cpu *c, int n, int t, int *r0, int *r1) {
+    int a = t, b = t + 1;
+    while (a > 0 && c->tseq[a - 1] == c->tseq[t]) a--;
+    while (b < n && c->tseq[b] == c->tseq[t]) b++;
+    *r0 = a, *r1 = b;
+}
+
+typedef struct enc_job {
+    tl_cpu *c;
+    const tl_attn_block *A;
+    int n;
+} enc_job;
+
+/* RoPE (nomic-bert) and V transposed, per token. */
+static void enc_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const enc_job *j = arg;
+    const tl_attn_block *A = j->A;
+    const int qd = A->n_head * A->hd, kvd = A->n_head_kv * A->hd;
+    for (int t = t0; t < t1; t++) {
+        if (c->m->arch->arch == TL_ARCH_NOMIC_BERT) {
+            rope_apply(c, A, c->rope_cs, c->q + (size_t)t * qd, A->n_head, t);
+            rope_apply(c, A, c->rope_cs, c->k + (size_t)t * kvd, A->n_head_kv, t);
+        }
+        for (int i = 0; i < kvd; i++) c->vt[(size_t)i * j->n + t] = c->v[(size_t)t * kvd + i];
+    }
+}
+
+/* llama.cpp's attention without a cache or flash attention, per (token,
+ * head): kq_j = ggml_vec_dot_f32(k_j, q) (q is a permuted view, so no
+ * tinyBLAS), times the scale; ggml's soft_max (exp sums in double, times
+ * (float)(1/sum)); then kqv = v^T p, whose rows tinyBLAS takes where the
+ * keys are a multiple of 8 (and the head of 4, for two tokens or more),
+ * ggml_vec_dot_f32 otherwise. Every key of the sequence is seen. */
+static void enc_att_worker(void *arg, int ith, int nth) {
+    const enc_job *j = arg;
+    tl_cpu *c = j->c;
+    const tl_attn_block *A = j->A;
+    const int hd = A->hd, nh = A->n_head, qd = nh * hd, kvd = A->n_head_kv * hd;
+    const tl_vec_dot_fn ggml_dot = c->kern.vec_dot_id[TL_F32] ? c->kern.vec_dot_id[TL_F32] : c->kern.vec_dot[TL_F32];
+    float *s = c->scores + (size_t)ith * c->n_ctx;
+    for (int64_t i = ith; i < (int64_t)j->n * nh; i += nth) {
+        const int t = (int)(i / nh), h = (int)(i % nh), kvh = h / (nh / A->n_head_kv);
+        int r0, r1;
+        enc_run(c, j->n, t, &r0, &r1);
+        const int nk = r1 - r0;
+        const float *q = c->q + (size_t)t * qd + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int k = 0; k < nk; k++) {
+            s[k] = ggml_dot(hd, c->k + (size_t)(r0 + k) * kvd + (size_t)kvh * hd, q) * c->m->hp.attn_scale;
+            if (s[k] > mx) mx = s[k];
+        }
+        const double sum = c->kern.math.softmax_exp(nk, s, mx);
+        const float inv = (float)(1.0 / sum);
+        for (int k = 0; k < nk; k++) s[k] *= inv;
+        const tl_vec_dot_fn pv = nk % 8 == 0 && hd % 4 == 0 && j->n >= 2 ? c->kern.vec_dot[TL_F32] : ggml_dot;
+        float *o = c->att + (size_t)t * qd + (size_t)h * hd;
+        for (int dd = 0; dd < hd; dd++) o[dd] = pv(nk, c->vt + (size_t)(kvh * hd + dd) * j->n + r0, s);
+    }
+}
+
+static void encoder_attention(tl_cpu *c, const tl_attn_block *A, int n) {
+    tl_w w[3] = {A->wq, A->wk, A->wv};
+    float *y[3] = {c->q, c->k, c->v};
+    tl_cpu_matmul(c, 3, w, y, c->x, n);
+    const int qd = A->n_head * A->hd, kvd = A->n_head_kv * A->hd;
+    add_bias(c->q, A->bq, n, qd);
+    add_bias(c->k, A->bk, n, kvd);
+    add_bias(c->v, A->bv, n, kvd);
+    enc_job j = {c, A, n};
+    tl_cpu_par_tokens(c, n, enc_prep_tokens, &j);
+    tl_pool_run(c->pool, enc_att_worker, &j);
+    tl_w wo = A->wo;
+    float *o = c->xb;
+    tl_cpu_matmul(c, 1, &wo, &o, c->att, n);
+    add_bias(o, A->bo, n, c->m->hp.n_embd);
+    ln_job lj = {A->ln, A->ln_b};
+    tl_cpu_par_tokens(c, n, add_ln_tokens, &lj);
+}
+
+/* gelu(hb) as ggml_vec_gelu_f32 with its f16 table: 0 at or below -10, x at
+ * or above 10 */
+static void gelu_tokens(tl_cpu *c, int t0, int t1, void *arg) {
+    const int n_ff = *(const int *)arg;
+    for (size_t i = (size_t)t0 * n_ff; i < (size_t)t1 * n_ff; i++) {
+        const float x = c->hb[i];
+        c->hb[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x : tl_fp16_to_fp32(c->gelu[tl_fp32_to_fp16(x)]);
+    }
+}
+
+static void encoder_ffn(tl_cpu *c, const tl_ffn_block *F, int n) {
+    const int n_ff = (int)F->up->ne[1];
+    if (F->gate) {
+        tl_w w[2] = {F->gate, F->up};
+        float *y[2] = {c->hb, c->hb2};
+        tl_cpu_matmul(c, 2, w, y, c->x, n);
+        tl_cpu_par_tokens(c, n, ffn_act_tokens, (void *)F);
+    } else {
+        tl_w wu = F->up;
+        tl_cpu_matmul(c, 1, &wu, &c->hb, c->x, n);
+        add_bias(c->hb, F->up_b, n, n_ff);
+        tl_cpu_par_tokens(c, n, gelu_tokens, (void *)&n_ff);
+    }
+    tl_w wd = F->down;
+    float *o = c->xb;
+    tl_cpu_matmul(c, 1, &wd, &o, c->hb, n);
+    add_bias(o, F->down_b, n, c->m->hp.n_embd);
+    ln_job lj = {F->ln, F->ln_b};
+    tl_cpu_par_tokens(c, n, add_ln_tokens, &lj);
+}
+
 /* ------------------------------------------------- per-layer inputs */
 
 /* Gemma 4's per-layer inputs of every layer, once per call (llama.cpp's
@@ -1262,6 +1443,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
         if (m->arch->embd_scale) /* ggml_scale by sqrtf(d) in float */
             for (int i = 0; i < d; i++) c->x[(size_t)t * d + i] *= sqrtf((float)d);
     }
+    if (m->embd_norm) tl_cpu_par_tokens(c, n, enc_embd_tokens, NULL);
     if (m->pl_tok_embd) {
         tl_w pw = m->pl_model_proj;
         tl_cpu_matmul(c, 1, &pw, &c->ple, c->x, n);
@@ -1275,8 +1457,14 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
         for (int k = 0; k < L->n_block; k++) {
             const tl_block *B = &L->block[k];
             switch (B->kind) {
-            case TL_BLOCK_ATTN: attention_block(c, &B->u.attn, n); break;
-            case TL_BLOCK_FFN: ffn_block(c, &B->u.ffn, n); break;
+            case TL_BLOCK_ATTN:
+                if (B->u.attn.ln) encoder_attention(c, &B->u.attn, n);
+                else attention_block(c, &B->u.attn, n);
+                break;
+            case TL_BLOCK_FFN:
+                if (B->u.ffn.ln) encoder_ffn(c, &B->u.ffn, n);
+                else ffn_block(c, &B->u.ffn, n);
+                break;
             case TL_BLOCK_MOE: moe_block(c, &B->u.moe, n); break;
             case TL_BLOCK_GDN: tl_gdn_run(c, &B->u.gdn, n); break;
             case TL_BLOCK_PLE: ple_block(c, &B->u.ple, n); break;
@@ -1284,11 +1472,13 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
         }
         if (L->out_scale) tl_cpu_par_tokens(c, n, out_scale_tokens, (void *)L->out_scale->data);
     }
-    if (nl > 0 && b->embd) { /* embeddings: llama.cpp's t_embd, after the output norm */
+    if (nl > 0 && b->embd && !m->output_norm) { /* an encoder's t_embd: the last layer's output */
+        for (int i = 0; i < nl; i++) memcpy(out + (size_t)i * d, c->x + (size_t)lrow[i] * d, (size_t)d * sizeof *out);
+    } else if (nl > 0 && b->embd) { /* embeddings: llama.cpp's t_embd, after the output norm */
         for (int i = 0; i < nl; i++)
             c->kern.math.rmsnorm(out + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
                                  hp->norm_eps);
-    } else if (nl > 0) {
+    } else if (nl > 0 && m->output) {
         for (int i = 0; i < nl; i++)
             c->kern.math.rmsnorm(c->xb + (size_t)i * d, c->x + (size_t)lrow[i] * d, m->output_norm->data, d,
                     hp->norm_eps);
@@ -1381,6 +1571,7 @@ static void cpu_free(void *be) {
     tl_cpu_free_buf(c->shg);
     tl_cpu_free_buf(c->qg);
     tl_cpu_free_buf(c->qgate);
+    tl_cpu_free_buf(c->vt);
     tl_gdn_free(c->gdn);
     free(c);
 }
@@ -1454,6 +1645,10 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                        p->kv_bytes, blk_bytes);
     if (n_blocks > (1u << 30) / TL_KV_BLOCK)
         return tl_fail(err, TL_ERR_ARG, "KV memory of %zu bytes is too large", p->kv_bytes);
+    /* position_embd has a row per trained position and no more */
+    if (m->pos_embd && p->n_ctx > hp->n_ctx_train)
+        return tl_fail(err, TL_ERR_ARG, "a context of %d exceeds %s's %d positions (position_embd)", p->n_ctx,
+                       m->arch->name, hp->n_ctx_train);
     tl_cpu *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     c->m = m;
@@ -1588,7 +1783,8 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         c->plt = tl_cpu_calloc((size_t)nt * hp->n_layer * hp->n_embd_pl, sizeof(float), &fail);
     }
     if (hp->n_expert > 0) c->xr = tl_cpu_calloc((size_t)nb * hp->n_embd, sizeof(float), &fail);
-    if (m->arch->act == TL_ACT_GELU) {
+    if (!hp->causal) c->vt = tl_cpu_calloc((size_t)nb * c->kv_dim, sizeof(float), &fail);
+    if (m->arch->act == TL_ACT_GELU || m->arch->act == TL_ACT_GELU_SEQ) {
         c->gelu = tl_cpu_calloc(65536, sizeof(uint16_t), &fail);
         if (c->gelu) tl_gelu_table(c->gelu);
     }

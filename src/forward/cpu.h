@@ -86,6 +86,8 @@ typedef struct tl_cpu {
     float *plt;         /* [n_threads][n_layer * n_embd_pl] a token's per_layer_token_embd row */
     float *xr;          /* [n_batch][d] a router's own input (Gemma 4), or NULL */
     tl_gdn *gdn;        /* the Gated DeltaNet blocks' buffers and states (gdn.c), or NULL */
+    float *vt;          /* [kv_dim][n_batch] an encoder's V transposed (its attention's
+                         * values as ggml_cont(transpose(v)) holds them), or NULL */
 } tl_cpu;
 
 typedef void (*tok_fn)(tl_cpu *c, int t0, int t1, void *arg);

@@ -297,6 +297,10 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     if (n > (size_t)c->n_ctx)
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "an input of %zu tokens exceeds the context of %d", n, c->n_ctx);
     const int d = c->m->hp.n_embd, nv = c->m->hp.n_vocab;
+    /* an encoder's attention sees the whole text at once: one call */
+    if (tl_model_is_encoder(c->m) && n > (size_t)c->n_batch)
+        return tl_fail(err, TL_ERR_ARG, "an input of %zu tokens exceeds the batch of %d (%s attends to the whole text "
+                       "in one call: raise the batch size)", n, c->n_batch, c->m->arch->name);
     int st = check_tokens(c, tokens, (int)n, err);
     if (st || (st = tl_ctx_truncate(c, 0, err))) return st;
     /* a chunk's rows of d floats in the logits buffer (rows of nv) */
@@ -388,6 +392,10 @@ static int batch_prepare(tl_ctx *c, const tl_batch *b, int max_rows, tl_error *e
 
 int tl_ctx_decode_into(tl_ctx *c, const tl_batch *b, int max_rows, float *out, tl_error *err) {
     int st = TL_OK;
+    if (tl_model_is_encoder(c->m) && !c->embd_mode)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "%s is an embedding model (an encoder without an output layer): it "
+                       "cannot generate or give logits; use tokenloop embed, /v1/embeddings or tl_ctx_embed",
+                       c->m->arch->name);
     /* a recurrent state continues from the committed length (what was pending is gone) */
     for (int t = 0; c->be.ops->rs_seek && b && b->seq && t < b->n && t < c->n_batch; t++) {
         const tl_kv_seq *sq = tl_kv_seq_peek(c->kv, b->seq[t]);

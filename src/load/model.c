@@ -38,11 +38,18 @@ static const tl_arch_info ARCHS[] = {
      * layers listed by a flag array), per-layer inputs, shared KV layers,
      * experts beside the dense FFN; attention scale 1 (q and k are normed) */
     {"gemma4", TL_ARCH_GEMMA4, 1, 1, 1, 1, TL_ACT_GELU, 0, 0, 0, 0, 1, 0},
+    /* encoders, post-norm (LayerNorm after each residual add): bert with
+     * absolute positions, biases and a GELU FFN; nomic-bert with a fused
+     * qkv, NeoX RoPE and SwiGLU without biases (bind_bert) */
+    {"bert", TL_ARCH_BERT, 0, 0, 0, 0, TL_ACT_GELU_SEQ, 0, 0, 1, 0, 0, 0},
+    {"nomic-bert", TL_ARCH_NOMIC_BERT, 1, 0, 0, 0, TL_ACT_SILU, 0, 0, 0, 1, 0, 0},
 };
+
+static int is_encoder(const tl_arch_info *a) { return a->arch == TL_ARCH_BERT || a->arch == TL_ARCH_NOMIC_BERT; }
 
 const char *tl_supported_architectures(void) {
     return "llama (incl. Llama 3 RoPE factors and Mixtral's experts), gemma3, qwen2, qwen3, phi3, qwen3moe, qwen2moe, gpt-oss, "
-           "qwen35, qwen35moe, gemma4";
+           "qwen35, qwen35moe, gemma4, bert and nomic-bert (embeddings only)";
 }
 
 static const tl_arch_info *find_arch(tl_str name) {
@@ -217,7 +224,8 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int_max(m, "feed_forward_length", 1, 0, &hp->n_ff, err)) ||
         (st = hp_int(m, "context_length", 0, 2048, &hp->n_ctx_train, err)) ||
         (st = hp_float(m, "rope.freq_base", 0, 10000.0, &hp->rope_base, err)) ||
-        (st = hp_float(m, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps, err)) ||
+        (st = hp_float(m, is_encoder(m->arch) ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon", 1,
+                       0, &hp->norm_eps, err)) ||
         /* llama.cpp's default when a sliding-window model has no such key */
         (st = hp_float(m, "rope.freq_base_swa", 0, swa_rope_global(m->arch) ? hp->rope_base : 10000.0,
                        &hp->rope_base_swa, err)) ||
@@ -244,6 +252,17 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "pooling_type", 0, TL_POOL_MEAN, &hp->pooling, err)))
         return st;
     if (hp->pooling > TL_POOL_LAST) hp->pooling = TL_POOL_MEAN; /* rank: a reranker's head, not here */
+    {
+        int causal = !is_encoder(m->arch); /* llama.cpp's converter writes false for every encoder */
+        char key[128];
+        snprintf(key, sizeof key, "%s.attention.causal", m->arch->name);
+        if (tl_gguf_get_bool(m->gguf, key, &causal) < 0)
+            return tl_fail(err, TL_ERR_FORMAT, "metadata %s is not a bool", key);
+        if (causal != !is_encoder(m->arch))
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "%s with %s = %s is not supported", m->arch->name, key,
+                           causal ? "true" : "false");
+        hp->causal = causal;
+    }
     if (vlen != hp->head_dim_swa || hp->head_dim_swa <= 0 || hp->head_dim_swa % 2 || hp->n_rot_swa > hp->head_dim_swa ||
         hp->n_rot_swa % 2 || hp->n_rot_swa <= 0)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "sliding-window head sizes k=%d v=%d (rotary %d) not supported",
@@ -725,12 +744,96 @@ static int finish_shapes(tl_model *m, tl_error *err) {
     return TL_OK;
 }
 
+/* A LayerNorm's weight and bias, blk.<il>.<nm>.{weight,bias} (il < 0: <nm>.*). */
+static int bind_ln(tl_model *m, int il, const char *nm, tl_w *w, tl_w *b, tl_error *err) {
+    char n[96];
+    int st;
+    if (il >= 0) snprintf(n, sizeof n, "blk.%d.%s.weight", il, nm);
+    else snprintf(n, sizeof n, "%s.weight", nm);
+    if ((st = bind(m, n, m->hp.n_embd, 0, 1, 0, w, err))) return st;
+    memcpy(n + strlen(n) - 6, "bias", 5);
+    return bind(m, n, m->hp.n_embd, 0, 1, 0, b, err);
+}
+
+/* An optional 1-D F32 bias blk.<il>.<nm>.bias of width w. */
+static int bind_bias(tl_model *m, int il, const char *nm, int64_t w, tl_w *out, tl_error *err) {
+    char n[96];
+    snprintf(n, sizeof n, "blk.%d.%s.bias", il, nm);
+    return bind(m, n, w, 0, 0, 0, out, err);
+}
+
+/* bert and nomic-bert, as llama.cpp's llm_build_bert reads them: the
+ * embeddings' extra rows and LayerNorm, then per layer attention (q, k, v
+ * or the fused qkv, output, biases where present) and the feed-forward,
+ * each followed by a LayerNorm of the residual sum. */
+static int bind_bert(tl_model *m, tl_error *err) {
+    tl_hparams *hp = &m->hp;
+    const int d = hp->n_embd, hd = hp->head_dim, bert = m->arch->arch == TL_ARCH_BERT;
+    const int64_t qd = (int64_t)hp->n_head * hd, kvd = (int64_t)hp->n_head_kv * hd;
+    int st;
+    const tl_gguf_tensor *tt = tl_gguf_find_tensor(m->gguf, "token_types.weight");
+    if ((tt && (st = bind(m, "token_types.weight", d, tt->ne[1], 1, 0, &m->type_embd, err))) ||
+        (bert && (st = bind(m, "position_embd.weight", d, hp->n_ctx_train, 1, 0, &m->pos_embd, err))) ||
+        (st = bind_ln(m, -1, "token_embd_norm", &m->embd_norm, &m->embd_norm_b, err)))
+        return st;
+    /* the cache is sized as for a decoder (the context's sizing counts on
+     * it) but never read: the attention takes the call's own keys */
+    hp->n_kv_layer = hp->n_layer;
+    for (int i = 0; i < hp->n_layer; i++) {
+        tl_layer *L = &m->layers[i];
+        L->n_block = 2;
+        L->block[0].u.attn.kv_layer = i;
+        L->block[0].kind = TL_BLOCK_ATTN;
+        L->block[1].kind = TL_BLOCK_FFN;
+        tl_attn_block *A = &L->block[0].u.attn;
+        tl_ffn_block *F = &L->block[1].u.ffn;
+        char n[96];
+#define B(field, nm, a, b, req, dot)                                                \
+    snprintf(n, sizeof n, "blk.%d." nm ".weight", i);                               \
+    if ((st = bind(m, n, a, b, req, dot, &field, err))) return st;
+        if (tl_gguf_find_tensor(m->gguf, (snprintf(n, sizeof n, "blk.%d.attn_qkv.weight", i), n))) {
+            const int64_t qkv[3] = {qd, kvd, kvd};
+            if ((st = bind_fused(m, i, "attn_qkv", qkv, 3, L->views, err))) return st;
+            A->wq = &L->views[0], A->wk = &L->views[1], A->wv = &L->views[2];
+            if (tl_gguf_find_tensor(m->gguf, (snprintf(n, sizeof n, "blk.%d.attn_qkv.bias", i), n)))
+                return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor %s (a fused qkv bias) is not supported", n);
+        } else {
+            B(A->wq, "attn_q", d, qd, 1, 1)
+            B(A->wk, "attn_k", d, kvd, 1, 1)
+            B(A->wv, "attn_v", d, kvd, 1, 1)
+            if ((st = bind_qkv_bias(m, i, A, err))) return st;
+        }
+        B(A->wo, "attn_output", qd, d, 1, 1)
+        if ((st = bind_bias(m, i, "attn_output", d, &A->bo, err)) ||
+            (st = bind_ln(m, i, "attn_output_norm", &A->ln, &A->ln_b, err)))
+            return st;
+        F->act = m->arch->act;
+        B(F->up, "ffn_up", d, hp->n_ff, 1, 1)
+        B(F->down, "ffn_down", hp->n_ff, d, 1, 1)
+        B(F->gate, "ffn_gate", d, hp->n_ff, !bert, 1)
+        if (F->gate && bert)
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "tensor %s (a gated bert feed-forward) is not supported", n);
+        if ((st = bind_bias(m, i, "ffn_up", hp->n_ff, &F->up_b, err)) ||
+            (st = bind_bias(m, i, "ffn_down", d, &F->down_b, err)) ||
+            (st = bind_ln(m, i, "layer_output_norm", &F->ln, &F->ln_b, err)))
+            return st;
+#undef B
+    }
+    return finish_shapes(m, err);
+}
+
 static int bind_weights(tl_model *m, tl_error *err) {
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd, hd = hp->head_dim, st;
     const tl_gguf_tensor *emb = tl_gguf_find_tensor(m->gguf, "token_embd.weight");
     if (!emb) return tl_fail(err, TL_ERR_FORMAT, "tensor token_embd.weight is missing");
     m->hp.n_vocab = (int)emb->ne[1];
+    if (is_encoder(m->arch)) { /* no output norm, no output: embeddings only */
+        if ((st = bind(m, "token_embd.weight", d, hp->n_vocab, 1, 0, &m->tok_embd, err))) return st;
+        m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+        if (!m->layers) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+        return bind_bert(m, err);
+    }
     if ((st = bind(m, "token_embd.weight", d, hp->n_vocab, 1, 0, &m->tok_embd, err)) ||
         (st = bind(m, "output_norm.weight", d, 0, 1, 0, &m->output_norm, err)) ||
         (st = bind(m, "output.weight", d, hp->n_vocab, 0, 1, &m->output, err)))
@@ -893,6 +996,7 @@ int tl_model_n_vocab(const tl_model *m) {
 }
 int tl_model_n_ctx_train(const tl_model *m) { return m->arch ? m->hp.n_ctx_train : 0; }
 int tl_model_can_run(const tl_model *m) { return m->arch != NULL; }
+int tl_model_is_encoder(const tl_model *m) { return m && m->arch && is_encoder(m->arch); }
 int tl_model_n_expert(const tl_model *m, int *n_used) {
     if (n_used) *n_used = m && m->arch ? m->hp.n_expert_used : 0;
     return m && m->arch ? m->hp.n_expert : 0;
@@ -933,6 +1037,7 @@ static size_t w_bytes(tl_w t) { return t ? (size_t)t->nbytes : 0; }
 size_t tl_model_decode_bytes(const tl_model *m) {
     if (!m || !m->arch) return 0;
     size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs) + w_bytes(m->rope_long) +
+               w_bytes(m->embd_norm) + w_bytes(m->embd_norm_b) +
                w_bytes(m->pl_model_proj) + w_bytes(m->pl_proj_norm);
     if (m->pl_tok_embd) n += tl_row_size((tl_type)m->pl_tok_embd->type, m->pl_tok_embd->ne[0]); /* one row */
     if (m->output != m->tok_embd)
@@ -964,15 +1069,15 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
     switch (b->kind) {
     case TL_BLOCK_ATTN: {
         const tl_attn_block *a = &b->u.attn;
-        const tl_w w[] = {a->wq,     a->wk,        a->wv, a->wo, a->norm, a->q_norm, a->k_norm,
-                          a->post_norm, a->bq, a->bk, a->bv, a->bo, a->sinks};
+        const tl_w w[] = {a->wq,        a->wk, a->wv, a->wo, a->norm,  a->q_norm, a->k_norm, a->post_norm,
+                          a->bq,        a->bk, a->bv, a->bo, a->sinks, a->ln,     a->ln_b};
         nmat = 4;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;
     }
     case TL_BLOCK_FFN: {
         const tl_ffn_block *f = &b->u.ffn;
-        const tl_w w[] = {f->gate, f->up, f->down, f->norm, f->post_norm};
+        const tl_w w[] = {f->gate, f->up, f->down, f->norm, f->post_norm, f->up_b, f->down_b, f->ln, f->ln_b};
         nmat = 3;
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) all[n++] = w[i];
         break;

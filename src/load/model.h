@@ -24,6 +24,8 @@ typedef enum tl_arch {
     TL_ARCH_QWEN35,
     TL_ARCH_QWEN35MOE,
     TL_ARCH_GEMMA4,
+    TL_ARCH_BERT,       /* encoders: embeddings only (tl_ctx_embed), no logits */
+    TL_ARCH_NOMIC_BERT,
 } tl_arch;
 
 #define TL_MAX_EXPERT_USED 32
@@ -32,6 +34,7 @@ typedef enum tl_ffn_act {
     TL_ACT_SILU = 0, /* SwiGLU: silu(gate) * up */
     TL_ACT_GELU,     /* GeGLU: gelu(gate) * up, through ggml's f16 lookup table */
     TL_ACT_SWIGLU_OAI, /* gpt-oss: gate clamped above, up clamped both ways, gate*sigmoid(1.702 gate)*(up+1) */
+    TL_ACT_GELU_SEQ,   /* BERT: gelu(up x + b), no gate, through ggml's f16 table */
 } tl_ffn_act;
 
 /* How a mixture of experts weighs its experts from the router's logits. */
@@ -113,6 +116,8 @@ typedef struct tl_hparams {
     int head_dim_max, q_dim_max, kv_dim_max;
     int n_embd_pl;       /* Gemma 4's per-layer input width (embedding_length_per_layer_input), or 0 */
     int pooling;         /* pooling_type (tl_pooling), TL_POOL_MEAN when absent */
+    int causal;          /* 0: every token attends to its whole sequence in the call (BERT's
+                          * attention.causal false): an encoder, embeddings only */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -154,13 +159,17 @@ typedef struct tl_attn_block {
                                   * earlier layer writes (Gemma 4's last layers); wk, wv NULL */
     int v_norm;                  /* 1: v RMS-normalised without a weight before the cache; v = k's
                                   * projection when wv is NULL (Gemma 4) */
+    tl_w ln, ln_b;               /* [d] f32 x2: BERT's post-norm, x = LayerNorm(x + out) * ln + ln_b
+                                  * (norm NULL then: the block reads x itself), or NULL */
 } tl_attn_block;
 
 typedef struct tl_ffn_block {
     tl_w norm;                   /* [d] f32, before the block */
     tl_w gate, up, down;         /* [ff, d] x2, [d, ff] */
     tl_w post_norm;              /* [d] f32, or NULL */
-    tl_ffn_act act;              /* act(gate) * up */
+    tl_ffn_act act;              /* act(gate) * up; TL_ACT_GELU_SEQ: gelu(up), gate NULL */
+    tl_w up_b, down_b;           /* [ff], [d] f32 biases (BERT), or NULL */
+    tl_w ln, ln_b;               /* [d] f32 x2: post-norm as tl_attn_block's, or NULL */
 } tl_ffn_block;
 
 /* Experts: 3-D tensors, expert e's matrix the e-th slice of ne[2] (its rows
@@ -268,6 +277,11 @@ struct tl_model {
     tl_w pl_tok_embd;         /* per_layer_token_embd [n_layer * n_embd_pl, n_vocab] */
     tl_w pl_model_proj;       /* per_layer_model_proj [n_layer * n_embd_pl, d] */
     tl_w pl_proj_norm;        /* per_layer_proj_norm [n_embd_pl] f32 */
+    /* BERT's input: token + token_types row 0 (+ position_embd row pos),
+     * then LayerNorm * embd_norm + embd_norm_b; output_norm and output NULL */
+    tl_w pos_embd;            /* [n_ctx_train, d] (bert), or NULL (nomic-bert: RoPE) */
+    tl_w type_embd;           /* token_types [n_types, d]: row 0 used, or NULL */
+    tl_w embd_norm, embd_norm_b; /* token_embd_norm weight, bias [d] f32 */
     char *chat_template;      /* NUL-terminated copy, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */

@@ -55,7 +55,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     int n = 0;
     for (int il = 0; il < m->hp.n_layer; il++)
         for (int b = 0; b < m->layers[il].n_block; b++) n += tl_block_weights(&m->layers[il].block[b], 1, all + n);
-    all[n++] = m->output;
+    if (m->output) all[n++] = m->output; /* encoders have none */
     if (m->pl_model_proj) all[n++] = m->pl_model_proj;
     size_t bytes = 0;
     int np = 0;

@@ -15,11 +15,15 @@
 #include <string.h>
 
 #include "tokenize/unicode.h"
+#include "tokenize/wpm.h"
 #include "base/util.h"
 
 /* TOK_NONE: a file without a vocabulary (tokenizer.ggml.model = "none", as
  * random-weight benchmark files are): it runs on token ids only. */
-enum { TOK_BPE = 1, TOK_SPM = 2, TOK_NONE = 3 };
+/* TOK_WPM: llama.cpp's WordPiece ("bert"): words from wpm.c, each matched
+ * greedily longest-first; the GGUF stores a word-initial piece with a
+ * leading U+2581 and a "##" continuation piece bare. */
+enum { TOK_BPE = 1, TOK_SPM = 2, TOK_NONE = 3, TOK_WPM = 4 };
 
 /* Token attributes, numbered as llama.cpp's llama_token_attr, plus ours. */
 enum {
@@ -214,6 +218,8 @@ struct tl_tokenizer {
      * (escape_whitespaces); see raw_bpe_fragment */
     int gemma4;
     int add_bos, add_eos, add_space_prefix;
+    int wpm_lower, wpm_strip; /* WordPiece: tokenizer.ggml.normalizer.lowercase, .strip_accents */
+    size_t max_token_len;     /* WordPiece: the longest token text in bytes */
     int32_t bos, eos, eot, eom, unk, pad, sep;
     int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
 };
@@ -471,6 +477,9 @@ static void load_special_ids(tl_tokenizer *t, const tl_gguf *g) {
     read_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
     read_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
     if (t->gemma4) t->add_bos = 1; /* llama.cpp forces it (its PR 21500) */
+    /* llama.cpp's WordPiece adds [CLS] and [SEP] with add_special whatever
+     * add_bos_token says; the SEP goes on in the encoder, never as an EOS */
+    if (t->type == TOK_WPM) t->add_bos = 1, t->add_eos = 0;
 }
 
 /* Roles llama.cpp recognises by a token's text when the metadata lacks them.
@@ -659,6 +668,15 @@ int tl_tokenizer_load(const tl_gguf *g, tl_tokenizer **out, tl_error *err) {
         t->type = TOK_BPE; /* with merges; no default special ids */
         t->gemma4 = 1;
         t->bos = t->eos = t->unk = -1;
+    } else if (tl_str_eq(model, "bert")) {
+        t->type = TOK_WPM; /* llama.cpp's defaults: [CLS] 101, [UNK] 100, [SEP] 102 */
+        t->bos = 101;
+        t->eos = -1;
+        t->unk = 100;
+        t->wpm_lower = 1;
+        read_flag(g, "tokenizer.ggml.normalizer.lowercase", &t->wpm_lower);
+        t->wpm_strip = t->wpm_lower;
+        read_flag(g, "tokenizer.ggml.normalizer.strip_accents", &t->wpm_strip);
     } else if (tl_str_eq(model, "llama")) {
         t->type = TOK_SPM;
         t->bos = 1;
@@ -673,13 +691,16 @@ int tl_tokenizer_load(const tl_gguf *g, tl_tokenizer **out, tl_error *err) {
         return tl_fail(err, TL_ERR_UNSUPPORTED, "unsupported tokenizer model '%s'", name);
     }
     snprintf(t->model_name, sizeof t->model_name, "%s",
-             t->gemma4 ? "gemma4" : t->type == TOK_BPE ? "gpt2" : "llama");
+             t->gemma4 ? "gemma4" : t->type == TOK_BPE ? "gpt2" : t->type == TOK_WPM ? "bert" : "llama");
     int st = load_vocab(t, g, err);
     if (!st) st = setup_pre(t, g, err);
     if (!st && t->type == TOK_BPE) st = load_merges(t, g, err);
     if (!st) {
         if (t->type == TOK_SPM || t->gemma4) setup_byte_tokens(t);
+        for (int32_t i = 0; i < t->n_vocab; i++)
+            if (t->st.len[i] > t->max_token_len) t->max_token_len = t->st.len[i];
         load_special_ids(t, g);
+        if (t->type == TOK_WPM && t->sep < 0) t->sep = 102 < t->n_vocab ? 102 : -1;
         detect_special(t);
         st = build_special_cache(t, g, err);
     }
@@ -1187,6 +1208,37 @@ done:
     return rc;
 }
 
+/* llm_tokenizer_wpm_session::tokenize: per word (U+2581 first), from each
+ * byte offset the longest vocabulary text (pieces after the first are
+ * looked up bare: the GGUF's "##" form); a word with any position that
+ * matches nothing is one [UNK]. */
+static int wpm_fragment(const tl_tokenizer *t, const char *raw, size_t n, idvec *out, tl_error *err) {
+    char *buf = NULL;
+    size_t *start = NULL, nw = 0;
+    if (tl_wpm_words(raw, n, t->wpm_lower, t->wpm_strip, &buf, &start, &nw))
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
+    for (size_t w = 0; w < nw; w++) {
+        const char *word = buf + start[w];
+        const size_t wn = start[w + 1] - start[w], mark = out->n;
+        int whole = 1;
+        for (size_t i = 0; i < wn && whole; i++) {
+            size_t j = i + t->max_token_len + 1 < wn ? i + t->max_token_len + 1 : wn;
+            int32_t id = -1;
+            for (; j > i && (id = vocab_find(t, word + i, j - i)) < 0; j--) {}
+            if (id < 0) whole = 0;
+            else {
+                push_id(out, id);
+                i = j - 1;
+            }
+        }
+        if (!whole) out->n = mark;
+        if (out->n == mark && t->unk >= 0) push_id(out, t->unk);
+    }
+    free(buf);
+    free(start);
+    return TL_OK;
+}
+
 int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int flags,
                         int32_t **ids, size_t *n_ids, tl_error *err) {
     *ids = NULL;
@@ -1208,6 +1260,8 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
         if (f.tok >= 0) {
             push_id(&out, f.tok);
             prev_special = 1;
+        } else if (t->type == TOK_WPM) {
+            st = wpm_fragment(t, text + f.off, f.len, &out, err);
         } else if (t->gemma4) {
             st = raw_bpe_fragment(t, &w, text + f.off, f.len, &out, err);
         } else if (t->type == TOK_BPE) {
@@ -1217,6 +1271,7 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
             prev_special = 0;
         }
     }
+    if (st == TL_OK && t->type == TOK_WPM && (flags & TL_TOK_ADD_BOS) && t->sep >= 0) push_id(&out, t->sep);
     if (st == TL_OK && out.oom) st = tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
     free(fr.v);
     free(w.s);
@@ -1347,5 +1402,5 @@ const char *tl_tokenizer_pre_name(const tl_tokenizer *t) { return t && t->pre_na
 
 const char *tl_supported_tokenizers(void) {
     return "gpt2 (byte-level BPE, llama.cpp's pre-tokenizers), gemma4 (BPE over UTF-8), "
-           "llama (SentencePiece-style)";
+           "llama (SentencePiece-style), bert (WordPiece)";
 }

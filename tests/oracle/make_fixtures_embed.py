@@ -6,8 +6,10 @@ texts, with the token ids it ran, for tests/py/test_embed.py. Models: SmolLM2
 (mean pooling, as llama-embedding defaults for a generative model) and random
 qwen3 and gemma4 files from scripts/mkmodel.py (last and mean pooling; the
 test regenerates them and checks their sha256).
+Also random bert (CLS pooling) and nomic-bert (mean) encoders, F32 and Q8_0.
 Run by hand: PYTHONPATH=/work/lcp-avx2/lib/python3.11/site-packages \\
-    python3 tests/oracle/make_fixtures_embed.py
+    python3 tests/oracle/make_fixtures_embed.py [NAME ...]
+(names given: only those models are recorded again, the others kept.)
 """
 import hashlib
 import json
@@ -30,6 +32,11 @@ MODELS = {
     "smollm2_mean": ("models/SmolLM2-135M-Instruct.Q4_1.gguf", None, "mean"),
     "qwen3_last": ("models/random/embed_qwen3.gguf", ["qwen3", "--seed", "51", "--type", "f32"], "last"),
     "gemma4_mean": ("models/random/embed_gemma4.gguf", ["gemma4", "--seed", "52", "--type", "q8_0"], "mean"),
+    # encoders: attention over the whole text, post-norm layers (bge's and nomic-embed's layouts)
+    "bert_cls": ("models/random/embed_bert.gguf", ["bert", "--seed", "53", "--type", "f32"], "cls"),
+    "bert_q8_cls": ("models/random/embed_bert_q8.gguf", ["bert", "--seed", "54", "--type", "q8_0"], "cls"),
+    "nomic_mean": ("models/random/embed_nomic.gguf", ["nomic-bert", "--seed", "55", "--type", "f32"], "mean"),
+    "nomic_q8_mean": ("models/random/embed_nomic_q8.gguf", ["nomic-bert", "--seed", "56", "--type", "q8_0"], "mean"),
 }
 POOL = {"mean": 1, "cls": 2, "last": 3}
 
@@ -46,7 +53,13 @@ def main():
                     "procedure": "Llama(embedding=True, pooling_type=P, n_ctx=n_batch=n_ubatch=512).embed(text, "
                                  "normalize=False); ids: llm.tokenize(text, add_bos=True, special=True)"},
            "texts": TEXTS, "models": {}}
+    only = sys.argv[1:]
+    if only:
+        with open(OUT, encoding="utf-8") as f:
+            out["models"] = json.load(f)["models"]
     for name, (rel, args, pool) in MODELS.items():
+        if only and name not in only:
+            continue
         path = os.path.join(ROOT, rel)
         if args:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -1,13 +1,16 @@
 """`tokenloop embed` against llama.cpp's pooled embeddings
 (tests/oracle/fixtures/embed.json, make_fixtures_embed.py): SmolLM2 with
-mean pooling, random qwen3 (last pooling) and gemma4 (mean) files.
+mean pooling, random qwen3 (last pooling) and gemma4 (mean) files, and the
+encoders: random bert (CLS pooling) and nomic-bert (mean), F32 and Q8_0.
 - exact mode: bitwise llama.cpp's, last and mean pooling (its mean is a
   matmul by a column of 1/n whose order depends on the token count: texts of
-  8-131 tokens in embed_mean.json take each order, whole and chunked);
+  8-131 tokens in embed_mean.json take each order, whole and chunked); the
+  encoders within 1e-4 of llama.cpp's largest element (docs/NUMERICS.md);
 - the default mode: cosine >= 0.9999 on the random files, >= 0.9995 on
   SmolLM2 (its fast-mode hidden states differ by 2-8% in relative L2 after 30
   Q4_1 layers; measured 0.99986);
-- the same bits whatever the batch size (-b 7: texts chunked);
+- the same bits whatever the batch size (-b 7: texts chunked; an encoder
+  takes a text whole, so -b 7 is refused for a longer one);
 - L2 normalisation as llama.cpp's common_embd_normalize computes it;
 - usage errors.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_embed.py"""
@@ -73,6 +76,7 @@ def main():
             continue
         ref = [np.array(c["embedding"], dtype=np.float32) for c in mdl["cases"]]
         pool = mdl["pooling"]
+        enc = bool(mdl["mkmodel_args"]) and mdl["mkmodel_args"][0] in ("bert", "nomic-bert")
         for numerics in ("exact", "fast"):
             out, err = embed(path, texts, "--pooling", pool, "--no-normalize", numerics=numerics)
             if not check(out is not None, f"{name} [{numerics}]: tokenloop embed failed: {err}"):
@@ -84,15 +88,27 @@ def main():
             check(len(got) == len(ref) and all(g.shape == r.shape for g, r in zip(got, ref)),
                   f"{name} [{numerics}]: {len(got)} vectors of the right size")
             worst = min(cos(g, r) for g, r in zip(got, ref))
-            if numerics == "exact":
+            if numerics == "exact" and not enc:
                 check(all(np.array_equal(g, r) for g, r in zip(got, ref)), f"{name} [exact]: bitwise llama.cpp's")
+            elif numerics == "exact":
+                # encoders: not yet llama.cpp's bits (docs/NUMERICS.md), within 1e-4 of its largest element
+                rel = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got, ref))
+                bitwise = all(np.array_equal(g, r) for g, r in zip(got, ref))
+                print(f"{name} [exact]: {'bitwise' if bitwise else f'max rel {rel:.2g}'}")
+                check(worst >= 0.999999 and rel <= 1e-4, f"{name} [exact]: cosine {worst:.7f}, max rel {rel:.2g} <= 1e-4")
             else:
                 floor = 0.9995 if name.startswith("smollm2") else 0.9999
                 check(worst >= floor, f"{name} [fast]: cosine {worst:.7f} >= {floor}")
-            print(f"{name} [{numerics}] {pool}: worst cosine {worst:.7f}")
-            again, err = embed(path, texts, "--pooling", pool, "--no-normalize", "-b", "7", "-t", "3", numerics=numerics)
+            mabs = max(float(np.abs(g - r).max()) for g, r in zip(got, ref))
+            print(f"{name} [{numerics}] {pool}: worst cosine {worst:.9f}, max abs {mabs:.3g}")
+            # an encoder sees the whole text in one call: -b 7 is refused for a longer text
+            again, err = embed(path, texts, "--pooling", pool, "--no-normalize", "-b", "100" if enc else "7", "-t", "3",
+                               numerics=numerics)
             check(again is not None and all(np.array_equal(a, g) for a, g in zip(vecs(again), got)),
-                  f"{name} [{numerics}]: -b 7 -t 3 gives the same bits {err}")
+                  f"{name} [{numerics}]: -b {100 if enc else 7} -t 3 gives the same bits {err}")
+            if enc:
+                short, err = embed(path, texts, "--pooling", pool, "-b", "7", numerics=numerics)
+                check(short is None and "batch" in err, f"{name} [{numerics}]: -b 7 refused with a message: {err}")
             unit, err = embed(path, texts, "--pooling", pool, numerics=numerics)
             check(unit is not None and all(np.array_equal(u, l2_normalize(g)) for u, g in zip(vecs(unit), got)),
                   f"{name} [{numerics}]: normalised as common_embd_normalize {err}")
