@@ -113,6 +113,9 @@ typedef struct tl_hparams {
     int head_dim_max, q_dim_max, kv_dim_max;
     int n_embd_pl;       /* Gemma 4's per-layer input width (embedding_length_per_layer_input), or 0 */
     int pooling;         /* pooling_type (tl_pooling), TL_POOL_MEAN when absent */
+    int causal;          /* attention.causal (default 1): rank pooling reads the last token when
+                          * causal, the first (CLS) when not, as llama.cpp's inp_cls does */
+    int n_cls_labels;    /* classifier.output_labels' count (llama.cpp's n_cls_out), 1 when absent */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -268,7 +271,16 @@ struct tl_model {
     tl_w pl_tok_embd;         /* per_layer_token_embd [n_layer * n_embd_pl, n_vocab] */
     tl_w pl_model_proj;       /* per_layer_model_proj [n_layer * n_embd_pl, d] */
     tl_w pl_proj_norm;        /* per_layer_proj_norm [n_embd_pl] f32 */
+    /* The classification head rank pooling runs on the pooled row (llama.cpp's
+     * build_pooling, LLAMA_POOLING_TYPE_RANK): tanh(cls x + cls_b), then
+     * cls_out (that) + cls_out_b; each NULL when the file has none. */
+    tl_w cls;                 /* cls.weight [n_cls, d] (n_cls: d for BERT, 1 for Jina v2) */
+    tl_w cls_b;               /* cls.bias [n_cls] f32 */
+    tl_w cls_out;             /* cls.output.weight [n_cls_labels, n_cls or d] (Qwen3-Reranker: the
+                               * lm_head's "yes" and "no" rows) */
+    tl_w cls_out_b;           /* cls.output.bias [n_cls_labels] f32 */
     char *chat_template;      /* NUL-terminated copy, or NULL */
+    char *rerank_template;    /* tokenizer.chat_template.rerank, NUL-terminated, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */
 #define TL_PACK_LEVELS 5
