@@ -9,6 +9,7 @@ Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untie
                   [--arch-name NAME] [--drop TENSOR] [--longrope]
                   [--rope-scaling linear|yarn|longrope] [--rope-factor F] [--rope-orig-ctx N] [--rope-attn-factor F]
                   [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE] [--rerank]
+                  [--no-rerank-template]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
 converts), phi3 (fused attn_qkv, ffn_up holding gate and up), llama1b (the
@@ -39,6 +40,8 @@ the lm_head's "yes" and "no" rows there (and leaves output.weight out when the
 head is not tied); a random head's rows would give logits tens apart and
 scores of exactly 0 or 1, so cls.output is drawn at a scale that keeps the
 scores spread (std ~0.5 per logit), from its own stream.
+--no-rerank-template leaves the template out (llama-server then formats a
+pair as BERT cross-encoders take it: [BOS] query [EOS] [SEP] document [EOS]).
 """
 import argparse
 import math
@@ -430,7 +433,8 @@ def build(args):
     if args.rerank:  # conversion/qwen.py, Qwen3Model.set_gguf_parameters
         w.add_pooling_type(gguf.PoolingType.RANK)
         w.add_classifier_output_labels(["yes", "no"])
-        w.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
+        if not args.no_rerank_template:
+            w.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
 
     g = Gen(args.seed, args.type)
     drop = set(args.drop or [])
@@ -792,6 +796,8 @@ def main():
     ap.add_argument("--template", metavar="FILE", help="tokenizer.chat_template from this Jinja file")
     ap.add_argument("--rerank", action="store_true",
                     help="a Qwen3-Reranker: pooling rank, cls.output [D x 2], the rerank prompt template")
+    ap.add_argument("--no-rerank-template", action="store_true",
+                    help="with --rerank: no tokenizer.chat_template.rerank")
     ap.add_argument("--no-vocab", action="store_true",
                     help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()
