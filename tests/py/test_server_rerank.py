@@ -14,8 +14,9 @@ vocabulary adds them) against llama.cpp's scores
 - the server (exact, --rerank): each score the CLI's and llama.cpp's bitwise,
   results by score descending, usage, top_n, return_documents, documents as
   {"text": ...}, the aliases /rerank, /v1/reranking, /reranking;
-- 8 concurrent requests of shuffled document lists: each document's score the
-  one it gets alone (a score never depends on its neighbours);
+- 8 concurrent requests of shuffled document lists, beside a completion
+  decoding: each document's score the one it gets alone (a score never
+  depends on its neighbours);
 - 400s in the house shape naming the field: no or empty query, no, empty or
   non-string documents, top_n 0, a bad return_documents, a pooling other than
   rank, a pair longer than the context; a model without a classification head
@@ -178,11 +179,17 @@ def concurrent(url, q, docs, alone):
     def one(k):
         out[k] = post(url, "/v1/rerank", {"query": q, "documents": [docs[i] for i in picks[k]]})
 
-    th = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    done = {}
+
+    def talk():  # a completion decoding beside them (the file's token_embd is its output)
+        done["r"] = post(url, "/v1/completions", {"prompt": "cats", "max_tokens": 24, "temperature": 0})
+
+    th = [threading.Thread(target=one, args=(k,)) for k in range(8)] + [threading.Thread(target=talk)]
     for t in th:
         t.start()
     for t in th:
         t.join()
+    check(done.get("r", (0,))[0] == 200, f"a completion beside them: {str(done.get('r'))[:200]}")
     ok = all(o and o[0] == 200 and all(f32(np.float32(r["relevance_score"])) == f32(alone[picks[k][r["index"]]])
                                        for r in o[1]["results"]) for k, o in enumerate(out))
     check(ok, "8 concurrent shuffled requests: each document's score is its score alone")
