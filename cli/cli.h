@@ -93,6 +93,7 @@ int cmd_info(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_embed(int argc, char **argv);
+int cmd_rerank(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);

@@ -21,7 +21,8 @@ static const char EMBED_HELP[] =
     "  -p, --prompt TEXT       a text to embed (repeatable)\n"
     "  -f, --file FILE         texts to embed, one per line ('-': stdin)\n"
     "      --pooling P         mean, cls, last or none (a vector per token); default: the\n"
-    "                          file's pooling_type, else mean\n"
+    "                          file's pooling_type, else mean. rank: a reranker's scores\n"
+    "                          (tl_model_n_cls_out each, not normalized; see tokenloop rerank)\n"
     "      --no-normalize      the pooled vector as it is (default: unit L2 length)\n"
     "  -c, --ctx-size N        the longest text in tokens (default: the longest given)\n"
     "  -b, --batch-size N      tokens per forward call (default 512; longer texts are chunked)\n"
@@ -75,7 +76,7 @@ int cmd_embed(int argc, char **argv) {
         } else if (!strcmp(a, "--pooling")) {
             if (!(v = cli_arg(&p))) goto usage;
             if ((pooling = tl_pooling_parse(v)) < 0) {
-                cli_error("--pooling '%s': expected none, mean, cls or last", v);
+                cli_error("--pooling '%s': expected none, mean, cls, last or rank", v);
                 goto usage;
             }
         } else if (!strcmp(a, "--no-normalize")) {
@@ -164,9 +165,14 @@ int cmd_embed(int argc, char **argv) {
         cli_tl_error(&err);
         rc = 1;
     }
-    const int d = tl_model_n_embd(m);
     const int pool = pooling == TL_POOL_MODEL ? tl_model_pooling(m) : pooling;
-    float *vec = rc ? NULL : malloc((size_t)(pool == TL_POOL_NONE ? longest : 1) * (size_t)d * sizeof *vec);
+    const int d = pool == TL_POOL_RANK ? tl_model_n_cls_out(m) : tl_model_n_embd(m);
+    float *vec = rc || d <= 0 ? NULL : malloc((size_t)(pool == TL_POOL_NONE ? longest : 1) * (size_t)d * sizeof *vec);
+    if (!rc && d <= 0) {
+        cli_error("%s: pooling rank needs a classification head (cls.weight or cls.output.weight), which this "
+                  "file does not have", path);
+        rc = 1;
+    } else
     if (!rc && !vec) {
         cli_error("out of memory");
         rc = 1;

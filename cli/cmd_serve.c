@@ -24,7 +24,8 @@ static const char SERVE_HELP[] =
     "usage: tokenloop serve [-m FILE] [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions, POST /v1/completions\n"
-    "(streaming with \"stream\": true), POST /v1/embeddings, GET /v1/models, POST /tokenize,\n"
+    "(streaming with \"stream\": true), POST /v1/embeddings, POST /v1/rerank (a reranker's\n"
+    "file), GET /v1/models, POST /tokenize,\n"
     "POST /detokenize, GET /health, GET /ready, GET /metrics (Prometheus), GET /props.\n"
     "Ollama's API too (/api/*: docs/SERVER.md). Agents' other\n"
     "dialects too: OpenAI's Responses API (POST /v1/responses; GET and DELETE\n"
@@ -69,7 +70,10 @@ static const char SERVE_HELP[] =
     "                          when the template does not), off (all of it is content)\n"
     "      --pooling P         embeddings (POST /v1/embeddings, /api/embed): mean, cls, last or\n"
     "                          none (a vector per token); default: the file's pooling_type, else\n"
-    "                          mean; a request's \"pooling\" overrides it\n"
+    "                          mean; a request's \"pooling\" overrides it. rank: a reranker's scores\n"
+    "                          (POST /v1/rerank, which ranks whatever this says)\n"
+    "      --rerank            llama-server's flag (also --reranking): --pooling rank, and refuse\n"
+    "                          to start when the file has no classification head to rank with\n"
     "      --prefill-chunk N   prompt tokens per forward call and request (default 256)\n"
     "      --drain-timeout S   on SIGTERM, seconds to let running requests finish (default 30)\n"
     "      --max-conns-per-client N  open connections one client address may hold\n"
@@ -167,9 +171,11 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
         } else if (!strcmp(a, "--pooling")) {
             VAL();
             if ((o->pooling = tl_pooling_parse(v)) < 0) {
-                cli_error("--pooling '%s': expected none, mean, cls or last", v);
+                cli_error("--pooling '%s': expected none, mean, cls, last or rank", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--rerank") || !strcmp(a, "--reranking")) {
+            o->pooling = TL_POOL_RANK;
         } else if (!strcmp(a, "--drain-timeout")) {
             VAL(); if (cli_int(a, v, 0, 86400, &o->drain_timeout_s)) return -1;
         } else {
@@ -310,6 +316,9 @@ static int serve(srv_opts *o, sigs *sg) {
         rc = 0;
     } else if (tl_model_load(o->model_path, &m, &err)) {
         cli_error("%s: %s", o->model_path, err.msg);
+    } else if (o->pooling == TL_POOL_RANK && tl_model_n_cls_out(m) <= 0) {
+        cli_error("%s: --rerank (--pooling rank) needs a classification head (cls.weight or cls.output.weight), "
+                  "which this file does not have: it is not a reranker", o->model_path);
     } else if (o->spec == TL_SPEC_DRAFT && !o->draft_path) {
         cli_error("--spec draft needs --draft FILE");
     } else if (o->draft_path && (tl_model_load(o->draft_path, &dm, &err) || tl_spec_check_draft(m, dm, &err))) {

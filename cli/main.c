@@ -22,6 +22,7 @@ static const char USAGE[] =
     "  perplexity  perplexity of a text, with llama.cpp's protocol\n"
     "  logits      write the logits of a token sequence (for testing against peers)\n"
     "  embed       embeddings of texts (pooled hidden states), as OpenAI's JSON\n"
+    "  rerank      a reranker's relevance scores of documents for a query, as /v1/rerank's JSON\n"
     "  quantize    convert a GGUF model's weights to another type (Q4_0, Q8_0, Q4_K, F16, ...)\n"
     "  bench       prefill/decode speed (llama-bench's protocol) and memory bandwidth\n"
     "  serve       OpenAI-compatible HTTP server (chat, completions, streaming, metrics)\n"
@@ -233,6 +234,7 @@ int main(int argc, char **argv) {
         int (*fn)(int, char **);
     } cmds[] = {{"run", cmd_run},   {"chat", cmd_chat},     {"tokenize", cmd_tokenize},
                 {"info", cmd_info}, {"perplexity", cmd_perplexity}, {"logits", cmd_logits}, {"embed", cmd_embed},
+                {"rerank", cmd_rerank},
                 {"template", cmd_template}, {"bench", cmd_bench},
                 {"quantize", cmd_quantize}, {"serve", cmd_serve}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)

@@ -186,16 +186,33 @@ typedef enum tl_pooling {
     TL_POOL_MEAN = 1,   /* the tokens' average */
     TL_POOL_CLS = 2,    /* the first token's */
     TL_POOL_LAST = 3,   /* the last token's (decoder embedding models: Qwen3-Embedding) */
+    TL_POOL_RANK = 4,   /* rerankers: the last token's row (the first's for a non-causal
+                         * model), through the file's classification head: n_cls_out scores */
 } tl_pooling;
 /* The model's width (the length of an embedding) and its pooling_type. */
 int tl_model_n_embd(const tl_model *model);
 int tl_model_pooling(const tl_model *model);
-/* "none", "mean", "cls", "last" -> tl_pooling; -2 for an unknown name. */
+/* The scores rank pooling gives: the rows of cls.output (else of cls); 0
+ * when the file has no classification head, so cannot rank. A relevance
+ * score is score 0 (Qwen3-Reranker: P("yes"), the softmax of its two). */
+int tl_model_n_cls_out(const tl_model *model);
+/* tokenizer.chat_template.rerank (a prompt with {query} and {document}), or NULL. */
+const char *tl_model_rerank_template(const tl_model *model);
+/* The tokens of one (query, document) pair as llama-server's
+ * format_prompt_rerank makes them: the rerank template with both put in,
+ * special tokens parsed, no BOS added; without a template (BERT-style
+ * cross-encoders) [BOS] query [EOS] [SEP] document [EOS], each marker where
+ * the vocabulary adds it. *ids is malloc'ed (tl_free). */
+int tl_rerank_tokens(const tl_model *model, const char *query, size_t query_len, const char *doc, size_t doc_len,
+                     int32_t **ids, size_t *n_ids, tl_error *err);
+/* "none", "mean", "cls", "last", "rank" -> tl_pooling; -2 for an unknown name. */
 int tl_pooling_parse(const char *name);
 const char *tl_pooling_name(int pooling);
 /* Embeds tokens[0..n) as one sequence on the implicit sequence 0 (cleared
  * first; any length up to n_ctx, run in chunks of n_batch): TL_POOL_NONE
- * writes n rows of tl_model_n_embd floats to out, the others one row.
+ * writes n rows of tl_model_n_embd floats to out, the others one row;
+ * TL_POOL_RANK one row of tl_model_n_cls_out scores (never normalized;
+ * TL_ERR_UNSUPPORTED when the file has no head).
  * normalize: each row scaled to unit L2 length (OpenAI's vectors), as
  * llama.cpp's common_embd_normalize computes it. A row depends on the
  * tokens alone, never on n_batch or the thread count. Returns the rows

@@ -8,7 +8,8 @@ loaders accept it. Same arguments, same bytes.
 Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untied] [--vocab FILE]
                   [--arch-name NAME] [--drop TENSOR] [--longrope]
                   [--rope-scaling linear|yarn|longrope] [--rope-factor F] [--rope-orig-ctx N] [--rope-attn-factor F]
-                  [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE]
+                  [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE] [--rerank]
+                  [--no-rerank-template]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
 converts), phi3 (fused attn_qkv, ffn_up holding gate and up), llama1b (the
@@ -35,6 +36,16 @@ tokens), for the server tests of reasoning and tool calls. Encoders (embeddings
 only, the WordPiece vocabulary of tests/oracle/fixtures/bert_vocab.json): bert
 (bge's layout: absolute positions, biases, GELU, CLS pooling) and nomic-bert
 (nomic-embed-text's: fused qkv, RoPE, SwiGLU, mean pooling), 2 layers of 128.
+tokens), for the server tests of reasoning and tool calls. --rerank makes a
+Qwen3-Reranker as llama.cpp's converter writes one (conversion/qwen.py):
+pooling_type rank, classifier.output_labels ["yes", "no"], the rerank prompt
+as tokenizer.chat_template.rerank, and cls.output [D x 2]. The converter copies
+the lm_head's "yes" and "no" rows there (and leaves output.weight out when the
+head is not tied); a random head's rows would give logits tens apart and
+scores of exactly 0 or 1, so cls.output is drawn at a scale that keeps the
+scores spread (std ~0.5 per logit), from its own stream.
+--no-rerank-template leaves the template out (llama-server then formats a
+pair as BERT cross-encoders take it: [BOS] query [EOS] [SEP] document [EOS]).
 """
 import argparse
 import math
@@ -115,6 +126,14 @@ LLAMA3_ROPE = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
 # llama1b: Llama 3.2 1B's shape (head dim 64), with llama.cpp's Llama 3 vocabulary.
 L1B = dict(d=2048, layers=16, heads=32, heads_kv=8, ff=8192, base=500000.0, ctx=8192, std=0.02)
 VOCAB_L1B = "ggml-vocab-llama-bpe.gguf"  # 128256 tokens
+# Qwen3-Reranker's prompt, as llama.cpp's converter writes it
+# (conversion/qwen.py, Qwen3Model.set_gguf_parameters).
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 LLAMA3_TEMPLATE = os.path.join(ROOT, "tests", "templates", "llama3.jinja")
 
 TYPES = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0}
@@ -525,6 +544,11 @@ def build(args):
             w.add_rope_scaling_yarn_beta_slow(1.0)
     if args.rope_attn_factor is not None:
         w.add_rope_scaling_attn_factors(args.rope_attn_factor)
+    if args.rerank:  # conversion/qwen.py, Qwen3Model.set_gguf_parameters
+        w.add_pooling_type(gguf.PoolingType.RANK)
+        w.add_classifier_output_labels(["yes", "no"])
+        if not args.no_rerank_template:
+            w.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
 
     g = Gen(args.seed, args.type)
     drop = set(args.drop or [])
@@ -579,7 +603,11 @@ def build(args):
         put(b + "ffn_down.weight", g.mat(D, FF))
     put("output_norm.weight", g.vec(D, 1.0, 0.2))
     if not tied:
-        put("output.weight", g.mat(n_vocab, D))
+        head = g.mat(n_vocab, D)
+        if not args.rerank:  # a reranker's lm_head becomes cls.output only
+            put("output.weight", head)
+    if args.rerank:
+        put("cls.output.weight", Gen(args.seed + 7919, args.type).mat(2, D, 0.5 / math.sqrt(D)))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -880,6 +908,10 @@ def main():
                     help="append a control token (CONTROL, as <|im_end|>)")
     ap.add_argument("--eos", metavar="TEXT", help="the end-of-generation token, by its text")
     ap.add_argument("--template", metavar="FILE", help="tokenizer.chat_template from this Jinja file")
+    ap.add_argument("--rerank", action="store_true",
+                    help="a Qwen3-Reranker: pooling rank, cls.output [D x 2], the rerank prompt template")
+    ap.add_argument("--no-rerank-template", action="store_true",
+                    help="with --rerank: no tokenizer.chat_template.rerank")
     ap.add_argument("--no-vocab", action="store_true",
                     help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()

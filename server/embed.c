@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "embed.h"
+#include "rerank.h"
 
 #define BAD(param, ...) api_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 #define OOM() api_fail(e, 500, "server_error", NULL, NULL, "out of memory")
@@ -20,7 +21,7 @@
 
 /* ---- parsing ------------------------------------------------------------------ */
 
-static double mono_s(void) {
+double emb_mono_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -74,7 +75,7 @@ static int parse_inputs(const api_ctx *a, json_t *in, int tokens_ok, const char 
 }
 
 /* The rows to fill: one per input, or one per token (pooling none). */
-static int alloc_out(srv_embed *em, api_err *e) {
+int emb_alloc_out(srv_embed *em, api_err *e) {
     em->off = calloc((size_t)em->n, sizeof *em->off);
     if (!em->off) return OOM();
     size_t total = 0;
@@ -119,17 +120,22 @@ int emb_parse(const api_ctx *a, int fmt, int pooling, const char *body, size_t l
     }
     r->kind = SRV_EMBED;
     r->emb = em;
-    r->t_arrival = mono_s();
+    r->t_arrival = emb_mono_s();
     em->fmt = fmt;
     em->d = tl_model_n_embd(a->m);
     em->normalize = fmt != EMB_OLLAMA_OLD; /* Ollama's old endpoint gives the raw vector */
     const char *pool = NULL;
     if (api_get_str(root, "pooling", &pool, e) < 0) goto out;
     if (pool && (pooling = tl_pooling_parse(pool)) < 0) {
-        BAD("pooling", "'pooling' must be none, mean, cls or last, not '%s'", pool);
+        BAD("pooling", "'pooling' must be none, mean, cls, last or rank, not '%s'", pool);
         goto out;
     }
     em->pooling = pooling == TL_POOL_MODEL ? tl_model_pooling(a->m) : pooling;
+    if (em->pooling == TL_POOL_RANK) {
+        BAD("pooling", "pooling rank gives a reranker's relevance scores, not embeddings: use POST /v1/rerank, "
+                       "or ask for another 'pooling' (mean, cls, last)");
+        goto out;
+    }
     if (fmt == EMB_OPENAI && parse_openai(a, root, em, e)) goto out;
     if (fmt == EMB_OLLAMA && api_get_bool(root, "normalize", &em->normalize, e) < 0) goto out;
     long long dim = 0;
@@ -152,7 +158,7 @@ int emb_parse(const api_ctx *a, int fmt, int pooling, const char *body, size_t l
     if (fmt != EMB_OPENAI && api_get_bool(root, "truncate", &trunc, e) < 0) goto out;
     for (int i = 0; fmt != EMB_OPENAI && trunc && i < em->n; i++)
         if (em->n_tok[i] > a->n_ctx) em->n_tok[i] = a->n_ctx;
-    rc = alloc_out(em, e);
+    rc = emb_alloc_out(em, e);
 out:
     if (rc && !e->http) api_fail(e, 500, "server_error", NULL, NULL, "the request could not be read");
     json_decref(root);
@@ -224,7 +230,7 @@ static int add_embedding(api_buf *b, const srv_embed *em, int i) {
 }
 
 /* The model's id as a JSON string. */
-static int add_model(api_buf *b, const api_ctx *a) {
+int emb_add_model(api_buf *b, const api_ctx *a) {
     json_t *j = api_jstr_bytes(a->model_id, strlen(a->model_id));
     char *s = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
     json_decref(j);
@@ -240,7 +246,7 @@ static int openai_reply(const api_ctx *a, const srv_embed *em, int total, api_bu
         snprintf(num, sizeof num, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
         if (add_str(b, num) || add_embedding(b, em, i) || add_str(b, "}")) return -1;
     }
-    if (add_str(b, "],\"model\":") || add_model(b, a)) return -1;
+    if (add_str(b, "],\"model\":") || emb_add_model(b, a)) return -1;
     snprintf(num, sizeof num, ",\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d}}", total, total);
     return add_str(b, num);
 }
@@ -248,7 +254,7 @@ static int openai_reply(const api_ctx *a, const srv_embed *em, int total, api_bu
 static int ollama_reply(const api_ctx *a, const srv_embed *em, int total, double secs, api_buf *b) {
     char num[200];
     if (em->fmt == EMB_OLLAMA_OLD) return add_str(b, "{\"embedding\":") || add_row(b, em->out, em->d) || add_str(b, "}");
-    if (add_str(b, "{\"model\":") || add_model(b, a) || add_str(b, ",\"embeddings\":[")) return -1;
+    if (add_str(b, "{\"model\":") || emb_add_model(b, a) || add_str(b, ",\"embeddings\":[")) return -1;
     for (int i = 0; i < em->n; i++)
         if ((i && add_str(b, ",")) || add_row(b, em->out + em->off[i], em->d)) return -1;
     const long long ns = (long long)(secs * 1e9);
@@ -258,10 +264,11 @@ static int ollama_reply(const api_ctx *a, const srv_embed *em, int total, double
 
 char *emb_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
     const srv_embed *em = r->emb;
+    if (em->fmt == EMB_RERANK) return rr_reply_json(a, r, len);
     api_buf b = {0};
     int total = 0;
     for (int i = 0; i < em->n; i++) total += em->n_tok[i];
-    const double secs = r->t_arrival > 0 ? mono_s() - r->t_arrival : 0;
+    const double secs = r->t_arrival > 0 ? emb_mono_s() - r->t_arrival : 0;
     int bad = em->fmt == EMB_OPENAI ? openai_reply(a, em, total, &b) : ollama_reply(a, em, total, secs, &b);
     if (bad || api_buf_add(&b, "", 1)) {
         api_buf_free(&b);

@@ -9,7 +9,7 @@
 #include "api.h"
 
 /* The reply shapes (srv_embed.fmt). */
-enum { EMB_OPENAI = 0, EMB_OLLAMA = 1, EMB_OLLAMA_OLD = 2 };
+enum { EMB_OPENAI = 0, EMB_OLLAMA = 1, EMB_OLLAMA_OLD = 2, EMB_RERANK = 3 };
 
 /* Parses a body of shape fmt into r (fresh from srv_req_new): r->kind
  * SRV_EMBED, r->emb with the inputs tokenized (as llama-embedding and
@@ -22,6 +22,12 @@ int emb_parse(const api_ctx *a, int fmt, int pooling, const char *body, size_t l
 /* The reply of a finished (DONE) embedding request; malloc'ed, NULL for want
  * of memory. */
 char *emb_reply_json(const api_ctx *a, const srv_req *r, size_t *len);
+
+/* Shared with server/rerank.c: the rows to fill (em->n, n_tok, pooling and
+ * d set), and the model's id as a JSON string. */
+int emb_alloc_out(srv_embed *em, api_err *e);
+int emb_add_model(api_buf *b, const api_ctx *a);
+double emb_mono_s(void);
 
 /* Standard base64 (RFC 4648, padded) of n bytes into out (4 * ((n + 2) / 3)
  * bytes, then a NUL). */

@@ -19,6 +19,7 @@
 
 #include "dialect.h"
 #include "embed.h"
+#include "rerank.h"
 #include "ollama.h"
 #include "base/util.h"
 #include "http.h"
@@ -55,7 +56,7 @@ struct srv_http {
 
 enum route { R_NONE, R_CHAT, R_COMPL, R_MODELS, R_HEALTH, R_READY, R_METRICS, R_TOKENIZE, R_DETOK, R_PAGE, R_LOOP,
              R_RESP, R_RESP_GET, R_RESP_DEL, R_RESP_ITEMS, R_MSG, R_MSG_COUNT, R_PROPS, R_EMBED, R_OLL_EMBED,
-             R_OLL_EMBEDS, R_OLL_CHAT, R_OLL_GEN, R_OLL_VERSION, R_OLL_TAGS, R_OLL_PS, R_OLL_SHOW };
+             R_OLL_EMBEDS, R_RERANK, R_OLL_CHAT, R_OLL_GEN, R_OLL_VERSION, R_OLL_TAGS, R_OLL_PS, R_OLL_SHOW };
 
 /* prefix: the path is a prefix and the rest an id (/v1/responses/{id}; 2:
  * the id then "/input_items");
@@ -78,6 +79,11 @@ static const struct {
     {"/v1/embeddings", "POST", R_EMBED, 1, 1, 0, 0},
     {"/api/embed", "POST", R_OLL_EMBED, 1, 1, 0, V_OLLAMA},
     {"/api/embeddings", "POST", R_OLL_EMBEDS, 1, 1, 0, V_OLLAMA},
+    /* llama-server's four paths (tools/server/server.cpp) */
+    {"/v1/rerank", "POST", R_RERANK, 1, 1, 0, 0},
+    {"/rerank", "POST", R_RERANK, 1, 1, 0, 0},
+    {"/v1/reranking", "POST", R_RERANK, 1, 1, 0, 0},
+    {"/reranking", "POST", R_RERANK, 1, 1, 0, 0},
     {"/api/chat", "POST", R_OLL_CHAT, 1, 1, 0, V_OLLAMA},
     {"/api/generate", "POST", R_OLL_GEN, 1, 1, 0, V_OLLAMA},
     {"/api/show", "POST", R_OLL_SHOW, 1, 1, 0, V_OLLAMA},
@@ -371,14 +377,16 @@ static enum MHD_Result wait_reply(srv_app *app, struct MHD_Connection *c, conn *
     return reply_json(app, c, k->ri, 200, s, n);
 }
 
-/* An embedding request: queued for the scheduler's thread, which runs it
- * between decode steps, and answered whole. */
+/* An embedding or rerank request: queued for the scheduler's thread, which
+ * runs it between decode steps, and answered whole. */
 static enum MHD_Result embed_request(srv_app *app, struct MHD_Connection *c, conn *k) {
     api_err e;
     if (!(k->req = srv_req_new())) return reply_json(app, c, k->ri, 500, NULL, 0);
     enum route rt = ROUTES[k->ri].r;
     const int fmt = rt == R_OLL_EMBED ? EMB_OLLAMA : rt == R_OLL_EMBEDS ? EMB_OLLAMA_OLD : EMB_OPENAI;
-    if (emb_parse(&app->api, fmt, app->o->pooling, k->body ? k->body : "", k->n, k->req, &e))
+    const char *body = k->body ? k->body : "";
+    if (rt == R_RERANK ? rr_parse(&app->api, body, k->n, k->req, &e)
+                       : emb_parse(&app->api, fmt, app->o->pooling, body, k->n, k->req, &e))
         return reply_err(app, c, k->ri, &e);
     char why[sizeof e.msg];
     switch (srv_sched_embed(app->sched, k->req, why, sizeof why)) {
@@ -389,7 +397,8 @@ static enum MHD_Result embed_request(srv_app *app, struct MHD_Connection *c, con
     case SRV_DRAINING:
         return fail(app, c, k->ri, 503, "unavailable_error", "the server is shutting down");
     default:
-        api_fail(&e, 400, "invalid_request_error", fmt == EMB_OLLAMA_OLD ? "prompt" : "input",
+        api_fail(&e, 400, "invalid_request_error",
+                 rt == R_RERANK ? "documents" : fmt == EMB_OLLAMA_OLD ? "prompt" : "input",
                  "context_length_exceeded", "%s", why);
         return reply_err(app, c, k->ri, &e);
     }
@@ -521,7 +530,7 @@ static enum MHD_Result body_done(srv_app *app, struct MHD_Connection *c, conn *k
     enum route r = ROUTES[k->ri].r;
     if (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_OLL_CHAT || r == R_OLL_GEN)
         return completion(app, c, k);
-    if (r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS) return embed_request(app, c, k);
+    if (r == R_EMBED || r == R_OLL_EMBED || r == R_OLL_EMBEDS || r == R_RERANK) return embed_request(app, c, k);
     api_err e;
     size_t n = 0;
     const char *b = k->body ? k->body : "";
@@ -587,7 +596,7 @@ static enum MHD_Result first_call(srv_app *app, struct MHD_Connection *c, const 
     if (phase == SRV_PHASE_LOADING && r != R_HEALTH && r != R_READY && r != R_METRICS)
         return fail(app, c, ri, 503, "unavailable_error", "the model is still loading");
     if (phase == SRV_PHASE_DRAINING &&
-        (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_EMBED || r == R_OLL_EMBED ||
+        (r == R_CHAT || r == R_COMPL || r == R_RESP || r == R_MSG || r == R_EMBED || r == R_RERANK || r == R_OLL_EMBED ||
          r == R_OLL_EMBEDS || r == R_OLL_CHAT || r == R_OLL_GEN))
         return fail(app, c, ri, 503, "unavailable_error", "the server is shutting down");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

@@ -75,6 +75,9 @@ void srv_embed_free(srv_embed *e) {
     free(e->n_tok);
     free(e->out);
     free(e->off);
+    for (int i = 0; e->text && i < e->n; i++) free(e->text[i]);
+    free(e->text);
+    free(e->text_len);
     free(e);
 }
 

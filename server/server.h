@@ -70,6 +70,11 @@ typedef struct srv_embed {
     int done;         /* inputs embedded (scheduler thread only) */
     int fmt;          /* the reply's shape (embed.c's EMB_*) */
     int base64;       /* encoding_format base64 */
+    /* rerank (EMB_RERANK, server/rerank.c): each input one (query, document)
+     * pair, its row tl_model_n_cls_out scores (d), score 0 the relevance */
+    int top_n;        /* results given back, the best first */
+    char **text;      /* [n] each document's text for return_documents (owned), or NULL */
+    size_t *text_len;
 } srv_embed;
 void srv_embed_free(srv_embed *e);
 

@@ -358,6 +358,8 @@ class Model:
                                                      isinstance(input[0], int))
         texts = [input] if single else list(input)
         pool = lib.tl_model_pooling(self._m) if pooling is None else self._parse_pooling(pooling)
+        if pool == 4:  # TL_POOL_RANK: n_cls_out scores, not n_embd floats (tokenloop rerank, /v1/rerank)
+            raise ArgumentError("pooling rank gives a reranker's scores, not embeddings: ask for another pooling")
         d = self.n_embd
         out = []
         self.last_embed_tokens = 0

@@ -63,6 +63,9 @@ typedef struct tl_backend_ops {
     int (*rs_save)(void *be, int seq, int pos, void *p);
     /* Puts the sequence at boundary pos with the state rs_save wrote. */
     void (*rs_load)(void *be, int seq, int pos, const void *p);
+    /* The classification head on one pooled row x [n_embd] (rank pooling):
+     * y [tl_model_n_cls_out] floats. x must not be the backend's own buffer. */
+    void (*head)(void *be, const float *x, float *y);
 } tl_backend_ops;
 
 typedef struct tl_backend {

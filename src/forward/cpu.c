@@ -1612,10 +1612,41 @@ static int cpu_rs_seek(void *be, int seq, int pos) { return tl_gdn_seek(be, seq,
 static int cpu_rs_save(void *be, int seq, int pos, void *p) { return tl_gdn_snap_save(be, seq, pos, p); }
 static void cpu_rs_load(void *be, int seq, int pos, const void *p) { tl_gdn_snap_load(be, seq, pos, p); }
 
+/* llama.cpp's build_pooling, LLAMA_POOLING_TYPE_RANK, op by op on the CPU:
+ * cls (a matmul, + bias, each ggml_add one rounding) then tanhf
+ * (ggml_vec_tanh_f32); cls.output (+ bias); for qwen3 ggml_soft_max over
+ * the outputs. The matmuls take tl_cpu_matmul's path, so exact mode orders
+ * them as ggml does (tinyBLAS, or vec_dot for row counts not a multiple of
+ * 4, as Qwen3-Reranker's 2). Not yet: ModernBERT's GELU and head norm, and
+ * its mean-pooled variant, which come with that backbone. */
+static void cpu_head(void *be, const float *x, float *y) {
+    tl_cpu *c = be;
+    const tl_model *m = c->m;
+    const float *in = x;
+    if (m->cls) {
+        const int n = (int)m->cls->ne[1];
+        tl_w w = m->cls;
+        float *h = c->xb;
+        tl_cpu_matmul(c, 1, &w, &h, x, 1);
+        add_bias(h, m->cls_b, 1, n);
+        for (int i = 0; i < n; i++) h[i] = tanhf(h[i]);
+        in = h;
+    }
+    const int n_out = tl_model_n_cls_out(m);
+    if (m->cls_out) {
+        tl_w w = m->cls_out;
+        tl_cpu_matmul(c, 1, &w, &y, in, 1);
+        add_bias(y, m->cls_out_b, 1, n_out);
+    } else {
+        memmove(y, in, (size_t)n_out * sizeof *y);
+    }
+    if (m->arch->arch == TL_ARCH_QWEN3) softmax_row(c, n_out, y);
+}
+
 static const tl_backend_ops cpu_ops = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free,
-                                       NULL, NULL, NULL};
+                                       NULL, NULL, NULL, cpu_head};
 static const tl_backend_ops cpu_ops_rs = {cpu_forward, cpu_copy_block, cpu_read_block, cpu_write_block, cpu_free,
-                                          cpu_rs_seek, cpu_rs_save, cpu_rs_load};
+                                          cpu_rs_seek, cpu_rs_save, cpu_rs_load, cpu_head};
 
 int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend *out, tl_error *err) {
     memset(out, 0, sizeof *out);

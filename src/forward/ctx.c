@@ -291,8 +291,15 @@ static void l2_normalize(float *v, int d) {
 int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int normalize, float *out, tl_error *err) {
     if (!c || !tokens || !out) return tl_fail(err, TL_ERR_ARG, "tl_ctx_embed: NULL argument");
     if (pooling == TL_POOL_MODEL) pooling = tl_model_pooling(c->m);
-    if (pooling < TL_POOL_NONE || pooling > TL_POOL_LAST)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "pooling %d is not supported (none, mean, cls, last)", pooling);
+    if (pooling < TL_POOL_NONE || pooling > TL_POOL_RANK)
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "pooling %d is not supported (none, mean, cls, last, rank)", pooling);
+    if (pooling == TL_POOL_RANK && (!tl_model_n_cls_out(c->m) || !c->be.ops->head))
+        return tl_fail(err, TL_ERR_UNSUPPORTED,
+                       "rank pooling needs a classification head (cls.weight or cls.output.weight), "
+                       "which this file does not have: it is not a reranker");
+    /* which row rank pooling reads: llama.cpp's inp_cls takes the last
+     * position when attention is causal, the first (CLS) otherwise */
+    const int rank_last = pooling == TL_POOL_RANK && c->m->hp.causal;
     if (n == 0) return tl_fail(err, TL_ERR_ARG, "nothing to embed: no tokens");
     if (n > (size_t)c->n_ctx)
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "an input of %zu tokens exceeds the context of %d", n, c->n_ctx);
@@ -315,14 +322,18 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
         const int last = done + (size_t)nb == n;
         for (int t = 0; t < nb; t++)
             c->blg[t] = (uint8_t)(pooling == TL_POOL_NONE || pooling == TL_POOL_MEAN ||
-                                  (pooling == TL_POOL_CLS && done == 0 && t == 0) ||
-                                  (pooling == TL_POOL_LAST && last && t == nb - 1));
+                                  ((pooling == TL_POOL_CLS || (pooling == TL_POOL_RANK && !rank_last)) &&
+                                   done == 0 && t == 0) ||
+                                  ((pooling == TL_POOL_LAST || rank_last) && last && t == nb - 1));
         tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
         if ((st = tl_ctx_decode_into(c, &b, nb, c->logits, err))) break;
         const float *rows = c->logits;
         switch (pooling) {
         case TL_POOL_NONE: memcpy(out + done * (size_t)d, rows, (size_t)nb * d * sizeof *out); break;
         case TL_POOL_MEAN: tl_mean_pool_add(&mp, rows, nb); break;
+        case TL_POOL_RANK: /* the head on the one row kept, if this chunk held it */
+            if (c->blogits_n == 1) c->be.ops->head(c->be.state, rows, out);
+            break;
         default: /* the one row kept, if this chunk held it */
             if (c->blogits_n == 1) memcpy(out, rows, (size_t)d * sizeof *out);
             break;
@@ -335,7 +346,8 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     tl_mean_pool_free(&mp);
     if (st) return st;
     const int nrow = pooling == TL_POOL_NONE ? (int)n : 1;
-    for (int r = 0; normalize && r < nrow; r++) l2_normalize(out + (size_t)r * d, d);
+    /* scores are not vectors: llama-server's rerank reads them raw */
+    for (int r = 0; normalize && pooling != TL_POOL_RANK && r < nrow; r++) l2_normalize(out + (size_t)r * d, d);
     return nrow;
 }
 

@@ -251,10 +251,10 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "embedding_length_per_layer_input", 0, 0, &hp->n_embd_pl, err)) ||
         (st = hp_int(m, "pooling_type", 0, TL_POOL_MEAN, &hp->pooling, err)))
         return st;
-    if (hp->pooling > TL_POOL_LAST) hp->pooling = TL_POOL_MEAN; /* rank: a reranker's head, not here */
+    if (hp->pooling > TL_POOL_RANK) hp->pooling = TL_POOL_MEAN;
+    char key[128];
     {
         int causal = !is_encoder(m->arch); /* llama.cpp's converter writes false for every encoder */
-        char key[128];
         snprintf(key, sizeof key, "%s.attention.causal", m->arch->name);
         if (tl_gguf_get_bool(m->gguf, key, &causal) < 0)
             return tl_fail(err, TL_ERR_FORMAT, "metadata %s is not a bool", key);
@@ -263,6 +263,14 @@ static int read_hparams(tl_model *m, tl_error *err) {
                            causal ? "true" : "false");
         hp->causal = causal;
     }
+    /* llama.cpp's n_cls_out: how many labels the classifier names */
+    snprintf(key, sizeof key, "%s.classifier.output_labels", m->arch->name);
+    const tl_gguf_kv *lab = tl_gguf_find(m->gguf, key);
+    hp->n_cls_labels = 1;
+    if (lab && (lab->type != GGUF_TYPE_ARRAY || lab->arr_type != GGUF_TYPE_STRING || lab->arr_n == 0 ||
+                lab->arr_n > (1u << 20)))
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s is not a list of labels", key);
+    if (lab) hp->n_cls_labels = (int)lab->arr_n;
     if (vlen != hp->head_dim_swa || hp->head_dim_swa <= 0 || hp->head_dim_swa % 2 || hp->n_rot_swa > hp->head_dim_swa ||
         hp->n_rot_swa % 2 || hp->n_rot_swa <= 0)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "sliding-window head sizes k=%d v=%d (rotary %d) not supported",
@@ -922,6 +930,35 @@ static int bind_weights(tl_model *m, tl_error *err) {
     return set_swa_layers(m, err);
 }
 
+/* The classification head (llama.cpp binds cls, cls.bias, cls.output and
+ * cls.output.bias per architecture, all optional: src/models/bert.cpp,
+ * jina-bert-v2.cpp, qwen3.cpp). Bound for every architecture, so the head
+ * code takes any backbone's pooled row: cls may have any row count up to d
+ * (d for BERT, 1 for Jina v2), cls.output one row per classifier label. */
+static int bind_head(tl_model *m, tl_error *err) {
+    const int d = m->hp.n_embd;
+    const tl_gguf_tensor *c = tl_gguf_find_tensor(m->gguf, "cls.weight");
+    const int64_t n_cls = c && c->ne[1] >= 1 && c->ne[1] <= d ? c->ne[1] : d;
+    int st;
+    if ((st = bind(m, "cls.weight", d, n_cls, 0, 1, &m->cls, err)) ||
+        (m->cls && (st = bind(m, "cls.bias", n_cls, 0, 0, 0, &m->cls_b, err))) ||
+        (st = bind(m, "cls.output.weight", m->cls ? n_cls : d, m->hp.n_cls_labels, 0, 1, &m->cls_out, err)) ||
+        (m->cls_out && (st = bind(m, "cls.output.bias", m->hp.n_cls_labels, 0, 0, 0, &m->cls_out_b, err))))
+        return st;
+    return TL_OK;
+}
+
+/* A copy of the string at key as a C string in *out (NULL when absent). */
+static int dup_str_key(const tl_gguf *g, const char *key, char **out, tl_error *err) {
+    tl_str s;
+    *out = NULL;
+    if (tl_gguf_get_str(g, key, &s) != 1) return TL_OK;
+    if (!(*out = malloc(s.len + 1))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    memcpy(*out, s.ptr, s.len);
+    (*out)[s.len] = 0;
+    return TL_OK;
+}
+
 static int load_common(const char *path, tl_model **out, tl_error *err) {
     *out = NULL;
     tl_model *m = calloc(1, sizeof *m);
@@ -929,17 +966,9 @@ static int load_common(const char *path, tl_model **out, tl_error *err) {
     pthread_mutex_init(&m->pack_mu, NULL);
     int st = tl_gguf_open(path, &m->gguf, err);
     if (st == TL_OK) st = tl_tokenizer_load(m->gguf, &m->tok, err);
-    if (st == TL_OK) {
-        tl_str tpl;
-        if (tl_gguf_get_str(m->gguf, "tokenizer.chat_template", &tpl) == 1) {
-            m->chat_template = malloc(tpl.len + 1);
-            if (!m->chat_template) st = tl_fail(err, TL_ERR_NOMEM, "out of memory");
-            else {
-                memcpy(m->chat_template, tpl.ptr, tpl.len);
-                m->chat_template[tpl.len] = 0;
-            }
-        }
-    }
+    if (st == TL_OK) st = dup_str_key(m->gguf, "tokenizer.chat_template", &m->chat_template, err);
+    /* llama_model_chat_template(model, "rerank") reads this key */
+    if (st == TL_OK) st = dup_str_key(m->gguf, "tokenizer.chat_template.rerank", &m->rerank_template, err);
     if (st != TL_OK) {
         tl_model_free(m);
         return st;
@@ -968,6 +997,7 @@ int tl_model_load(const char *path, tl_model **out, tl_error *err) {
     }
     if (!st) st = read_hparams(m, err);
     if (!st) st = bind_weights(m, err);
+    if (!st) st = bind_head(m, err);
     if (!st && tl_tokenizer_has_vocab(m->tok) && m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok))
         st = tl_fail(err, TL_ERR_FORMAT, "output has %d rows but the vocabulary has %d tokens",
                      m->hp.n_vocab, tl_tokenizer_n_vocab(m->tok));
@@ -984,6 +1014,7 @@ void tl_model_free(tl_model *m) {
     tl_model_packed_free(m);
     pthread_mutex_destroy(&m->pack_mu);
     free(m->chat_template);
+    free(m->rerank_template);
     free(m->layers);
     free(m->kv_dim);
     tl_tokenizer_free(m->tok);
@@ -1004,16 +1035,24 @@ int tl_model_n_expert(const tl_model *m, int *n_used) {
 const char *tl_model_chat_template(const tl_model *m) { return m->chat_template; }
 int tl_model_n_embd(const tl_model *m) { return m && m->arch ? m->hp.n_embd : 0; }
 int tl_model_pooling(const tl_model *m) { return m && m->arch ? m->hp.pooling : TL_POOL_MEAN; }
+int tl_model_n_cls_out(const tl_model *m) {
+    if (!m || !m->arch) return 0;
+    return m->cls_out ? (int)m->cls_out->ne[1] : m->cls ? (int)m->cls->ne[1] : 0;
+}
+const char *tl_model_rerank_template(const tl_model *m) { return m ? m->rerank_template : NULL; }
 
-static const char *const POOL_NAMES[] = {"none", "mean", "cls", "last"};
+static const char *const POOL_NAMES[] = {"none", "mean", "cls", "last", "rank"};
+#define N_POOL_NAMES (int)(sizeof POOL_NAMES / sizeof POOL_NAMES[0])
 
 int tl_pooling_parse(const char *name) {
-    for (int i = 0; name && i < 4; i++)
+    for (int i = 0; name && i < N_POOL_NAMES; i++)
         if (!strcmp(name, POOL_NAMES[i])) return i;
     return -2;
 }
 
-const char *tl_pooling_name(int pooling) { return pooling >= 0 && pooling < 4 ? POOL_NAMES[pooling] : "?"; }
+const char *tl_pooling_name(int pooling) {
+    return pooling >= 0 && pooling < N_POOL_NAMES ? POOL_NAMES[pooling] : "?";
+}
 
 int tl_tokenize(const tl_model *m, const char *text, size_t len, int flags, int32_t **ids,
                 size_t *n_ids, tl_error *err) {

@@ -118,6 +118,7 @@ typedef struct tl_hparams {
     int pooling;         /* pooling_type (tl_pooling), TL_POOL_MEAN when absent */
     int causal;          /* 0: every token attends to its whole sequence in the call (BERT's
                           * attention.causal false): an encoder, embeddings only */
+    int n_cls_labels;    /* classifier.output_labels' count (llama.cpp's n_cls_out), 1 when absent */
 } tl_hparams;
 
 /* A weight: the tensor in the mapping. Matrices are [rows = ne[1]] x
@@ -282,7 +283,16 @@ struct tl_model {
     tl_w pos_embd;            /* [n_ctx_train, d] (bert), or NULL (nomic-bert: RoPE) */
     tl_w type_embd;           /* token_types [n_types, d]: row 0 used, or NULL */
     tl_w embd_norm, embd_norm_b; /* token_embd_norm weight, bias [d] f32 */
+    /* The classification head rank pooling runs on the pooled row (llama.cpp's
+     * build_pooling, LLAMA_POOLING_TYPE_RANK): tanh(cls x + cls_b), then
+     * cls_out (that) + cls_out_b; each NULL when the file has none. */
+    tl_w cls;                 /* cls.weight [n_cls, d] (n_cls: d for BERT, 1 for Jina v2) */
+    tl_w cls_b;               /* cls.bias [n_cls] f32 */
+    tl_w cls_out;             /* cls.output.weight [n_cls_labels, n_cls or d] (Qwen3-Reranker: the
+                               * lm_head's "yes" and "no" rows) */
+    tl_w cls_out_b;           /* cls.output.bias [n_cls_labels] f32 */
     char *chat_template;      /* NUL-terminated copy, or NULL */
+    char *rerank_template;    /* tokenizer.chat_template.rerank, NUL-terminated, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */
 #define TL_PACK_LEVELS 5

@@ -46,7 +46,7 @@ static void packed_free(tl_packed *p) {
 /* Every matmul weight whose type k's gemm reads packed, in one allocation. */
 static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     tl_packed *p = calloc(1, sizeof *p);
-    tl_w *all = malloc(((size_t)m->hp.n_layer * TL_LAYER_MAX_BLOCKS * TL_BLOCK_MAX_W + 2) * sizeof *all);
+    tl_w *all = malloc(((size_t)m->hp.n_layer * TL_LAYER_MAX_BLOCKS * TL_BLOCK_MAX_W + 4) * sizeof *all);
     if (!p || !all) {
         free(p);
         free(all);
@@ -57,6 +57,8 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
         for (int b = 0; b < m->layers[il].n_block; b++) n += tl_block_weights(&m->layers[il].block[b], 1, all + n);
     if (m->output) all[n++] = m->output; /* encoders have none */
     if (m->pl_model_proj) all[n++] = m->pl_model_proj;
+    if (m->cls) all[n++] = m->cls; /* the rank head takes the matmul path too */
+    if (m->cls_out) all[n++] = m->cls_out;
     size_t bytes = 0;
     int np = 0;
     for (int i = 0; i < n; i++)

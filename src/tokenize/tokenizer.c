@@ -217,7 +217,7 @@ struct tl_tokenizer {
      * table (byte_encode = false there) and with spaces escaped to U+2581
      * (escape_whitespaces); see raw_bpe_fragment */
     int gemma4;
-    int add_bos, add_eos, add_space_prefix;
+    int add_bos, add_eos, add_sep, add_space_prefix;
     int wpm_lower, wpm_strip; /* WordPiece: tokenizer.ggml.normalizer.lowercase, .strip_accents */
     size_t max_token_len;     /* WordPiece: the longest token text in bytes */
     int32_t bos, eos, eot, eom, unk, pad, sep;
@@ -475,6 +475,8 @@ static void load_special_ids(tl_tokenizer *t, const tl_gguf *g) {
     read_id(t, g, "middle_token_id", &t->fim_mid);
     read_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     read_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
+    if (t->type == TOK_WPM) t->add_sep = 1; /* llama.cpp's default for "bert"; the key may say otherwise */
+    read_flag(g, "tokenizer.ggml.add_sep_token", &t->add_sep);
     read_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
     if (t->gemma4) t->add_bos = 1; /* llama.cpp forces it (its PR 21500) */
     /* llama.cpp's WordPiece adds [CLS] and [SEP] with add_special whatever
@@ -1383,6 +1385,9 @@ int32_t tl_tokenizer_eos(const tl_tokenizer *t) { return t ? t->eos : -1; }
 int32_t tl_tokenizer_eot(const tl_tokenizer *t) { return t ? t->eot : -1; }
 int tl_tokenizer_add_bos(const tl_tokenizer *t) { return t && t->add_bos && t->bos >= 0; }
 int tl_tokenizer_add_eos(const tl_tokenizer *t) { return t && t->add_eos && t->eos >= 0; }
+int tl_tokenizer_add_eos_key(const tl_tokenizer *t) { return t && t->add_eos; }
+int tl_tokenizer_add_sep(const tl_tokenizer *t) { return t && t->add_sep && t->sep >= 0; }
+int32_t tl_tokenizer_sep(const tl_tokenizer *t) { return t ? t->sep : -1; }
 
 int tl_tokenizer_is_eog(const tl_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab && (t->attr[id] & ATTR_EOG);

@@ -30,6 +30,9 @@ int32_t tl_tokenizer_eos(const tl_tokenizer *t);
 int32_t tl_tokenizer_eot(const tl_tokenizer *t);
 int tl_tokenizer_add_bos(const tl_tokenizer *t);
 int tl_tokenizer_add_eos(const tl_tokenizer *t); /* tokenizer.ggml.add_eos_token, with an EOS */
+int tl_tokenizer_add_eos_key(const tl_tokenizer *t); /* the flag alone, EOS or not */
+int tl_tokenizer_add_sep(const tl_tokenizer *t); /* tokenizer.ggml.add_sep_token, with a SEP */
+int32_t tl_tokenizer_sep(const tl_tokenizer *t);  /* seperator_token_id (sic, llama.cpp's key), or -1 */
 int tl_tokenizer_is_eog(const tl_tokenizer *t, int32_t id);
 int tl_tokenizer_is_control(const tl_tokenizer *t, int32_t id);
 /* Bytes of token id (see tl_token_piece in tokenloop.h). */

@@ -64,6 +64,25 @@ static int tokenize_calls(int ok) {
     return ok ? rc == TL_OK && n > 0 : rc == TL_ERR_ARG;
 }
 
+/* SmolLM2 has no rerank template: the pair as [BOS] query document; and no
+ * classification head, so rank pooling fails (the error written nowhere). */
+static int rerank_calls(int ok) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tl_rerank_tokens(M, ok ? "query" : NULL, 5, "doc", 3, &ids, &n, NULL);
+    if (ok && (rc != TL_OK || n == 0)) {
+        tl_free(ids);
+        return 0;
+    }
+    tl_ctx *ctx = NULL;
+    float score[4];
+    int erc = ok ? ctx_of(1, &ctx) : TL_OK;
+    if (ok && !erc) erc = tl_ctx_embed(ctx, ids, n, TL_POOL_RANK, 0, score, NULL);
+    tl_ctx_free(ctx);
+    tl_free(ids);
+    return ok ? erc == TL_ERR_UNSUPPORTED && tl_model_n_cls_out(M) == 0 : rc == TL_ERR_ARG;
+}
+
 static int ctx_calls(int ok) {
     tl_ctx *ctx = NULL;
     tl_ctx_params cp = {.n_ctx = ok ? 64 : -5, .n_threads = 1};
@@ -291,6 +310,7 @@ int main(void) {
         {"tl_model_load_vocab", vocab_calls},
         {"tl_gguf_describe", describe_calls},
         {"tl_tokenize", tokenize_calls},
+        {"tl_rerank_tokens, tl_ctx_embed (rank, no head)", rerank_calls},
         {"tl_ctx_new", ctx_calls},
         {"tl_ctx_eval, tl_ctx_truncate", eval_calls},
         {"tl_seq_open, tl_seq_truncate, tl_seq_commit, tl_ctx_decode", seq_calls},
