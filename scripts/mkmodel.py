@@ -9,7 +9,7 @@ Usage: mkmodel.py ARCH OUT.gguf [--seed N] [--type f32|f16|q8_0] [--tied|--untie
                   [--arch-name NAME] [--drop TENSOR] [--longrope]
                   [--rope-scaling linear|yarn|longrope] [--rope-factor F] [--rope-orig-ctx N] [--rope-attn-factor F]
                   [--add-token TEXT] [--add-control TEXT] [--eos TEXT] [--template FILE] [--rerank]
-                  [--no-rerank-template]
+                  [--no-rerank-template] [--no-rerank-dense]
 ARCH: llama3 (Llama 3.1 RoPE frequency factors), qwen2 (QKV biases), qwen3
 (QK-norm), mistral (arch llama with a sliding window key, as Mistral 7B v0.1
 converts), phi3 (fused attn_qkv, ffn_up holding gate and up), llama1b (the
@@ -36,7 +36,7 @@ tokens), for the server tests of reasoning and tool calls. Encoders (embeddings
 only, the WordPiece vocabulary of tests/oracle/fixtures/bert_vocab.json): bert
 (bge's layout: absolute positions, biases, GELU, CLS pooling) and nomic-bert
 (nomic-embed-text's: fused qkv, RoPE, SwiGLU, mean pooling), 2 layers of 128.
-tokens), for the server tests of reasoning and tool calls. --rerank makes a
+--rerank makes a
 Qwen3-Reranker as llama.cpp's converter writes one (conversion/qwen.py):
 pooling_type rank, classifier.output_labels ["yes", "no"], the rerank prompt
 as tokenizer.chat_template.rerank, and cls.output [D x 2]. The converter copies
@@ -46,6 +46,15 @@ scores of exactly 0 or 1, so cls.output is drawn at a scale that keeps the
 scores spread (std ~0.5 per logit), from its own stream.
 --no-rerank-template leaves the template out (llama-server then formats a
 pair as BERT cross-encoders take it: [BOS] query [EOS] [SEP] document [EOS]).
+bert --rerank makes a cross-encoder as llama.cpp's converter writes
+bge-reranker (XLMRobertaForSequenceClassification, conversion/bert.py):
+classifier.dense as cls [D x D] + cls.bias, classifier.out_proj as cls.output
+[D x 1] + cls.output.bias, classifier.output_labels ["LABEL_0"], and pooling
+type rank (the converter leaves it to --reranking; written here so the file
+says what it is); --no-rerank-dense leaves cls out, as the converter writes
+BertForSequenceClassification (ms-marco-MiniLM: the pooler dropped, the
+classifier as cls.output). The head is drawn from its own stream, so the
+backbone is the plain file's of the same seed.
 """
 import argparse
 import math
@@ -438,7 +447,11 @@ def build_bert(args):
     w.add_head_count(N_HEAD)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN if nomic else gguf.PoolingType.CLS)
+    if args.rerank:
+        w.add_pooling_type(gguf.PoolingType.RANK)
+        w.add_classifier_output_labels(["LABEL_0"])
+    else:
+        w.add_pooling_type(gguf.PoolingType.MEAN if nomic else gguf.PoolingType.CLS)
     if nomic:
         w.add_rope_freq_base(spec["base"])
     w.add_tokenizer_model("bert")
@@ -486,6 +499,13 @@ def build_bert(args):
             put(b + "ffn_down.bias", g.vec(D, 0.0, 0.5))
         put(b + "layer_output_norm.weight", g.vec(D, 1.0, 0.2))
         put(b + "layer_output_norm.bias", g.vec(D, 0.0, 0.2))
+    if args.rerank:  # after the layers, as the classifier follows them in the checkpoint
+        h = Gen(args.seed + 7919, args.type)
+        if not args.no_rerank_dense:  # tanh(cls x + b) stays off its +-1 plateaus
+            put("cls.weight", h.mat(D, D, 0.7 / math.sqrt(D)))
+            put("cls.bias", h.vec(D, 0.0, 0.3))
+        put("cls.output.weight", h.mat(1, D, 4.0 / math.sqrt(D)))  # scores a few apart
+        put("cls.output.bias", h.vec(1, 0.0, 0.5))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -909,9 +929,12 @@ def main():
     ap.add_argument("--eos", metavar="TEXT", help="the end-of-generation token, by its text")
     ap.add_argument("--template", metavar="FILE", help="tokenizer.chat_template from this Jinja file")
     ap.add_argument("--rerank", action="store_true",
-                    help="a Qwen3-Reranker: pooling rank, cls.output [D x 2], the rerank prompt template")
+                    help="a Qwen3-Reranker: pooling rank, cls.output [D x 2], the rerank prompt template; "
+                         "bert: a cross-encoder (cls [D x D], cls.output [D x 1], biases)")
     ap.add_argument("--no-rerank-template", action="store_true",
                     help="with --rerank: no tokenizer.chat_template.rerank")
+    ap.add_argument("--no-rerank-dense", action="store_true",
+                    help="bert --rerank: no cls.weight (BertForSequenceClassification's classifier alone)")
     ap.add_argument("--no-vocab", action="store_true",
                     help='write tokenizer.ggml.model = "none" and no tokens (the vocabulary\'s size stays)')
     args = ap.parse_args()
