@@ -511,6 +511,34 @@ static float dot_f32(int64_t n, const void *w, const void *a) {
     return s;
 }
 
+/* ggml_vec_dot_f32's order (kern_ref.c's ref_dot_f32_ggml, bit for bit):
+ * four 8-lane fma chains over steps of 32, folded 0+2, 1+3, then 0+1, the
+ * halves added and two hadds; the leftovers in blocks of 8 and 4 multiplied
+ * and added in order, the last 0-3 fused. The reference's fmaf is a libm call
+ * per element in a generic build: the encoders' attention spends its time
+ * there. */
+static float dot_f32_ggml(int64_t n, const void *w, const void *a) {
+    const float *x = w, *y = a;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32) {
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), c1);
+        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), c2);
+        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), c3);
+    }
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
+    __m128 t = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    t = _mm_hadd_ps(t, t);
+    t = _mm_hadd_ps(t, t);
+    float s = _mm_cvtss_f32(t);
+    const int64_t rem = n - np, fused = np + (rem & ~(int64_t)7) + ((rem & 7) >= 4 ? 4 : 0);
+    int64_t i = np;
+    for (; i < fused; i++) s += x[i] * y[i];
+    for (; i < n; i++) s = fma1(x[i], y[i], s);
+    return s;
+}
+
 /* F32 rows x F32 activations, 2 rows x 4 tokens at a time: eight
  * independent chains, each dot_f32's (one accumulator, 8 at a time, the same
  * tail), so every output has dot_f32's bits; one chain alone waits on each
@@ -688,6 +716,7 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;
+    k->vec_dot_id[TL_F32] = dot_f32_ggml;
     k->tile_f32 = tile_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;
     k->quantize[TL_Q8_1] = quantize_q8_1;

@@ -486,6 +486,19 @@ static void check_level_dots(const tl_kernels *k, rng *r) {
             }
         }
     }
+    /* the ggml-order dots (vec_dot_id) against the scalar level's, at every
+     * length to 100 (each leftover shape past the steps of 32) */
+    tl_kernels ref;
+    tl_kernels_init(&ref, TL_CPU_SCALAR, TL_NUM_EXACT);
+    for (int64_t n = 1; n <= 100 && k->vec_dot_id[TL_F32]; n++) {
+        float *x = xmalloc(n * sizeof *x), *y = xmalloc(n * sizeof *y);
+        fill_rows(r, x, n);
+        fill_rows(r, y, n);
+        float want = ref.vec_dot_id[TL_F32](n, x, y), got = k->vec_dot_id[TL_F32](n, x, y);
+        CHECK(memcmp(&want, &got, sizeof got) == 0, "level %s vec_dot_id f32 n=%lld: %.9g vs ref %.9g", k->name,
+              (long long)n, got, want);
+        free(x), free(y);
+    }
     CHECK(k->dot_f16 != NULL, "%s: dot_f16 is NULL", k->name);
     if (!k->dot_f16) return;
     for (int64_t n = 1; n <= 300; n += (n < 40 ? 1 : 37)) {
