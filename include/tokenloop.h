@@ -160,6 +160,9 @@ typedef struct tl_ctx_params {
     const tl_ctx *share_threads; /* run on this context's thread pool (n_threads is then
                                   * its count; it must outlive the new one): a draft
                                   * model beside its target, never fighting it for cores */
+    int n_seq_embd;  /* sequences beyond n_seq_max that tl_ctx_embed_batch may open to run
+                      * texts side by side; 0 = none. They add nothing to the default KV
+                      * sizing: an embedding's blocks go back when its call returns */
 } tl_ctx_params;
 
 int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
@@ -219,6 +222,18 @@ const char *tl_pooling_name(int pooling);
  * written, or a negative status. */
 int tl_ctx_embed(tl_ctx *ctx, const int32_t *tokens, size_t n, int pooling, int normalize, float *out,
                  tl_error *err);
+/* Embeds n_texts texts at once: text i is tokens[i][0..n[i]), its rows
+ * written to out[i] as tl_ctx_embed writes them (n[i] rows for
+ * TL_POOL_NONE, else one). Each text runs as its own sequence (sequence 0,
+ * cleared first, and as many as tl_seq_open gives up to the texts' count,
+ * closed again before returning), packed into forward calls of n_batch
+ * tokens, so short texts share a call; an encoder's text never straddles
+ * two calls. Every row is bitwise the one tl_ctx_embed gives that text
+ * alone: rows never see another sequence, and pooling runs per sequence in
+ * token order. With no sequence to open it runs the texts one after another.
+ * Returns TL_OK or a negative status (nothing is then promised of out). */
+int tl_ctx_embed_batch(tl_ctx *ctx, const int32_t *const *tokens, const size_t *n, int n_texts, int pooling,
+                       int normalize, float *const *out, tl_error *err);
 /* The CPU code path in use, e.g. "avx512-vnni". */
 const char *tl_ctx_backend(const tl_ctx *ctx);
 /* The numerics in use: "fast" or "exact". */

@@ -18,6 +18,11 @@
 /* Logits rows one step may keep (tl_ctx_params.n_logits_max): bounds the
  * memory of echo-with-logprobs prefill. */
 #define SCHED_MAX_ROWS 64
+/* Embedding inputs one forward call may run side by side, each its own
+ * sequence (tl_ctx_embed_batch), and the sequences the context keeps for
+ * them beside the slots'. */
+#define SCHED_EMB_TEXTS 64
+#define SCHED_EMB_SEQS 32
 /* How long an idle scheduler sleeps before looking for cancellations. */
 #define SCHED_IDLE_NS 50000000L
 #define PIECE_CAP 256
@@ -81,6 +86,9 @@ struct srv_sched {
     uint8_t *b_lg;
     row_use *rows;
     int *order_idx;
+    const int32_t **e_tok; /* [SCHED_EMB_TEXTS] the texts of one embedding call */
+    size_t *e_n;
+    float **e_out;
 };
 
 static double now_s(void) {
@@ -398,37 +406,10 @@ static void embed_pop(srv_sched *s) {
     srv_req_release(r);
 }
 
-/* Embeds one input of the oldest embedding request, on sequence 0 between
- * steps (the context is this thread's alone), so a long request never holds
- * the decoding sequences up for more than one input. Returns whether there
- * is more to do. */
-static int serve_embed(srv_sched *s) {
-    pthread_mutex_lock(&s->mu);
-    srv_req *r = s->e_len ? s->eq[s->e_head] : NULL;
-    pthread_mutex_unlock(&s->mu);
-    if (!r) return 0;
-    srv_embed *em = r->emb;
-    if (atomic_load(&r->cancelled)) {
-        push_error(r, 0, "cancelled");
-        embed_pop(s);
-        return 1;
-    }
-    tl_error err = {0};
-    const int i = em->done;
-    int rows = tl_ctx_embed(s->ctx, em->tok[i], (size_t)em->n_tok[i], em->pooling, em->normalize,
-                            em->out + em->off[i], &err);
-    tl_error terr = {0};
-    (void)tl_seq_truncate(s->ctx, 0, 0, &terr); /* its blocks back to the pool (full ones stay cached) */
-    if (rows < 0) {
-        /* blocks the running sequences hold now come back as they end */
-        if (rows == TL_ERR_CONTEXT_FULL && s->n_running > 0) return 0;
-        push_error(r, request_status(rows), err.msg[0] ? err.msg : "embedding failed");
-        embed_pop(s);
-        return 1;
-    }
-    if (++em->done < em->n) return 1;
+/* The head request's reply, now that every input is embedded. */
+static void embed_finish(srv_sched *s, srv_req *r) {
     int total = 0;
-    for (int k = 0; k < em->n; k++) total += em->n_tok[k];
+    for (int k = 0; k < r->emb->n; k++) total += r->emb->n_tok[k];
     r->prompt_tokens = total;
     srv_metrics_tokens(s->mx, total, 0, 0);
     srv_event ev;
@@ -438,6 +419,78 @@ static int serve_embed(srv_sched *s) {
     ev.text = dup_text("", 0);
     push_event(r, &ev);
     embed_pop(s);
+}
+
+/* The inputs of the next call, in queue order from the head request's next
+ * one: those of the requests that pool and normalise as it does, up to
+ * SCHED_EMB_TEXTS and n_batch tokens, so the decoding sequences wait one
+ * forward call at most (a first input longer than that runs alone, in its
+ * chunks); max 1: the head's next input alone. Returns the inputs taken. */
+static int embed_gather(srv_sched *s, srv_req *head, int max) {
+    const srv_embed *h = head->emb;
+    int k = 0;
+    size_t total = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int q = 0; q < s->e_len && k < max; q++) {
+        const srv_req *r = s->eq[(s->e_head + q) % s->w_cap];
+        const srv_embed *em = r->emb;
+        if (q && (atomic_load(&r->cancelled) || em->pooling != h->pooling || em->normalize != h->normalize ||
+                  em->d != h->d))
+            break;
+        int i = em->done;
+        for (; i < em->n && k < max; i++, k++) {
+            if (k && total + (size_t)em->n_tok[i] > (size_t)s->n_batch) break;
+            total += (size_t)em->n_tok[i];
+            s->e_tok[k] = em->tok[i];
+            s->e_n[k] = (size_t)em->n_tok[i];
+            s->e_out[k] = em->out + em->off[i];
+        }
+        if (i < em->n) break;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return k;
+}
+
+/* Embeds the next inputs of the queued embedding requests together in one
+ * tl_ctx_embed_batch between steps (the context is this thread's alone; a
+ * text's vector is the same bits whichever others share its call). Returns
+ * whether there is more to do. */
+static int serve_embed(srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    srv_req *r = s->e_len ? s->eq[s->e_head] : NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!r) return 0;
+    if (atomic_load(&r->cancelled)) {
+        push_error(r, 0, "cancelled");
+        embed_pop(s);
+        return 1;
+    }
+    srv_embed *em = r->emb;
+    tl_error err = {0};
+    int k = embed_gather(s, r, SCHED_EMB_TEXTS);
+    int st = tl_ctx_embed_batch(s->ctx, s->e_tok, s->e_n, k, em->pooling, em->normalize, s->e_out, &err);
+    if (st && k > 1) {
+        /* the head's input alone, so that a failure is its request's */
+        k = embed_gather(s, r, 1);
+        st = tl_ctx_embed_batch(s->ctx, s->e_tok, s->e_n, k, em->pooling, em->normalize, s->e_out, &err);
+    }
+    if (st) {
+        /* blocks the running sequences hold now come back as they end */
+        if (st == TL_ERR_CONTEXT_FULL && s->n_running > 0) return 0;
+        push_error(r, request_status(st), err.msg[0] ? err.msg : "embedding failed");
+        embed_pop(s);
+        return 1;
+    }
+    /* the inputs taken were the head requests' next, in order */
+    for (int left = k; left > 0;) {
+        pthread_mutex_lock(&s->mu);
+        srv_req *q = s->eq[s->e_head];
+        pthread_mutex_unlock(&s->mu);
+        const int take = q->emb->n - q->emb->done < left ? q->emb->n - q->emb->done : left;
+        q->emb->done += take;
+        left -= take;
+        if (q->emb->done == q->emb->n) embed_finish(s, q);
+    }
     return 1;
 }
 
@@ -733,7 +786,10 @@ static int sched_alloc(srv_sched *s, tl_error *err) {
     s->b_lg = calloc(nb, sizeof *s->b_lg);
     s->rows = calloc(nb, sizeof *s->rows);
     s->order_idx = calloc((size_t)s->np, sizeof *s->order_idx);
-    if (!s->order_idx || !s->slots || !s->wait || !s->eq || !s->b_tok || !s->b_seq || !s->b_lg || !s->rows) {
+    s->e_tok = calloc(SCHED_EMB_TEXTS, sizeof *s->e_tok);
+    s->e_n = calloc(SCHED_EMB_TEXTS, sizeof *s->e_n);
+    s->e_out = calloc(SCHED_EMB_TEXTS, sizeof *s->e_out);
+    if (!s->e_tok || !s->e_n || !s->e_out || !s->order_idx || !s->slots || !s->wait || !s->eq || !s->b_tok || !s->b_seq || !s->b_lg || !s->rows) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         err->status = TL_ERR_NOMEM;
         return TL_ERR_NOMEM;
@@ -753,6 +809,9 @@ static void sched_release_mem(srv_sched *s) {
     free(s->b_lg);
     free(s->rows);
     free(s->order_idx);
+    free(s->e_tok);
+    free(s->e_n);
+    free(s->e_out);
     tl_tracer_free(s->tracer);
     free(s->tjson);
     tl_ctx_free(s->dctx); /* before ctx: it runs on ctx's threads */
@@ -805,6 +864,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .n_threads = o->n_threads,
                         .n_batch = nb,
                         .n_seq_max = s->np,
+                        .n_seq_embd = SCHED_EMB_SEQS,
                         .n_logits_max = s->max_rows,
                         .numerics = o->numerics,
                         .kv_type_k = o->kv_type_k,

@@ -37,6 +37,7 @@ typedef struct tl_backend_params {
     int n_threads;
     int numerics;       /* TL_NUMERICS_FAST or TL_NUMERICS_EXACT */
     int n_seq_max;      /* sequences the cache is sized for when kv_bytes is 0 */
+    int n_seq_embd;     /* more sequences (recurrent states only; no KV room) for batched embeddings */
     size_t kv_bytes;    /* the KV cache's size (0: n_ctx positions for each of n_seq_max) */
     int kv_type_k, kv_type_v; /* tl_kv_type of keys and values */
     tl_pool *share_pool;/* run on another context's threads (NULL: its own) */

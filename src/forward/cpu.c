@@ -1824,7 +1824,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p->n_ctx);
     }
     if ((st = tl_model_packed(m, &c->kern, &c->pk, err)) ||
-        (hp->n_rec_layer > 0 && (st = tl_gdn_new(c, p->n_seq_max + 1, err)))) {
+        (hp->n_rec_layer > 0 && (st = tl_gdn_new(c, p->n_seq_max + p->n_seq_embd + 1, err)))) {
         cpu_free(c);
         return st;
     }

@@ -109,9 +109,9 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     }
     if (p.n_batch == 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.n_seq_max < 0 || p.n_seq_max > 4096 || p.n_logits_max < 0)
-        return tl_fail(err, TL_ERR_ARG, "bad sequence count %d or logits rows %d", p.n_seq_max,
-                       p.n_logits_max);
+    if (p.n_seq_max < 0 || p.n_seq_max > 4096 || p.n_seq_embd < 0 || p.n_seq_embd > 4096 || p.n_logits_max < 0)
+        return tl_fail(err, TL_ERR_ARG, "bad sequence count %d (+%d for embeddings) or logits rows %d", p.n_seq_max,
+                       p.n_seq_embd, p.n_logits_max);
     if (p.n_logits_max == 0) p.n_logits_max = 64;
     if (p.numerics == TL_NUMERICS_AUTO) {
         const char *env = getenv("TL_NUMERICS");
@@ -126,7 +126,8 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     tl_ctx *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     tl_backend_params bp = {.n_ctx = p.n_ctx, .n_batch = p.n_batch, .n_threads = p.n_threads,
-                            .numerics = p.numerics, .n_seq_max = p.n_seq_max, .kv_bytes = p.kv_bytes,
+                            .numerics = p.numerics, .n_seq_max = p.n_seq_max, .n_seq_embd = p.n_seq_embd,
+                            .kv_bytes = p.kv_bytes,
                             .kv_type_k = p.kv_type_k, .kv_type_v = p.kv_type_v,
                             .share_pool = p.share_threads ? p.share_threads->be.pool : NULL};
     st = tl_cpu_backend_new(m, &bp, &c->be, err);
@@ -138,7 +139,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     memcpy(c->sizing, sizing, sizeof c->sizing);
     c->n_ctx = p.n_ctx;
     c->n_batch = p.n_batch;
-    c->n_seq = p.n_seq_max + 1;
+    c->n_seq = p.n_seq_max + p.n_seq_embd + 1;
     c->n_logits_max = p.n_logits_max;
     const size_t nb = (size_t)p.n_batch;
     c->tpos = calloc(nb, sizeof *c->tpos);
@@ -288,8 +289,8 @@ static void l2_normalize(float *v, int d) {
     for (int i = 0; i < d; i++) v[i] *= norm;
 }
 
-int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int normalize, float *out, tl_error *err) {
-    if (!c || !tokens || !out) return tl_fail(err, TL_ERR_ARG, "tl_ctx_embed: NULL argument");
+/* The pooling a call asks for, resolved (the model's), or a negative status. */
+static int embed_pooling(const tl_ctx *c, int pooling, tl_error *err) {
     if (pooling == TL_POOL_MODEL) pooling = tl_model_pooling(c->m);
     if (pooling < TL_POOL_NONE || pooling > TL_POOL_RANK)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "pooling %d is not supported (none, mean, cls, last, rank)", pooling);
@@ -297,18 +298,35 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
         return tl_fail(err, TL_ERR_UNSUPPORTED,
                        "rank pooling needs a classification head (cls.weight or cls.output.weight), "
                        "which this file does not have: it is not a reranker");
-    /* which row rank pooling reads: llama.cpp's inp_cls takes the last
-     * position when attention is causal, the first (CLS) otherwise */
-    const int rank_last = pooling == TL_POOL_RANK && c->m->hp.causal;
+    return pooling;
+}
+
+static int embed_check_text(const tl_ctx *c, const int32_t *tokens, size_t n, tl_error *err) {
     if (n == 0) return tl_fail(err, TL_ERR_ARG, "nothing to embed: no tokens");
     if (n > (size_t)c->n_ctx)
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "an input of %zu tokens exceeds the context of %d", n, c->n_ctx);
-    const int d = c->m->hp.n_embd, nv = c->m->hp.n_vocab;
     /* an encoder's attention sees the whole text at once: one call */
     if (tl_model_is_encoder(c->m) && n > (size_t)c->n_batch)
         return tl_fail(err, TL_ERR_ARG, "an input of %zu tokens exceeds the batch of %d (%s attends to the whole text "
                        "in one call: raise the batch size)", n, c->n_batch, c->m->arch->name);
-    int st = check_tokens(c, tokens, (int)n, err);
+    return check_tokens(c, tokens, (int)n, err);
+}
+
+/* Whether the row of position p (of a text of n tokens) is one pooling
+ * reads. Rank pooling reads llama.cpp's inp_cls row: the last position when
+ * attention is causal, the first (CLS) otherwise. */
+static int embed_keeps(const tl_ctx *c, int pooling, size_t p, size_t n) {
+    const int rank_last = pooling == TL_POOL_RANK && c->m->hp.causal;
+    if (pooling == TL_POOL_NONE || pooling == TL_POOL_MEAN) return 1;
+    if (pooling == TL_POOL_CLS || (pooling == TL_POOL_RANK && !rank_last)) return p == 0;
+    return p == n - 1;
+}
+
+int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int normalize, float *out, tl_error *err) {
+    if (!c || !tokens || !out) return tl_fail(err, TL_ERR_ARG, "tl_ctx_embed: NULL argument");
+    if ((pooling = embed_pooling(c, pooling, err)) < 0) return pooling;
+    const int d = c->m->hp.n_embd, nv = c->m->hp.n_vocab;
+    int st = embed_check_text(c, tokens, n, err);
     if (st || (st = tl_ctx_truncate(c, 0, err))) return st;
     /* a chunk's rows of d floats in the logits buffer (rows of nv) */
     if ((st = logits_room(c, ((size_t)c->n_batch * d + nv - 1) / nv, err))) return st;
@@ -319,12 +337,7 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     c->embd_mode = 1;
     for (size_t done = 0; done < n && !st;) {
         const int nb = (int)((n - done) < (size_t)c->n_batch ? (n - done) : (size_t)c->n_batch);
-        const int last = done + (size_t)nb == n;
-        for (int t = 0; t < nb; t++)
-            c->blg[t] = (uint8_t)(pooling == TL_POOL_NONE || pooling == TL_POOL_MEAN ||
-                                  ((pooling == TL_POOL_CLS || (pooling == TL_POOL_RANK && !rank_last)) &&
-                                   done == 0 && t == 0) ||
-                                  ((pooling == TL_POOL_LAST || rank_last) && last && t == nb - 1));
+        for (int t = 0; t < nb; t++) c->blg[t] = (uint8_t)embed_keeps(c, pooling, done + (size_t)t, n);
         tl_batch b = {.n = nb, .token = tokens + done, .seq = c->bseq0, .logits = c->blg};
         if ((st = tl_ctx_decode_into(c, &b, nb, c->logits, err))) break;
         const float *rows = c->logits;
@@ -349,6 +362,170 @@ int tl_ctx_embed(tl_ctx *c, const int32_t *tokens, size_t n, int pooling, int no
     /* scores are not vectors: llama-server's rerank reads them raw */
     for (int r = 0; normalize && pooling != TL_POOL_RANK && r < nrow; r++) l2_normalize(out + (size_t)r * d, d);
     return nrow;
+}
+
+/* A sequence of tl_ctx_embed_batch and the text it runs. */
+typedef struct emb_lane {
+    int seq;         /* 0 or tl_seq_open's */
+    int text;        /* the text it runs; -1: none */
+    size_t sent;     /* its tokens put in calls so far */
+    tl_mean_pool mp; /* mean pooling's running sums for the text */
+} emb_lane;
+
+/* One tl_ctx_embed_batch call's scratch: its lanes and the batch it fills. */
+typedef struct emb_run {
+    tl_ctx *c;
+    const int32_t *const *tokens;
+    const size_t *n;
+    float *const *out;
+    int pooling, normalize, n_texts, next; /* next: the first text no lane has taken */
+    emb_lane *lane;
+    int n_lane;
+    int32_t *tok, *seq; /* [n_batch] the call's tokens and their sequences */
+    int *who;           /* [n_batch] each token's lane */
+    size_t *pos;        /* [n_batch] each token's position in its text */
+} emb_run;
+
+static void emb_run_free(emb_run *r) {
+    tl_error scratch = {0};
+    for (int l = 0; r->lane && l < r->n_lane; l++) {
+        tl_mean_pool_free(&r->lane[l].mp);
+        if (r->lane[l].seq > 0) tl_seq_close(r->c, r->lane[l].seq);
+    }
+    (void)tl_ctx_truncate(r->c, 0, &scratch);
+    free(r->lane);
+    free(r->tok);
+    free(r->seq);
+    free(r->who);
+    free(r->pos);
+}
+
+/* Sequence 0 and as many opened ones as there are texts, or as the context
+ * has free: with fewer, lanes take the texts in turn. */
+static int emb_run_init(emb_run *r, tl_error *err) {
+    tl_ctx *c = r->c;
+    const size_t nb = (size_t)c->n_batch;
+    r->lane = calloc((size_t)r->n_texts, sizeof *r->lane);
+    r->tok = malloc(nb * sizeof *r->tok);
+    r->seq = malloc(nb * sizeof *r->seq);
+    r->who = malloc(nb * sizeof *r->who);
+    r->pos = malloc(nb * sizeof *r->pos);
+    if (!r->lane || !r->tok || !r->seq || !r->who || !r->pos) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    int st = tl_ctx_truncate(c, 0, err);
+    if (st) return st;
+    r->lane[0] = (emb_lane){.seq = 0, .text = -1};
+    r->n_lane = 1;
+    tl_error scratch = {0};
+    while (r->n_lane < r->n_texts && tl_seq_open(c, &r->lane[r->n_lane].seq, &scratch) == TL_OK)
+        r->lane[r->n_lane++].text = -1;
+    return TL_OK;
+}
+
+/* A free lane takes the next text: its blocks up front, so a full pool
+ * fails before anything is written. */
+static int emb_lane_take(emb_run *r, emb_lane *ln, tl_error *err) {
+    const int i = r->next++;
+    ln->text = i;
+    ln->sent = 0;
+    if (tl_kv_seq_grow(r->c->kv, ln->seq, (int)r->n[i]))
+        return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block");
+    if (r->pooling == TL_POOL_MEAN && tl_mean_pool_init(&ln->mp, r->c->m->hp.n_embd, r->n[i]))
+        return tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    return TL_OK;
+}
+
+/* The next call's tokens: each lane's next run in lane order, a text taken
+ * by each free lane while there is room. An encoder's text goes whole or
+ * waits for the next call. Returns the tokens placed or a negative status. */
+static int emb_fill(emb_run *r, tl_error *err) {
+    tl_ctx *c = r->c;
+    const int enc = tl_model_is_encoder(c->m);
+    int nb = 0, st;
+    for (int l = 0; l < r->n_lane && nb < c->n_batch; l++) {
+        emb_lane *ln = &r->lane[l];
+        if (ln->text < 0 && r->next < r->n_texts && (st = emb_lane_take(r, ln, err))) return st;
+        if (ln->text < 0) continue;
+        const size_t n = r->n[ln->text], left = n - ln->sent, room = (size_t)(c->n_batch - nb);
+        if (enc && left > room) continue;
+        const size_t take = left < room ? left : room;
+        for (size_t k = 0; k < take; k++, nb++) {
+            const size_t p = ln->sent + k;
+            r->tok[nb] = r->tokens[ln->text][p];
+            r->seq[nb] = ln->seq;
+            r->who[nb] = l;
+            r->pos[nb] = p;
+            c->blg[nb] = (uint8_t)embed_keeps(c, r->pooling, p, n);
+        }
+        ln->sent += take;
+    }
+    return nb;
+}
+
+/* The kept rows of the last call, each to its text's output or pooling;
+ * then every text whose last token was in it is finished and its lane freed. */
+static int emb_collect(emb_run *r, int nb, tl_error *err) {
+    tl_ctx *c = r->c;
+    const int d = c->m->hp.n_embd;
+    int row = 0;
+    for (int t = 0; t < nb; t++) {
+        if (!c->blg[t]) continue;
+        emb_lane *ln = &r->lane[r->who[t]];
+        const float *h = c->logits + (size_t)row++ * d;
+        float *o = r->out[ln->text];
+        switch (r->pooling) {
+        case TL_POOL_NONE: memcpy(o + r->pos[t] * (size_t)d, h, (size_t)d * sizeof *o); break;
+        case TL_POOL_MEAN: tl_mean_pool_add(&ln->mp, h, 1); break;
+        case TL_POOL_RANK: c->be.ops->head(c->be.state, h, o); break;
+        default: memcpy(o, h, (size_t)d * sizeof *o); break;
+        }
+    }
+    for (int l = 0; l < r->n_lane; l++) {
+        emb_lane *ln = &r->lane[l];
+        if (ln->text < 0 || ln->sent < r->n[ln->text]) continue;
+        float *o = r->out[ln->text];
+        if (r->pooling == TL_POOL_MEAN) tl_mean_pool_finish(&ln->mp, o);
+        tl_mean_pool_free(&ln->mp);
+        const size_t nrow = r->pooling == TL_POOL_NONE ? r->n[ln->text] : 1;
+        for (size_t k = 0; r->normalize && r->pooling != TL_POOL_RANK && k < nrow; k++)
+            l2_normalize(o + k * (size_t)d, d);
+        ln->text = -1;
+        const int st = tl_seq_truncate(c, ln->seq, 0, err); /* its blocks back for the next text */
+        if (st) return st;
+    }
+    return TL_OK;
+}
+
+int tl_ctx_embed_batch(tl_ctx *c, const int32_t *const *tokens, const size_t *n, int n_texts, int pooling,
+                       int normalize, float *const *out, tl_error *err) {
+    if (!c || !tokens || !n || !out || n_texts < 0) return tl_fail(err, TL_ERR_ARG, "tl_ctx_embed_batch: bad argument");
+    if ((pooling = embed_pooling(c, pooling, err)) < 0) return pooling;
+    int st = TL_OK;
+    for (int i = 0; i < n_texts && !st; i++)
+        st = !tokens[i] || !out[i] ? tl_fail(err, TL_ERR_ARG, "tl_ctx_embed_batch: text %d: NULL argument", i)
+                                   : embed_check_text(c, tokens[i], n[i], err);
+    if (st || n_texts == 0) return st;
+    const int d = c->m->hp.n_embd, nv = c->m->hp.n_vocab;
+    /* a call's rows of d floats in the logits buffer (rows of nv) */
+    if ((st = logits_room(c, ((size_t)c->n_batch * d + nv - 1) / nv, err))) return st;
+    emb_run r = {.c = c, .tokens = tokens, .n = n, .out = out, .pooling = pooling, .normalize = normalize,
+                 .n_texts = n_texts};
+    st = emb_run_init(&r, err);
+    c->embd_mode = 1;
+    for (;;) {
+        if (st) break;
+        const int nb = emb_fill(&r, err);
+        if (nb <= 0) {
+            st = nb; /* 0: every text is done (the encoders' fit is checked above) */
+            break;
+        }
+        tl_batch b = {.n = nb, .token = r.tok, .seq = r.seq, .logits = c->blg};
+        if ((st = tl_ctx_decode_into(c, &b, nb, c->logits, err))) break;
+        st = emb_collect(&r, nb, err);
+    }
+    c->embd_mode = 0;
+    c->logits_n = c->blogits_n = 0;
+    emb_run_free(&r);
+    return st;
 }
 
 const float *tl_ctx_logits(const tl_ctx *c, int i) {

@@ -11,8 +11,11 @@
   a text give its vector); usage counts the tokens;
 - an input longer than a batch (the server's 512 tokens, with -c 1024) is
   chunked: the CLI's vector, never a 500;
-- 8 concurrent requests, while a chat completion decodes, give the vectors
-  each gives alone;
+- 12 concurrent requests of 1-4 inputs of mixed lengths (one chunked),
+  while a chat completion decodes, give the vectors each gives alone,
+  bitwise: the scheduler runs inputs side by side as their own sequences in
+  one forward call (tl_ctx_embed_batch), and no vector depends on its
+  neighbours;
 - 400s in OpenAI's shape: empty input, an empty string, bad token ids, an
   unknown pooling, dimensions other than the model's width, an input longer
   than the context, a bad encoding_format; and the server still answers;
@@ -113,23 +116,27 @@ def smol_checks(srv):
         check(same(create(oc, [ids, ids]), [ref[1], ref[1]]), "an array of arrays of token ids")
         n = oc.embeddings.create(model="m", input=[ids, ids]).usage.prompt_tokens
         check(n == 2 * len(ids), f"usage counts the tokens: {n} vs {2 * len(ids)}")
-    # concurrency: 8 at once, with a chat completion decoding beside them
-    results = [None] * 8
+    # concurrency: 12 at once, of mixed lengths (one chunked), with a chat completion decoding beside them
+    pool = TEXTS + [chunked]
+    ref5 = ref + cref
+    picks = [[(i + k) % 5 for k in range(1 + i % 4)] for i in range(12)]
+    results = [None] * len(picks)
     chat = {}
 
     def one(i):
-        results[i] = create(oc, TEXTS[i % 4: i % 4 + 1] + TEXTS[:1])
+        results[i] = create(oc, [pool[k] for k in picks[i]])
 
     def talk():
         chat["r"] = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "Count to twenty."}],
                                                max_tokens=48, temperature=0)
 
-    th = [threading.Thread(target=one, args=(i,)) for i in range(8)] + [threading.Thread(target=talk)]
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(picks))] + [threading.Thread(target=talk)]
     for t in th:
         t.start()
     for t in th:
         t.join()
-    check(all(same(results[i], [ref[i % 4], ref[0]]) for i in range(8)), "8 concurrent requests: the vectors alone")
+    check(all(same(results[i], [ref5[k] for k in picks[i]]) for i in range(len(picks))),
+          "12 concurrent requests of mixed lengths: each vector the CLI's alone, bitwise")
     check("r" in chat and chat["r"].choices[0].message.content, "the chat completion beside them")
     # errors: 400s in OpenAI's shape
     long_text = "hello " * 1100
