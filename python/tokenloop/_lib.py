@@ -50,7 +50,8 @@ class Error(Structure):  # tl_error
 class CtxParams(Structure):  # tl_ctx_params
     _fields_ = [("n_ctx", c_int), ("n_threads", c_int), ("n_batch", c_int), ("n_seq_max", c_int),
                 ("kv_bytes", c_size_t), ("n_logits_max", c_int), ("numerics", c_int), ("kv_type_k", c_int),
-                ("kv_type_v", c_int), ("share_threads", c_void_p), ("_spare", c_uint8 * _SPARE)]
+                ("kv_type_v", c_int), ("share_threads", c_void_p), ("n_seq_embd", c_int),
+                ("_spare", c_uint8 * _SPARE)]
 
 
 class LogitBias(Structure):  # tl_logit_bias
