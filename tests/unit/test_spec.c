@@ -395,10 +395,11 @@ int main(void) {
     tl_gen_stats st, st2;
     int past_ref, past;
     const float temps[2] = {0.0f, 0.8f};
-    /* under the sanitizers (10x slower) a subset: greedy, three lengths */
+    /* under the sanitizers (10x slower) a subset: greedy, three lengths,
+     * 100 tokens a run */
     const int asan = getenv("TL_ASAN") != NULL;
     for (int ti = 0; ti < (asan ? 1 : 2) && ref && got; ti++) {
-        run_cfg c = {.n_ctx = 1024, .n_predict = 160, .temp = temps[ti]};
+        run_cfg c = {.n_ctx = 1024, .n_predict = asan ? 100 : 160, .temp = temps[ti]};
         gen(m, ids, (int)n, &c, ref, &st, &past_ref);
         CHECK(ref->n > 20, "reference generated %d tokens", ref->n);
         const int lens[] = {1, 2, 3, 5, 8, 16};
