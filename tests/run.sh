@@ -76,9 +76,13 @@ if [ "$unit_only" != "--unit" ]; then
     # minutes: it leaves out the checks whose C paths the others already take
     # under it, named here (the plain run above runs them all): the real
     # models' logits, greedy text and perplexity against llama.cpp (the CLI's
-    # forward pass: test_forward, test_batch, test_embed, test_oracle_archs)
-    # and HAProxy's routing between replicas (the server: every test_server_*).
-    asan_skip=" test_oracle.py test_oracle_gemma.py test_cluster.py "
+    # forward pass: test_forward, test_batch, test_embed, test_oracle_archs),
+    # HAProxy's routing between replicas and the page in a browser (the
+    # server: every test_server_*), the bench command's report, dequantization
+    # against the gguf package (test_quant), the grammar CLI (test_grammar,
+    # test_server_grammar) and the Python package's build (the library).
+    asan_skip=" test_oracle.py test_oracle_gemma.py test_cluster.py test_page.py test_bench.py test_dequant.py"
+    asan_skip+=" test_grammar_cli.py test_python_pkg.py "
     for t in tests/py/test_*.py; do
         [ -f "$t" ] || continue
         if [ "${TL_ASAN:-}" = 1 ] && [[ "$asan_skip" == *" $(basename "$t") "* ]]; then
