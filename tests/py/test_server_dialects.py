@@ -372,8 +372,7 @@ def billing():
     return f"x-anthropic-billing-header: cc_version=2.1.0; cc_entrypoint=cli; cch={random.randrange(16**8):08x};"
 
 
-# 8 turns; 4 under the sanitizers (each dialect's first turn prefills ~1300 tokens)
-N_TURNS = 4 if os.environ.get("TL_ASAN") == "1" else 8
+N_TURNS = 8
 
 
 def agent_session(url, dialect):
@@ -555,6 +554,12 @@ def main():
                          ("same tokens", lambda: same_tokens(url, oc, ac)), ("malformed", lambda: malformed(url)),
                          ("unknown fields", lambda: unknown_fields(url)), ("cache replay", lambda: cache_replay(url)),
                          ("fuzz", lambda: fuzz(url))):
+            if part == "cache replay" and os.environ.get("TL_ASAN") == "1":
+                # three ~1300-token prefills, a minute under the sanitizers;
+                # the prefix cache's paths run there in test_server_spec,
+                # test_disk_cache and test_server_tools
+                print("   [cache replay: left to the plain run]")
+                continue
             with tlcheck.timed(part):
                 fn()
         m = oc.models.list().data[0]
