@@ -13,6 +13,8 @@
 
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_tl_error(const tl_error *err);
+/* s as a JSON string on stdout: quotes and backslashes escaped, controls as \uXXXX. */
+void cli_print_json_str(const char *s);
 
 /* Walks a command's arguments. "--name=value" reads as "--name" followed by
  * its value, as getopt_long users expect (the Kubernetes manifests write

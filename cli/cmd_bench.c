@@ -384,32 +384,21 @@ static double stdev_ns(const bench_result *r) {
     return sqrt(x > 0 ? x : 0);
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
-}
-
 static void json_row(const char *path, const model_meta *mm, const char *backend, const char *numerics, int threads,
                      int batch, const bench_result *r, int first) {
     double avg = mean_of(r->ts, r->n);
     uint64_t sum = 0;
     for (int i = 0; i < r->n; i++) sum += r->ns[i];
     printf("%s  {\n    \"model_filename\": ", first ? "" : ",\n");
-    json_str(path);
+    cli_print_json_str(path);
     printf(",\n    \"model_type\": ");
-    json_str(mm->type);
+    cli_print_json_str(mm->type);
     printf(",\n    \"model_size\": %" PRIu64 ",\n    \"model_n_params\": %" PRIu64 ",\n",
            mm->size, mm->n_params);
     printf("    \"backend\": ");
-    json_str(backend);
+    cli_print_json_str(backend);
     printf(",\n    \"numerics\": ");
-    json_str(numerics);
+    cli_print_json_str(numerics);
     printf(",\n    \"n_batch\": %d,\n    \"n_threads\": %d,\n", batch, threads);
     printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": %d,\n", r->n_prompt, r->n_gen,
            r->n_depth);

@@ -30,16 +30,6 @@ static const char EMBED_HELP[] =
 
 #define MAX_TEXTS 4096
 
-static void print_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 static void print_vec(const float *v, int d) {
     putchar('[');
     for (int i = 0; i < d; i++) printf(i ? ",%.9g" : "%.9g", (double)v[i]);
@@ -202,7 +192,7 @@ int cmd_embed(int argc, char **argv) {
     if (!rc) {
         const char *base = strrchr(path, '/');
         printf("],\"model\":");
-        print_json_str(base ? base + 1 : path);
+        cli_print_json_str(base ? base + 1 : path);
         printf(",\"pooling\":\"%s\",\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d}}\n", tl_pooling_name(pool),
                total, total);
     }

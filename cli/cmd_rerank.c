@@ -78,16 +78,6 @@ static int parse(int argc, char **argv, rr_opts *o) {
     return 0;
 }
 
-static void print_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 /* The best first, equal scores by index: server/rerank.c's order. */
 typedef struct item {
     float score;
@@ -106,7 +96,7 @@ static void print_reply(const char *path, const rr_opts *o, item *it, int total)
     qsort(it, (size_t)o->n_docs, sizeof *it, by_score);
     const char *base = strrchr(path, '/');
     printf("{\"model\":");
-    print_json_str(base ? base + 1 : path);
+    cli_print_json_str(base ? base + 1 : path);
     printf(",\"object\":\"list\",\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d},\"results\":[", total, total);
     const int n = o->top_n && o->top_n < o->n_docs ? o->top_n : o->n_docs;
     for (int k = 0; k < n; k++) {

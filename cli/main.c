@@ -42,6 +42,17 @@ void cli_error(const char *fmt, ...) {
 
 void cli_tl_error(const tl_error *err) { cli_error("%s", err->msg[0] ? err->msg : "unknown error"); }
 
+void cli_print_json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 cli_args cli_args_start(int argc, char **argv) {
     return (cli_args){.argc = argc, .argv = argv, .i = 0};
 }

@@ -62,16 +62,18 @@ def asan_pick(items, keep, what):
     return picked
 
 
-def run_perplexity(model, text, n_ctx, ref_ppl, running, rel_bound):
+def run_perplexity(model, text, n_ctx, ref_ppl, running, rel_bound, chunks=None):
     """`tokenloop perplexity` on text at n_ctx against llama.cpp's final
     estimate; under the sanitizers, the first ASAN_PPL_CHUNKS chunks against
     llama.cpp's running estimate after them, within ASAN_PPL_REL. Returns
     (ours, stderr, ref, bound) or None after a failed check."""
     args = ["perplexity", "-m", model, "-f", text, "-c", str(n_ctx)]
-    if ASAN and running and len(running) > ASAN_PPL_CHUNKS:
-        args += ["--chunks", str(ASAN_PPL_CHUNKS)]
-        ref_ppl, rel_bound = running[ASAN_PPL_CHUNKS - 1], ASAN_PPL_REL
-        print(f"perplexity -c {n_ctx}: sanitizer run, the first {ASAN_PPL_CHUNKS} chunks of {len(running)}")
+    if chunks is None and ASAN:
+        chunks = ASAN_PPL_CHUNKS
+    if chunks and running and len(running) > chunks:
+        args += ["--chunks", str(chunks)]
+        ref_ppl, rel_bound = running[chunks - 1], ASAN_PPL_REL
+        print(f"perplexity -c {n_ctx}: the first {chunks} chunks of {len(running)}")
     rc, out, err = tl(args)
     m = None
     for ln in (out.decode("utf-8", "replace") + "\n" + err).splitlines():
@@ -298,6 +300,11 @@ def test_perplexity():
     rel = abs(ppl - ref) / ref
     print(f"perplexity [{NUMERICS}]: ours {ppl:.4f} +/- {se:.5f}, reference {ref:.4f}, rel diff {rel:.5f}")
     check(rel <= bound, f"perplexity {ppl:.4f} vs reference {ref:.4f} (rel {rel:.5f} > {bound})")
+    if not ASAN:  # --chunks as the plain run meets it: llama.cpp's running estimate after 3 chunks
+        r = run_perplexity(MODEL, text, fx["n_ctx"], fx["ppl"], fx["running_ppl"], PPL_REL, chunks=ASAN_PPL_CHUNKS)
+        if r is not None:
+            ppl, _, ref, bound = r
+            check(abs(ppl - ref) / ref <= bound, f"perplexity --chunks {ASAN_PPL_CHUNKS}: {ppl:.4f} vs {ref:.4f}")
 
 
 def main():
