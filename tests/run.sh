@@ -44,6 +44,12 @@ for a in qwen3moe qwen2moe qwen35 qwen35moe gemma4 gemma4moe; do
     "$PYM" scripts/mkmodel.py "$a" "models/random/batch_$a.gguf" --seed 11 --type q8_0 ||
         echo "!! scripts/mkmodel.py $a failed"
 done
+# And the embedding families for test_embed_batch (F32: the unpacked path):
+# the encoders and a plain decoder (the hybrids are the files above).
+for a in bert nomic-bert qwen3; do
+    "$PYM" scripts/mkmodel.py "$a" "models/random/batch_$a.gguf" --seed 11 --type f32 ||
+        echo "!! scripts/mkmodel.py $a failed"
+done
 
 for t in "$build"/tests/test_*; do
     [ -x "$t" ] || continue

@@ -1,9 +1,10 @@
 /* test_embed_batch: tl_ctx_embed_batch gives each text the bits
  * tl_ctx_embed gives it alone. Texts of mixed lengths (one longer than the
  * batch, so chunked, for the decoders) on SmolLM2 and random files of each
- * embedding family: encoders (bert CLS, nomic-bert mean), a decoder with
- * last pooling, sliding windows (gemma4) and a recurrent one (qwen35); with
- * sequences for every text, for fewer (lanes taken in turn) and for none. */
+ * embedding family (tests/run.sh makes them): encoders (bert CLS, nomic-bert
+ * mean), a plain decoder, sliding windows (gemma4) and a recurrent one
+ * (qwen35); with the file's pooling, none and last; with sequences for every
+ * text, for fewer (lanes taken in turn) and for none. */
 #include <stdint.h>
 #include <string.h>
 
@@ -14,8 +15,8 @@
 #define N_BATCH 32
 
 static const char *const FILES[] = {
-    "models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/random/embed_bert.gguf", "models/random/embed_nomic.gguf",
-    "models/random/embed_qwen3.gguf",         "models/random/embed_gemma4.gguf", "models/random/batch_qwen35.gguf",
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/random/batch_bert.gguf",   "models/random/batch_nomic-bert.gguf",
+    "models/random/batch_qwen3.gguf",         "models/random/batch_gemma4.gguf", "models/random/batch_qwen35.gguf",
 };
 
 /* The same lengths for every file: an encoder's are cut to the batch. */
@@ -47,7 +48,7 @@ static void check_file(const char *path) {
     }
     CHECK(ok, "out of memory");
     static const int SEQS[] = {N_TEXTS, 2, 0}; /* extra sequences beside sequence 0 */
-    static const int POOLS[] = {TL_POOL_MODEL, TL_POOL_NONE};
+    static const int POOLS[] = {TL_POOL_MODEL, TL_POOL_NONE, TL_POOL_LAST};
     for (size_t si = 0; ok && si < sizeof SEQS / sizeof *SEQS; si++) {
         tl_ctx_params cp = {.n_ctx = 128, .n_batch = N_BATCH, .n_threads = 2, .n_seq_embd = SEQS[si]};
         tl_ctx *c = NULL;
