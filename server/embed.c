@@ -264,7 +264,7 @@ static int ollama_reply(const api_ctx *a, const srv_embed *em, int total, double
 
 char *emb_reply_json(const api_ctx *a, const srv_req *r, size_t *len) {
     const srv_embed *em = r->emb;
-    if (em->fmt == EMB_RERANK) return rr_reply_json(a, r, len);
+    if (em->fmt == EMB_RERANK || em->fmt == EMB_RERANK_TEI) return rr_reply_json(a, r, len);
     api_buf b = {0};
     int total = 0;
     for (int i = 0; i < em->n; i++) total += em->n_tok[i];

@@ -9,7 +9,9 @@
 #include "api.h"
 
 /* The reply shapes (srv_embed.fmt). */
-enum { EMB_OPENAI = 0, EMB_OLLAMA = 1, EMB_OLLAMA_OLD = 2, EMB_RERANK = 3 };
+/* EMB_RERANK_TEI: a rerank body in Text Embeddings Inference's shape
+ * ("texts"), answered with its bare array, as llama-server does. */
+enum { EMB_OPENAI = 0, EMB_OLLAMA = 1, EMB_OLLAMA_OLD = 2, EMB_RERANK = 3, EMB_RERANK_TEI = 4 };
 
 /* Parses a body of shape fmt into r (fresh from srv_req_new): r->kind
  * SRV_EMBED, r->emb with the inputs tokenized (as llama-embedding and

@@ -1,5 +1,6 @@
 /* server/rerank: POST /v1/rerank (and /rerank, /v1/reranking, as
- * llama-server routes them) in Jina's and Cohere's shape (rerank.c), parsed
+ * llama-server routes them) in Jina's and Cohere's shape, or in Text
+ * Embeddings Inference's ("texts", llama-server's is_tei_format), parsed
  * into an SRV_EMBED request of rank pooling, which the scheduler runs as it
  * runs embeddings (srv_sched_embed), and its reply. */
 #ifndef TL_SERVER_RERANK_H

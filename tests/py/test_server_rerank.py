@@ -182,6 +182,17 @@ def server_checks(fx, path):
         for alias in ("/rerank", "/v1/reranking", "/reranking"):
             st, ja = post(srv.url, alias, {"query": q, "documents": docs})
             check(st == 200 and ja["results"] == j["results"], f"{alias}: the same reply")
+        # Text Embeddings Inference's shape, as llama-server reads it: "texts",
+        # "return_text", a bare array with "score"
+        st, jt = post(srv.url, "/rerank", {"query": q, "texts": docs, "top_n": 2, "return_text": True})
+        check(st == 200 and isinstance(jt, list)
+              and jt == [{"index": r["index"], "score": r["relevance_score"], "text": docs[r["index"]]}
+                         for r in j["results"][:2]], f"TEI's shape (texts, return_text): {str(jt)[:300]}")
+        st, jt = post(srv.url, "/rerank", {"query": q, "texts": docs})
+        check(st == 200 and jt == [{"index": r["index"], "score": r["relevance_score"]} for r in j["results"]],
+              f"TEI's shape without text: {str(jt)[:300]}")
+        st, jt = post(srv.url, "/rerank", {"query": q, "texts": []})
+        check(st == 400 and "texts" in json.dumps(jt), f"TEI's empty texts: {st} {jt}")
         concurrent(srv.url, q, docs, got)
         errors(srv.url, q)
         st, je = post(srv.url, "/v1/embeddings", {"input": "x"})
