@@ -128,6 +128,8 @@ _PROTOS = {
     "tl_pooling_parse": (c_int, [c_char_p]),
     "tl_pooling_name": (c_char_p, [c_int]),
     "tl_ctx_embed": (c_int, [_P, _I32P, c_size_t, c_int, c_int, POINTER(c_float), _ERR]),
+    "tl_ctx_embed_batch": (c_int, [_P, POINTER(_I32P), POINTER(c_size_t), c_int, c_int, c_int,
+                                   POINTER(POINTER(c_float)), _ERR]),
     "tl_token_bos": (c_int32, [_P]),
     "tl_token_eos": (c_int32, [_P]),
     "tl_token_is_eog": (c_int, [_P, c_int32]),

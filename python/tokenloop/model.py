@@ -20,6 +20,10 @@ from . import _lib, _reply
 from ._lib import lib
 from .errors import ArgumentError, check
 
+# Texts embed() runs side by side in one tl_ctx_embed_batch call (sequences
+# the context may open for them; their KV blocks go back when the call ends).
+EMBED_GROUP = 16
+
 
 def _err():
     return _lib.Error()
@@ -137,6 +141,7 @@ class Model:
             cp.numerics = self._parse("numerics", lib.tl_numerics_parse, numerics)
             cp.kv_type_k = self._parse("kv_type_k", lib.tl_kv_type_parse, kv_type_k)
             cp.kv_type_v = self._parse("kv_type_v", lib.tl_kv_type_parse, kv_type_v)
+            cp.n_seq_embd = EMBED_GROUP  # embed() runs texts side by side (no KV reserved for them)
             self.spec = self._parse("spec", lib.tl_spec_parse, spec)
             ctx = c_void_p()
             check(lib.tl_ctx_new(m, byref(cp), byref(ctx), byref(err)), err)
@@ -348,12 +353,14 @@ class Model:
         return ids
 
     def embed(self, input, pooling=None, normalize=True):
-        """Embeddings (tl_ctx_embed), as `tokenloop embed` computes them: a
-        text (or token ids) gives a list of floats, a list of texts a list of
-        those. pooling: "mean", "cls", "last" or "none" (a vector per token);
-        None: the file's pooling_type, else mean. normalize: unit L2 length
-        (OpenAI's vectors). Runs on the context's sequence, so it forgets what
-        the context held for generation."""
+        """Embeddings, as `tokenloop embed` computes them: a text (or token
+        ids) gives a list of floats, a list of texts a list of those.
+        pooling: "mean", "cls", "last" or "none" (a vector per token); None:
+        the file's pooling_type, else mean. normalize: unit L2 length
+        (OpenAI's vectors). Texts run side by side, EMBED_GROUP at a time
+        (tl_ctx_embed_batch), each vector bitwise the one it gets alone. Runs
+        on the context's sequence, so it forgets what the context held for
+        generation."""
         single = isinstance(input, (str, bytes)) or (isinstance(input, (list, tuple)) and input and
                                                      isinstance(input[0], int))
         texts = [input] if single else list(input)
@@ -363,21 +370,27 @@ class Model:
         d = self.n_embd
         out = []
         self.last_embed_tokens = 0
+        ids = [self._embed_ids(t) for t in texts]
+        if not all(ids):
+            raise ArgumentError("nothing to embed: an empty text")
         with self._locked():
             try:
-                for t in texts:
-                    ids = self._embed_ids(t)
-                    if not ids:
-                        raise ArgumentError("nothing to embed: an empty text")
-                    arr = (c_int32 * len(ids))(*ids)
-                    rows = len(ids) if pool == _lib.POOL_NONE else 1
-                    vec = (c_float * (rows * d))()
+                for g in range(0, len(ids), EMBED_GROUP):
+                    grp = ids[g:g + EMBED_GROUP]
+                    k = len(grp)
+                    arrs = [(c_int32 * len(t))(*t) for t in grp]
+                    rows = [len(t) if pool == _lib.POOL_NONE else 1 for t in grp]
+                    vecs = [(c_float * (r * d))() for r in rows]
+                    tok = (POINTER(c_int32) * k)(*[ctypes.cast(a, POINTER(c_int32)) for a in arrs])
+                    lens = (c_size_t * k)(*[len(t) for t in grp])
+                    outs = (POINTER(c_float) * k)(*[ctypes.cast(v, POINTER(c_float)) for v in vecs])
                     err = _err()
-                    n = check(lib.tl_ctx_embed(self._ctx, arr, len(ids), pool, int(bool(normalize)), vec,
-                                               byref(err)), err)
-                    self.last_embed_tokens += len(ids)
-                    flat = vec[:n * d]
-                    out.append([flat[r * d:(r + 1) * d] for r in range(n)] if pool == _lib.POOL_NONE else flat)
+                    check(lib.tl_ctx_embed_batch(self._ctx, tok, lens, k, pool, int(bool(normalize)), outs,
+                                                 byref(err)), err)
+                    for t, r, v in zip(grp, rows, vecs):
+                        self.last_embed_tokens += len(t)
+                        flat = v[:]
+                        out.append([flat[i * d:(i + 1) * d] for i in range(r)] if pool == _lib.POOL_NONE else flat)
             finally:
                 lib.tl_ctx_truncate(self._ctx, 0, byref(_err()))  # generation starts over
         return out[0] if single else out

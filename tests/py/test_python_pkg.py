@@ -329,6 +329,12 @@ def checks():
         got = m.embed(texts, pooling=pool)
         check(got == [[float(ctypes.c_float(x).value) for x in v] for v in want] and len(got[0]) == m.n_embd,
               f"embed(pooling={pool}) == tokenloop embed: {got[0][:4]} vs {want[0][:4]}")
+    # more texts than one tl_ctx_embed_batch call takes, of mixed lengths: each vector is its own alone
+    many = [("word " * (1 + (7 * i) % 23)).strip() + f" {i}" for i in range(tokenloop.model.EMBED_GROUP + 5)]
+    for pool in (None, "none"):
+        together = m.embed(many, pooling=pool)
+        check(len(together) == len(many) and all(together[i] == m.embed(t, pooling=pool) for i, t in enumerate(many)),
+              f"embed of {len(many)} texts at once (pooling {pool}) == each alone, bitwise")
     per_tok = m.embed("Hello world", pooling="none")
     check(len(per_tok) == len(m.tokenize("Hello world", special=True)) and len(per_tok[0]) == m.n_embd,
           "pooling none: a vector per token")
