@@ -21,12 +21,22 @@
 
 /* ---- parsing ------------------------------------------------------------------ */
 
-double emb_mono_s(void) {
+static double emb_mono_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+srv_embed *emb_new(srv_req *r, int fmt, int d) {
+    srv_embed *em = calloc(1, sizeof *em);
+    if (!em) return NULL;
+    r->kind = SRV_EMBED;
+    r->emb = em;
+    r->t_arrival = emb_mono_s();
+    em->fmt = fmt;
+    em->d = d;
+    return em;
+}
 
 /* One text as llama-embedding tokenizes it: BOS where the model adds one,
  * special tokens parsed, EOS where the file asks (tokenizer.ggml.add_eos_token). */
@@ -113,16 +123,11 @@ int emb_parse(const api_ctx *a, int fmt, int pooling, const char *body, size_t l
     json_t *root = api_load_body(body, len, e);
     if (!root) return -1;
     int rc = -1;
-    srv_embed *em = calloc(1, sizeof *em);
+    srv_embed *em = emb_new(r, fmt, tl_model_n_embd(a->m));
     if (!em) {
         OOM();
         goto out;
     }
-    r->kind = SRV_EMBED;
-    r->emb = em;
-    r->t_arrival = emb_mono_s();
-    em->fmt = fmt;
-    em->d = tl_model_n_embd(a->m);
     em->normalize = fmt != EMB_OLLAMA_OLD; /* Ollama's old endpoint gives the raw vector */
     const char *pool = NULL;
     if (api_get_str(root, "pooling", &pool, e) < 0) goto out;

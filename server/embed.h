@@ -25,11 +25,12 @@ int emb_parse(const api_ctx *a, int fmt, int pooling, const char *body, size_t l
  * of memory. */
 char *emb_reply_json(const api_ctx *a, const srv_req *r, size_t *len);
 
-/* Shared with server/rerank.c: the rows to fill (em->n, n_tok, pooling and
- * d set), and the model's id as a JSON string. */
+/* Shared with server/rerank.c: r made an SRV_EMBED request of reply shape
+ * fmt and d floats per row (NULL for want of memory); the rows to fill
+ * (em->n, n_tok, pooling and d set); the model's id as a JSON string. */
+srv_embed *emb_new(srv_req *r, int fmt, int d);
 int emb_alloc_out(srv_embed *em, api_err *e);
 int emb_add_model(api_buf *b, const api_ctx *a);
-double emb_mono_s(void);
 
 /* Standard base64 (RFC 4648, padded) of n bytes into out (4 * ((n + 2) / 3)
  * bytes, then a NUL). */

@@ -111,17 +111,12 @@ int rr_parse(const api_ctx *a, const char *body, size_t len, srv_req *r, api_err
     int rc = -1, keep = 0;
     const char *q = NULL;
     json_t *docs = NULL;
-    srv_embed *em = calloc(1, sizeof *em);
+    srv_embed *em = emb_new(r, EMB_RERANK, tl_model_n_cls_out(a->m));
     if (!em) {
         OOM();
         goto out;
     }
-    r->kind = SRV_EMBED;
-    r->emb = em;
-    r->t_arrival = emb_mono_s();
-    em->fmt = EMB_RERANK;
     em->pooling = TL_POOL_RANK;
-    em->d = tl_model_n_cls_out(a->m);
     if (parse_fields(a, root, em, &q, &docs, &keep, e) ||
         parse_docs(a, q, json_string_length(api_field(root, "query")), docs, keep, em, e))
         goto out;
