@@ -26,6 +26,7 @@ typedef struct bench_opts {
     int n[MAX_LIST], n_n;
     int d[MAX_LIST], n_d;
     int reps, n_threads, json, no_warmup, memory, numerics, kv_k, kv_v;
+    int parallel; /* decode tests' sequences side by side (1: llama-bench's test_gen) */
     int mem_cache_mib, mem_dram_mib;
 } bench_opts;
 
@@ -48,6 +49,10 @@ static const char BENCH_HELP[] =
     "                            llama-bench's -d: 'tg128 @ d4096' is decode at 4k context)\n"
     "  -r, --repetitions N       timed runs per test (default 5)\n"
     "  -t, --threads N           threads (default: all online CPUs)\n"
+    "      --parallel N          decode tests run N sequences side by side, one token\n"
+    "                            of each per call, every row's logits kept (the server's\n"
+    "                            step with N streams; llama-batched-bench's S_TG): t/s\n"
+    "                            counts all N sequences' tokens (default 1)\n"
     "  -o, --output md|json      a markdown table (default) or a JSON array\n"
     "      --no-warmup           skip the warmup run before each test\n"
     "      --numerics MODE       fast (default) or exact (docs/NUMERICS.md)\n"
@@ -98,6 +103,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
     o->n[0] = 128, o->n_n = 1;
     o->d[0] = 0, o->n_d = 1;
     o->reps = 5;
+    o->parallel = 1;
     o->mem_cache_mib = 16, o->mem_dram_mib = 1024;
     cli_args p = cli_args_start(argc, argv);
     const char *a;
@@ -132,6 +138,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_k, &o->kv_v)) != 0) {
             if (kt < 0) return -1;
+        } else if (!strcmp(a, "--parallel") || !strcmp(a, "-np")) {
+            VAL(); if (cli_int(a, v, 1, 256, &o->parallel)) return -1;
         } else if (!strcmp(a, "--no-warmup")) {
             o->no_warmup = 1;
         } else if (!strcmp(a, "--memory")) {
@@ -240,6 +248,9 @@ static void read_meta(const char *path, model_meta *mm) {
 typedef struct bench_run {
     tl_ctx *ctx;
     int n_vocab, batch; /* batch: tokens per call, the room in toks */
+    int par;            /* --parallel: sequences, ids in seqs; 1 runs on the implicit one */
+    int32_t *seqs, *bseq;
+    uint8_t *keep;
     int32_t bos;   /* the first token, or -1 to draw it at random */
     uint64_t rng;  /* xorshift64: llama-bench's std::rand() role, seeded */
     int32_t *toks; /* room for the largest prompt */
@@ -283,8 +294,46 @@ static int test_gen(bench_run *b, int n, tl_error *err) {
     return 0;
 }
 
+/* --parallel: each of the b->par sequences cleared and filled with n
+ * tokens (BOS, then random), in calls of at most batch tokens; untimed. */
+static int fill_par(bench_run *b, int n, tl_error *err) {
+    /* the prefill tests' sequence holds blocks the pool sized for par sequences needs */
+    int st = tl_ctx_truncate(b->ctx, 0, err);
+    for (int s = 0; !st && s < b->par; s++) {
+        st = tl_seq_truncate(b->ctx, b->seqs[s], 0, err);
+        for (int done = 0; !st && done < n;) {
+            const int k = n - done < b->batch ? n - done : b->batch;
+            for (int i = 0; i < k; i++) {
+                b->toks[i] = done + i == 0 && b->bos >= 0 ? b->bos : rand_token(b);
+                b->bseq[i] = b->seqs[s];
+            }
+            const tl_batch bt = {.n = k, .token = b->toks, .seq = b->bseq};
+            st = tl_ctx_decode(b->ctx, &bt, err);
+            done += k;
+        }
+    }
+    return st;
+}
+
+/* --parallel: n calls of one token for each sequence, every row kept, as
+ * the server's decode step is; the first token of each is BOS when the
+ * context is empty (test_gen's start). */
+static int test_gen_par(bench_run *b, int n, int from_bos, tl_error *err) {
+    for (int i = 0; i < n; i++) {
+        for (int s = 0; s < b->par; s++) {
+            b->toks[s] = i == 0 && from_bos && b->bos >= 0 ? b->bos : rand_token(b);
+            b->bseq[s] = b->seqs[s];
+        }
+        const tl_batch bt = {.n = b->par, .token = b->toks, .seq = b->bseq, .logits = b->keep};
+        int st = tl_ctx_decode(b->ctx, &bt, err);
+        if (st) return st;
+    }
+    return 0;
+}
+
 typedef struct bench_result {
     int n_prompt, n_gen, n_depth, n;
+    int par; /* sequences side by side (--parallel; 1 for prefill tests) */
     char test_time[32];
     uint64_t *ns;
     double *ts;
@@ -298,24 +347,31 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
     time_t t = time(NULL);
     struct tm tm;
     strftime(r->test_time, sizeof r->test_time, "%FT%TZ", gmtime_r(&t, &tm));
-    int st = tl_ctx_truncate(b->ctx, 0, &err);
+    const int par = r->par > 1; /* this test runs the sequences side by side */
+    int st = par ? fill_par(b, 0, &err) : tl_ctx_truncate(b->ctx, 0, &err);
     if (!st && !o->no_warmup) {
         fprintf(stderr, "tokenloop bench: test %d/%d: warmup %s run\n", idx, total, kind);
-        st = r->n_prompt ? test_prompt(b, size, &err) : test_gen(b, 1, &err);
+        st = r->n_prompt ? test_prompt(b, size, &err) : par ? test_gen_par(b, 1, 1, &err) : test_gen(b, 1, &err);
     }
     /* the pool's counters over the timed runs only (not the depth fills) */
     uint64_t jobs = 0;
     double wall = 0, busy = 0;
     int n_threads = 1;
     for (int i = 0; !st && i < o->reps; i++) {
-        if ((st = tl_ctx_truncate(b->ctx, 0, &err))) break;
-        if (r->n_depth && (st = fill_depth(b, r->n_depth, &err))) break;
+        if (par) {
+            if ((st = fill_par(b, r->n_depth, &err))) break;
+        } else {
+            if ((st = tl_ctx_truncate(b->ctx, 0, &err))) break;
+            if (r->n_depth && (st = fill_depth(b, r->n_depth, &err))) break;
+        }
         fprintf(stderr, "tokenloop bench: test %d/%d: %s run %d/%d\n", idx, total, kind, i + 1,
                 o->reps);
         tl_thread_stats t0s, t1s;
         tl_ctx_thread_stats(b->ctx, &t0s);
         uint64_t t0 = now_ns();
-        st = r->n_prompt ? test_prompt(b, size, &err) : test_gen(b, size, &err);
+        st = r->n_prompt ? test_prompt(b, size, &err)
+             : par       ? test_gen_par(b, size, r->n_depth == 0, &err)
+                         : test_gen(b, size, &err);
         uint64_t dt = now_ns() - t0;
         tl_ctx_thread_stats(b->ctx, &t1s);
         jobs += t1s.jobs - t0s.jobs;
@@ -323,7 +379,7 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
         busy += t1s.busy_s - t0s.busy_s;
         n_threads = t1s.n_threads;
         r->ns[i] = dt ? dt : 1;
-        r->ts[i] = 1e9 * size / (double)r->ns[i];
+        r->ts[i] = 1e9 * size * (par ? r->par : 1) / (double)r->ns[i];
         r->n = i + 1;
     }
     if (st) {
@@ -339,7 +395,7 @@ static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench
         fprintf(stderr,
                 "tokenloop bench: %s%d: %.1f fork-joins per token, %.0f%% of the time in them; threads busy "
                 "%.0f%% of their time in jobs\n",
-                r->n_prompt ? "pp" : "tg", size, (double)jobs / ((double)size * r->n),
+                r->n_prompt ? "pp" : "tg", size, (double)jobs / ((double)size * (par ? r->par : 1) * r->n),
                 100.0 * wall / total_s, 100.0 * busy / (wall * n_threads));
     return 0;
 }
@@ -362,11 +418,13 @@ static void md_row(const model_meta *mm, const char *backend, int threads, const
     if (mm->n_params < 1000000000u) snprintf(params, sizeof params, "%.2f M", mm->n_params / 1e6);
     else snprintf(params, sizeof params, "%.2f B", mm->n_params / 1e9);
     if (r->n_prompt) snprintf(test, sizeof test, "pp%d", r->n_prompt);
+    else if (r->par > 1) snprintf(test, sizeof test, "tg%d x%d", r->n_gen, r->par);
     else snprintf(test, sizeof test, "tg%d", r->n_gen);
     if (r->n_depth) snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", r->n_depth);
     double avg = mean_of(r->ts, r->n);
     snprintf(ts, sizeof ts, "%.2f ± %.2f", avg, stdev_of(r->ts, r->n));
-    if (r->n_gen) snprintf(gbps, sizeof gbps, "%.2f", (double)mm->decode_bytes * avg / 1e9);
+    /* a token's bytes: not what a step of several sequences reads */
+    if (r->n_gen && r->par <= 1) snprintf(gbps, sizeof gbps, "%.2f", (double)mm->decode_bytes * avg / 1e9);
     /* the width is in bytes and ± takes two */
     printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %21s | %8s |\n", mm->type, size, params,
            backend, threads, test, ts, gbps);
@@ -400,14 +458,14 @@ static void json_row(const char *path, const model_meta *mm, const char *backend
     printf(",\n    \"numerics\": ");
     cli_print_json_str(numerics);
     printf(",\n    \"n_batch\": %d,\n    \"n_threads\": %d,\n", batch, threads);
-    printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": %d,\n", r->n_prompt, r->n_gen,
-           r->n_depth);
+    printf("    \"n_prompt\": %d,\n    \"n_gen\": %d,\n    \"n_depth\": %d,\n    \"n_parallel\": %d,\n",
+           r->n_prompt, r->n_gen, r->n_depth, r->par);
     printf("    \"test_time\": \"%s\",\n", r->test_time);
     printf("    \"avg_ns\": %" PRIu64 ",\n", r->n ? sum / (uint64_t)r->n : 0);
     printf("    \"stddev_ns\": %.0f,\n", floor(stdev_ns(r)));
     printf("    \"avg_ts\": %f,\n    \"stddev_ts\": %f,\n", avg, stdev_of(r->ts, r->n));
     printf("    \"decode_bytes\": %zu,\n", mm->decode_bytes);
-    if (r->n_gen) printf("    \"gbps\": %f,\n", (double)mm->decode_bytes * avg / 1e9);
+    if (r->n_gen && r->par <= 1) printf("    \"gbps\": %f,\n", (double)mm->decode_bytes * avg / 1e9);
     printf("    \"samples_ns\": [ ");
     for (int i = 0; i < r->n; i++) printf("%s%" PRIu64, i ? ", " : "", r->ns[i]);
     printf(" ],\n    \"samples_ts\": [ ");
@@ -447,6 +505,7 @@ static int run_tests(bench_run *b, const bench_opts *o, const char *path, const 
         r.n_prompt = is_pp ? size : 0;
         r.n_gen = is_pp ? 0 : size;
         r.n_depth = o->d[k % o->n_d];
+        r.par = is_pp ? 1 : o->parallel;
         r.n = 0;
         if (run_test(b, o, ++idx, total, &r)) {
             rc = 1;
@@ -485,21 +544,35 @@ static int bench_model(const bench_opts *o) {
     read_meta(path, &mm);
     /* one context sized for the largest test after the deepest fill; each run clears it */
     int batch = max_p > 0 ? max_p : max_d > 0 ? (max_d < 512 ? max_d : 512) : 1;
+    const int par = max_n > 0 ? o->parallel : 1;
+    if (batch < par) batch = par;
     int n_ctx = max_d + (max_p > max_n ? max_p : max_n);
     tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics,
-                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v};
-    bench_run b = {.n_vocab = tl_model_n_vocab(m), .batch = batch, .bos = -1, .rng = 1};
+                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v, .n_seq_max = par > 1 ? par : 0,
+                        .n_logits_max = par};
+    bench_run b = {.n_vocab = tl_model_n_vocab(m), .batch = batch, .bos = -1, .rng = 1, .par = par};
     if (tl_model_add_bos(m)) b.bos = tl_token_bos(m);
     int rc = 0;
     if (tl_ctx_new(m, &cp, &b.ctx, &err)) {
         cli_tl_error(&err);
         rc = 1;
-    } else if (!(b.toks = malloc((size_t)batch * sizeof *b.toks))) {
+    } else if (!(b.toks = malloc((size_t)batch * sizeof *b.toks)) || !(b.bseq = malloc((size_t)batch * sizeof *b.bseq)) ||
+               !(b.seqs = malloc((size_t)par * sizeof *b.seqs)) || !(b.keep = malloc((size_t)par))) {
         cli_error("out of memory");
         rc = 1;
+    } else if (par > 1) {
+        memset(b.keep, 1, (size_t)par);
+        for (int s = 0; !rc && s < par; s++)
+            if (tl_seq_open(b.ctx, &b.seqs[s], &err)) {
+                cli_tl_error(&err);
+                rc = 1;
+            }
     }
     if (!rc) rc = run_tests(&b, o, path, &mm, batch);
     free(b.toks);
+    free(b.bseq);
+    free(b.seqs);
+    free(b.keep);
     tl_ctx_free(b.ctx);
     tl_model_free(m);
     return rc;

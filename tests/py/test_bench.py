@@ -252,8 +252,29 @@ def check_depth():
     check(p.returncode == 0 and "tg2 @ d600" in p.stdout, f"md depth row: {p.stdout[-300:]!r} {p.stderr[-200:]!r}")
 
 
+def check_parallel():
+    """--parallel N: decode tests run N sequences side by side (the server's
+    step with N streams); t/s counts every sequence's tokens, prefill tests
+    are unchanged, and no GB/s (a token's bytes are not a step's)."""
+    p = bench("-m", SMOL, "-p", "8", "-n", "4", "-d", "0,20", "-r", "2", "-t", "1", "--parallel", "3", "-o", "json")
+    if not check(p.returncode == 0, f"--parallel run failed: {p.stderr[-400:]}"):
+        return
+    res = json.loads(p.stdout)
+    got = [(o["n_prompt"], o["n_gen"], o["n_depth"], o["n_parallel"]) for o in res]
+    check(got == [(8, 0, 0, 1), (8, 0, 20, 1), (0, 4, 0, 3), (0, 4, 20, 3)], f"--parallel rows: {got}")
+    for o in res:
+        n_tok = o["n_prompt"] or o["n_gen"] * o["n_parallel"]
+        check(all(close(t, 1e9 * n_tok / n, 1e-5) for t, n in zip(o["samples_ts"], o["samples_ns"]))
+              and o["avg_ts"] > 0, f"--parallel: samples_ts counts every sequence's tokens: {o}")
+        check(("gbps" in o) == False, f"--parallel: no gbps on {o['n_prompt']}/{o['n_gen']}")
+    p = bench("-m", SMOL, "-p", "0", "-n", "2", "-r", "1", "-t", "1", "-np", "2", "--no-warmup")
+    row = [ln for ln in p.stdout.splitlines() if "tg2 x2" in ln]
+    check(p.returncode == 0 and len(row) == 1 and row[0].rstrip().endswith("|          |"),
+          f"--parallel markdown row 'tg2 x2', no GB/s: {p.stdout!r} {p.stderr[-200:]!r}")
+
+
 def check_errors():
-    cases = [(["--bogus"], "unknown option"), (["-p", "1,,2"], "-p"), (["-n", "-1"], "-n"),
+    cases = [(["--parallel", "0"], "--parallel"), (["--bogus"], "unknown option"), (["-p", "1,,2"], "-p"), (["-n", "-1"], "-n"),
              (["-r", "0"], "-r"), (["-o", "xml"], "xml"), (["-t"], "needs a value"),
              (["-p", "0", "-n", "0"], "nothing to run"), (["-d", "-1"], "-d")]
     for args, msg in cases:
@@ -277,6 +298,7 @@ def main():
         check_no_vocab()
         check_memory()
         check_depth()
+        check_parallel()
         check_errors()
     return summary()
 
