@@ -41,7 +41,10 @@ SIMDE_BIN = $(if $(wildcard /usr/include/simde/x86/avx512.h),$(BUILD)/simde/test
 SIMDE_LIB = $(filter-out $(BUILD)/src/cpu/kern_avx512.o $(BUILD)/src/cpu/dispatch.o,$(LIB_OBJ))
 
 .PHONY: all lib test unit run models clean asan format fixtures
-all: $(BUILD)/libtokenloop.a $(BUILD)/libtlserver.a tokenloop $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
+# ./tokenloop is the default build's binary: `make asan` or a clang build
+# (another BUILD) leaves it alone rather than putting a sanitized one there.
+all: $(BUILD)/libtokenloop.a $(BUILD)/libtlserver.a $(BUILD)/tokenloop $(if $(filter build,$(BUILD)),tokenloop) \
+     $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
 
 $(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/r8_tile.h src/cpu/attn512.h src/cpu/mathfn.h src/cpu/simd256.h src/cpu/kernels.h src/quant/quant.h
 	@mkdir -p $(dir $@)
