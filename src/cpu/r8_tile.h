@@ -807,17 +807,24 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
                 isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
             }
         }
+        /* The four 32-element runs x of a half share their loads: the high
+         * bits H serve all four, each low-bit vector two (x and x + 2). */
         for (int h = 0; h < 2; h++)
-            for (int x = 0; x < 4; x++)
-                for (int half = 0; half < 2; half++) {
-                    __m512i d[4];
+            for (int half = 0; half < 2; half++) {
+                __m512i d[4][4];
+                UNROLL
+                for (int x = 0; x < 4; x++)
                     UNROLL
-                    for (int t = 0; t < N; t++) d[t] = _mm512_setzero_si512();
+                    for (int t = 0; t < N; t++) d[x][t] = _mm512_setzero_si512();
+                UNROLL
+                for (int kk = 0; kk < 4; kk++) {
+                    const int k = 4 * half + kk;
+                    const size_t lo0 = 144 + 32 * (8 * (2 * h) + k), lo1 = lo0 + 32 * 8, hi_at = 144 + 1024 + 32 * (8 * h + k);
+                    const __m512i L0 = rz_load2(o0 + lo0, o1 + lo0), L1 = rz_load2(o0 + lo1, o1 + lo1);
+                    const __m512i H = rz_load2(o0 + hi_at, o1 + hi_at);
                     UNROLL
-                    for (int kk = 0; kk < 4; kk++) {
-                        const int k = 4 * half + kk;
-                        const size_t lo_at = 144 + 32 * (8 * (2 * h + (x & 1)) + k), hi_at = 144 + 1024 + 32 * (8 * h + k);
-                        const __m512i L = rz_load2(o0 + lo_at, o1 + lo_at), H = rz_load2(o0 + hi_at, o1 + hi_at);
+                    for (int x = 0; x < 4; x++) {
+                        const __m512i L = x & 1 ? L1 : L0;
                         const __m512i lo = x < 2 ? _mm512_and_si512(L, m4) : _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
                         const __m512i hb = x == 0   ? _mm512_slli_epi16(H, 4)
                                            : x == 1 ? _mm512_slli_epi16(H, 2)
@@ -829,14 +836,20 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
                             const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
                             int32_t av;
                             memcpy(&av, qs + 128 * h + 32 * x + 4 * k, 4);
-                            d[t] = _mm512_dpbusd_epi32(d[t], u, _mm512_set1_epi32(av));
+                            d[x][t] = _mm512_dpbusd_epi32(d[x][t], u, _mm512_set1_epi32(av));
                         }
                     }
+                }
+                /* integer sums: exact, so adding them in this order gives the
+                 * reference's bits */
+                UNROLL
+                for (int x = 0; x < 4; x++) {
                     const int sb = 8 * h + 2 * x + half;
                     const __m512i sc = rz_bytes8(o0 + 16 + 8 * sb, o1 + 16 + 8 * sb);
                     UNROLL
-                    for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[t], sc));
+                    for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[x][t], sc));
                 }
+            }
         const __m512 dw = rz_halves(o0, o1, 0);
         UNROLL
         for (int t = 0; t < N; t++) {
