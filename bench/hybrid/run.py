@@ -2,7 +2,8 @@
 """A hybrid model (Gated DeltaNet + attention) through `tokenloop serve`:
 the time to first token of a ~4k-token prompt cold and again (from the prefix
 cache and its recurrent-state snapshot), and decode throughput with 1 and 16
-concurrent streams. Prints which machine it ran on.
+concurrent streams, then the engine's own with 1 and 16 sequences
+(`tokenloop bench --parallel`). Prints which machine it ran on.
 
 Usage: bench/hybrid/run.py [-m models/random/qwen35moe-a3b-q4_k_m.gguf] [-t 2]
 (the file: scripts/mkmodel.py qwen35moe-a3b, then llama-quantize Q4_K_M; see
@@ -83,6 +84,19 @@ def main():
         print(f"16 streams / 1: {rates[16] / rates[1]:.2f}x")
     finally:
         srv.stop()
+    # The engine alone, one tl_ctx_decode per step (tokenloop bench --parallel):
+    # what the server keeps of it, and the engine's own 16 / 1.
+    eng = {}
+    for n in (1, 16):
+        p = subprocess.run([os.path.join(ROOT, "build", "tokenloop"), "bench", "-m", a.model, "-p", "0", "-n",
+                            "32", "-r", "2", "-t", str(a.threads), "--parallel", str(n), "-o", "json"],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"tokenloop bench --parallel {n}: {p.stderr[-300:]}")
+        eng[n] = json.loads(p.stdout)[0]["avg_ts"]
+        print(f"engine, {n:2d} sequence{'s' if n > 1 else ' '} (bench --parallel {n}): {eng[n]:.1f} tok/s; "
+              f"the server keeps {rates[n] / eng[n]:.0%}")
+    print(f"engine 16 / 1: {eng[16] / eng[1]:.2f}x")
 
 
 if __name__ == "__main__":
