@@ -722,6 +722,55 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
             }
             isum[t] = _mm256_mullo_epi32(bias, _mm256_set1_epi32(-32));
         }
+        if (N <= 2) {
+            /* decode and pairs: the four 32-element runs x of a half share
+             * their loads (the high bits once, each low-bit vector twice);
+             * 4N accumulators fit the 16 ymm registers up to N = 2 */
+            for (int h = 0; h < 2; h++)
+                for (int half = 0; half < 2; half++) {
+                    __m256i d[4][2];
+                    UNROLL
+                    for (int x = 0; x < 4; x++)
+                        UNROLL
+                        for (int t = 0; t < N; t++) d[x][t] = _mm256_setzero_si256();
+                    UNROLL
+                    for (int kk = 0; kk < 4; kk++) {
+                        const int k = 4 * half + kk;
+                        const __m256i L0 = load32(o + 144 + 32 * (8 * (2 * h) + k));
+                        const __m256i L1 = load32(o + 144 + 32 * (8 * (2 * h + 1) + k));
+                        const __m256i H = load32(o + 144 + 1024 + 32 * (8 * h + k));
+                        UNROLL
+                        for (int x = 0; x < 4; x++) {
+                            const __m256i L = x & 1 ? L1 : L0;
+                            const __m256i lo = x < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+                            const __m256i hb = x == 0   ? _mm256_slli_epi16(H, 4)
+                                               : x == 1 ? _mm256_slli_epi16(H, 2)
+                                               : x == 2 ? H
+                                                        : _mm256_srli_epi16(H, 2);
+                            const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                            UNROLL
+                            for (int t = 0; t < N; t++) {
+                                const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
+                                const __m256i av = bcast4((const uint8_t *)qs + 128 * h + 32 * x + 4 * k);
+#if R8_VNNI
+                                d[x][t] = _mm256_dpbusd_epi32(d[x][t], u, av);
+#else
+                                const __m256i p = _mm256_maddubs_epi16(u, av);
+                                d[x][t] = _mm256_add_epi32(d[x][t], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+                            }
+                        }
+                    }
+                    /* integer sums: exact, so this order gives the same bits */
+                    UNROLL
+                    for (int x = 0; x < 4; x++) {
+                        const int sb = 8 * h + 2 * x + half;
+                        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(o + 16 + 8 * sb)));
+                        UNROLL
+                        for (int t = 0; t < N; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(d[x][t], sc));
+                    }
+                }
+        } else {
         for (int h = 0; h < 2; h++)
             for (int x = 0; x < 4; x++) /* elements 128h + 32x .. +31: sub-blocks 8h+2x and 8h+2x+1 */
                 for (int half = 0; half < 2; half++) {
@@ -757,6 +806,7 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
                     UNROLL
                     for (int t = 0; t < N; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(d[t], sc));
                 }
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)o));
         UNROLL
         for (int t = 0; t < N; t++) {
