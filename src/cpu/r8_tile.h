@@ -701,6 +701,15 @@ static void r8k_gemm_q5_K(int64_t n, const void *w, size_t ws, int nr, const voi
  * scales, the -32 offset through the activation's block sums, one fma. */
 #define R8Q6_SB 210
 
+/* Run x (0..3) of a Q6_K half as unsigned 6-bit bytes: its low nibbles
+ * from L (x < 2 the low half of each byte, else the high), its two high bits
+ * from H (bits 2x, 2x+1 of each byte) moved to bits 4-5. */
+AI __m256i q6_run8(__m256i L, __m256i H, int x, __m256i m4, __m256i m30) {
+    const __m256i lo = x < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+    const __m256i hb = x == 0 ? _mm256_slli_epi16(H, 4) : x == 1 ? _mm256_slli_epi16(H, 2) : x == 2 ? H : _mm256_srli_epi16(H, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+}
+
 AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
     const int64_t nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -742,12 +751,7 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
                         UNROLL
                         for (int x = 0; x < 4; x++) {
                             const __m256i L = x & 1 ? L1 : L0;
-                            const __m256i lo = x < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-                            const __m256i hb = x == 0   ? _mm256_slli_epi16(H, 4)
-                                               : x == 1 ? _mm256_slli_epi16(H, 2)
-                                               : x == 2 ? H
-                                                        : _mm256_srli_epi16(H, 2);
-                            const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                            const __m256i u = q6_run8(L, H, x, m4, m30);
                             UNROLL
                             for (int t = 0; t < N; t++) {
                                 const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
@@ -782,12 +786,7 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
                         const int k = 4 * half + kk;
                         const __m256i L = load32(o + 144 + 32 * (8 * (2 * h + (x & 1)) + k));
                         const __m256i H = load32(o + 144 + 1024 + 32 * (8 * h + k));
-                        const __m256i lo = x < 2 ? _mm256_and_si256(L, m4) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
-                        const __m256i hb = x == 0   ? _mm256_slli_epi16(H, 4)
-                                           : x == 1 ? _mm256_slli_epi16(H, 2)
-                                           : x == 2 ? H
-                                                    : _mm256_srli_epi16(H, 2);
-                        const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
+                        const __m256i u = q6_run8(L, H, x, m4, m30);
                         UNROLL
                         for (int t = 0; t < N; t++) {
                             const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
@@ -825,6 +824,13 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
  * integer sums are r8q6_tile's (exact, so their order is free); the offset's
  * sum_s sc_s * bsum_s is taken by sub-block pairs with vpdpwssd. The float
  * steps per lane are r8q6_tile's. */
+/* q6_run8 on two groups' 256 bits at once. */
+AI __m512i q6_run16(__m512i L, __m512i H, int x, __m512i m4, __m512i m30) {
+    const __m512i lo = x < 2 ? _mm512_and_si512(L, m4) : _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
+    const __m512i hb = x == 0 ? _mm512_slli_epi16(H, 4) : x == 1 ? _mm512_slli_epi16(H, 2) : x == 2 ? H : _mm512_srli_epi16(H, 2);
+    return _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+}
+
 AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as, float *y,
                    size_t ys) {
     const int64_t nb = n / QK_K;
@@ -875,12 +881,7 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
                     UNROLL
                     for (int x = 0; x < 4; x++) {
                         const __m512i L = x & 1 ? L1 : L0;
-                        const __m512i lo = x < 2 ? _mm512_and_si512(L, m4) : _mm512_and_si512(_mm512_srli_epi16(L, 4), m4);
-                        const __m512i hb = x == 0   ? _mm512_slli_epi16(H, 4)
-                                           : x == 1 ? _mm512_slli_epi16(H, 2)
-                                           : x == 2 ? H
-                                                    : _mm512_srli_epi16(H, 2);
-                        const __m512i u = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+                        const __m512i u = q6_run16(L, H, x, m4, m30);
                         UNROLL
                         for (int t = 0; t < N; t++) {
                             const int8_t *qs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs;
