@@ -66,7 +66,11 @@ void *tl_big_alloc(size_t n) {
 void tl_release_pages(const void *p, size_t n) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
-    if (page > 1 && hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: refused is fine */
+    if (page <= 1 || hi <= lo) return;
+#ifdef MADV_NOHUGEPAGE
+    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE); /* advice: refused is fine */
+#endif
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 void tl_small_pages(void *p, size_t n, size_t first) {

@@ -118,7 +118,9 @@ void tl_big_free(void *p);
 /* Drops this process's copies of the whole pages inside [p, p + n) of a
  * read-only file mapping: a later read faults them in from the file again.
  * For weights whose packed copy is all that is read (packed.c), so that a
- * model is not resident twice. */
+ * model is not resident twice. The range is also kept off huge pages: the
+ * kernel maps a file's 2 MiB folios whole when it can, so one embedding row
+ * read from a released tied output would bring 2 MiB of it back. */
 void tl_release_pages(const void *p, size_t n);
 /* Asks for small pages on the first `first` bytes of [p, p + n) of a
  * tl_big_alloc buffer (rounded out to whole 2 MiB pages): memory there is
