@@ -137,27 +137,95 @@ AI void attn512_pv(int hd, int R, int W, int c0, float *const *o, const float *a
     attn512_pv_t(hd, R, W, c0, o, al, p, n, vf, (size_t)hd, 0);
 }
 
-/* The 16 keys' scales of the group holding element d of a quantized
- * transposed K block (tl_attn_rows.k_tr's groups). */
-AI __m512 attn512_kscale(const void *kt, int d, int fmt) {
-    const uint8_t *g = (const uint8_t *)kt + (size_t)(d / 32) * 16 * (fmt == 2 ? 34 : 18);
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)g));
+/* Element d of a transposed K block's 16 keys: f32 (fmt 0) or f16 (1). */
+AI __m512 attn512_ldk(const void *kt, int d, int fmt) { return attn512_ld(kt, (size_t)d * 16, fmt); }
+
+/* Four bytes as one int32 (a broadcast operand of vpdpbusd). */
+AI int32_t attn512_q4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
-/* Element d of a transposed K block's 16 keys: f32 (fmt 0), f16 (1), or
- * quantized (2, 3) times its group's scales sv, widened exactly. */
-AI __m512 attn512_ldk(const void *kt, int d, int fmt, __m512 sv) {
-    if (fmt < 2) return attn512_ld(kt, (size_t)d * 16, fmt);
-    const uint8_t *qs = (const uint8_t *)kt + (size_t)(d / 32) * 16 * (fmt == 2 ? 34 : 18) + 32;
-    __m128i b;
-    if (fmt == 2) {
-        b = _mm_loadu_si128((const __m128i *)(const void *)(qs + (size_t)(d % 32) * 16));
-    } else {
-        b = _mm_loadu_si128((const __m128i *)(const void *)(qs + (size_t)(d % 16) * 16));
-        if (d % 32 >= 16) b = _mm_srli_epi16(b, 4);
-        b = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+/* R rows' integer scores (a quantized K, tl_attn_kint) against an integer K
+ * block (tl_attn_kint_bytes: the cache's transposed block or its copy): per
+ * group and run of 4 quants one vpdpbusd per row, K unsigned (Q8_0: k + 128
+ * by its sign bit flipped; Q4_0: the nibble, k + 8) times the row's 4 signed
+ * q8, from -(128 or 8) * the row's q8 sum over the group: the exact sum of
+ * q8 * k8. Then the group's fma, as mathfn.c's reference. VNNI only. */
+AI void attn512_scores_int(const tl_attn_rows *a, int R, const float *const *q, const uint8_t *kt, float *out) {
+    const int ng = a->hd / 32, q8 = a->k_fmt == TL_ATTN_Q8_0;
+    const size_t gb = (size_t)16 * (q8 ? 34 : 18);
+    const int bias = q8 ? 128 : 8;
+    __m512 acc[8];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gp = kt + (size_t)g * gb, *qs = gp + 32;
+        __m512i is[8];
+        const int8_t *qv[8];
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            int32_t sum;
+            memcpy(&sum, (const uint8_t *)(const void *)(q[r] + ng) + 4 * (size_t)g, 4);
+            is[r] = _mm512_set1_epi32(-bias * sum);
+            qv[r] = (const int8_t *)(const void *)(q[r] + 2 * ng) + 32 * g;
+        }
+#define QW(r, j) _mm512_set1_epi32(attn512_q4(qv[r] + 4 * (j)))
+        if (q8) {
+            for (int j = 0; j < 8; j++) {
+                const __m512i kv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * j)), _mm512_set1_epi8((char)0x80));
+                _Pragma("GCC unroll 8")
+                for (int r = 0; r < R; r++) is[r] = _mm512_dpbusd_epi32(is[r], kv, QW(r, j));
+            }
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i b = _mm512_loadu_si512((const void *)(qs + 64 * j)), m4 = _mm512_set1_epi8(15);
+                const __m512i lo = _mm512_and_si512(b, m4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+                _Pragma("GCC unroll 8")
+                for (int r = 0; r < R; r++) {
+                    is[r] = _mm512_dpbusd_epi32(is[r], lo, QW(r, j));
+                    is[r] = _mm512_dpbusd_epi32(is[r], hi, QW(r, j + 4));
+                }
+            }
+        }
+#undef QW
+        const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(_mm512_set1_ps(q[r][g]), dk), acc[r]);
     }
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), sv);
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(out + 16 * r, acc[r]);
+}
+
+#define ATTN512_SCORES_INT(R)                                                                                     \
+    __attribute__((noinline)) static void attn512_scores_int_##R(const tl_attn_rows *a, const float *const *q,   \
+                                                                 const uint8_t *kt, float *out) {                \
+        attn512_scores_int(a, R, q, kt, out);                                                                     \
+    }
+ATTN512_SCORES_INT(1)
+ATTN512_SCORES_INT(2)
+ATTN512_SCORES_INT(3)
+ATTN512_SCORES_INT(4)
+ATTN512_SCORES_INT(5)
+ATTN512_SCORES_INT(6)
+ATTN512_SCORES_INT(7)
+ATTN512_SCORES_INT(8)
+#undef ATTN512_SCORES_INT
+
+AI void attn512_scores_int_call(const tl_attn_rows *a, int R, const float *const *q, const void *kt, float *out) {
+    const uint8_t *k = kt;
+    switch (R) {
+    case 1: attn512_scores_int_1(a, q, k, out); break;
+    case 2: attn512_scores_int_2(a, q, k, out); break;
+    case 3: attn512_scores_int_3(a, q, k, out); break;
+    case 4: attn512_scores_int_4(a, q, k, out); break;
+    case 5: attn512_scores_int_5(a, q, k, out); break;
+    case 6: attn512_scores_int_6(a, q, k, out); break;
+    case 7: attn512_scores_int_7(a, q, k, out); break;
+    default: attn512_scores_int_8(a, q, k, out); break;
+    }
 }
 
 /* R rows' score chains into out[r*16..], each accumulator a variable of its
@@ -167,10 +235,8 @@ AI void attn512_scores_t(int hd, int R, const float *const *q, const void *kt, i
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     const float *q0 = q[0], *q1 = R > 1 ? q[1] : q0, *q2 = R > 2 ? q[2] : q0, *q3 = R > 3 ? q[3] : q0;
     const float *q4 = R > 4 ? q[4] : q0, *q5 = R > 5 ? q[5] : q0, *q6 = R > 6 ? q[6] : q0, *q7 = R > 7 ? q[7] : q0;
-    __m512 sv = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-        if (fmt >= 2 && d % 32 == 0) sv = attn512_kscale(kt, d, fmt);
-        const __m512 k = attn512_ldk(kt, d, fmt, sv);
+        const __m512 k = attn512_ldk(kt, d, fmt);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), k, a0);
         if (R > 1) a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), k, a1);
         if (R > 2) a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), k, a2);
@@ -230,7 +296,8 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
                        float *const *l, int st, int en, const void *kt, const void *vf, size_t vs, int fmt) {
     const int hd = a->hd;
     float sc[8 * 16];
-    if (fmt) attn512_scores_t(hd, R, q, kt, fmt, sc);
+    if (tl_attn_kint(a)) attn512_scores_int_call(a, R, q, kt, sc);
+    else if (fmt) attn512_scores_t(hd, R, q, kt, fmt, sc);
     else attn512_scores_call(hd, R, q, (const float *)kt, sc);
     const __mmask16 live = (__mmask16)((((uint32_t)1 << (en + 1)) - 1) & ~(((uint32_t)1 << st) - 1));
     float t[8][16], al[8], mn[8], mo[8], lo[8];
@@ -436,9 +503,13 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
     const int hd = a->hd;
     float sc[TL_ATTN_NB][8 * 16], al[TL_ATTN_NB][8];
     int k = 0;
-    for (; k + 1 < nb; k += 2)
-        attn512_scores2_call(hd, R, q, kt + (size_t)k * 16 * hd, kt + (size_t)(k + 1) * 16 * hd, sc[k], sc[k + 1]);
-    if (k < nb) attn512_scores_call(hd, R, q, kt + (size_t)k * 16 * hd, sc[k]);
+    if (tl_attn_kint(a)) {
+        for (; k < nb; k++) attn512_scores_int_call(a, R, q, kt + (size_t)k * 16 * hd, sc[k]);
+    } else {
+        for (; k + 1 < nb; k += 2)
+            attn512_scores2_call(hd, R, q, kt + (size_t)k * 16 * hd, kt + (size_t)(k + 1) * 16 * hd, sc[k], sc[k + 1]);
+        if (k < nb) attn512_scores_call(hd, R, q, kt + (size_t)k * 16 * hd, sc[k]);
+    }
     float mo[8], lo[8];
     _Pragma("GCC unroll 8")
     for (int r = 0; r < 8; r++) {
@@ -624,7 +695,7 @@ static void attn512_direct(const tl_attn_rows *a) {
                     R = 0;
                 }
                 gst = st, gen = en;
-                q[R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                q[R] = tl_attn_qrow(a, i, h);
                 o[R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
                 mm[R] = &m[i * G + h];
                 ll[R] = &l[i * G + h];
@@ -646,6 +717,12 @@ static void attn512_online(const tl_attn_rows *a) {
     tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows, attn512_multi);
 }
 
-static void attn512_fill(tl_kernels *k) { k->math.attn_online = attn512_online; }
+/* Without VNNI a quantized K's integer scores are the AVX2 level's. */
+static void attn512_online_novnni(const tl_attn_rows *a) {
+    if (tl_attn_kint(a)) tl_attn_online(a, 1);
+    else attn512_online(a);
+}
+
+static void attn512_fill(tl_kernels *k, int vnni) { k->math.attn_online = vnni ? attn512_online : attn512_online_novnni; }
 
 #endif

@@ -390,7 +390,7 @@ void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode) {
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode) {
     if (vnni) tile32_fill(k);
     if (vnni && mode == TL_NUM_FAST) r8_fill(k);
-    if (mode == TL_NUM_FAST) attn512_fill(k);
+    if (mode == TL_NUM_FAST) attn512_fill(k, vnni);
     k->vec_dot[TL_Q4_0] = vnni ? dot_q4_0_vnni : dot_q4_0_512;
     k->vec_dot[TL_Q4_1] = vnni ? dot_q4_1_vnni : dot_q4_1_512;
     k->vec_dot[TL_Q5_0] = vnni ? dot_q5_0_vnni : dot_q5_0_512;

@@ -441,6 +441,8 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
 
 #define SLOTS 16
 
+static float score_int_ref(const tl_attn_rows *a, const float *rec, const uint8_t *kt, int s);
+
 /* A row's step over the block's slots st..en (live keys), as every level does it. */
 static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float *m, float *l, int st, int en,
                           const float *kt, const float *vf) {
@@ -449,7 +451,9 @@ static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float
     float mb = -INFINITY;
     for (int j = st; j <= en; j++) {
         float acc = 0.0f;
-        for (int d = 0; d < hd; d++) acc = fmaf(q[d], kt[d * SLOTS + j], acc);
+        if (tl_attn_kint(a)) acc = score_int_ref(a, q, (const uint8_t *)kt, j);
+        else
+            for (int d = 0; d < hd; d++) acc = fmaf(q[d], kt[d * SLOTS + j], acc);
         s[j] = acc * a->scale;
         if (s[j] > mb) mb = s[j];
     }
@@ -502,9 +506,83 @@ static float tr_elem(const uint8_t *blk, int fmt, int bs, int s, int d) {
     const uint8_t *g = blk + (size_t)(d / 32) * bs * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
     const float sc = tl_fp16_to_fp32(ld_u16(g + 2 * s));
     const uint8_t *qs = g + 2 * bs;
-    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)qs[(size_t)(d % 32) * bs + s] * sc;
-    const uint8_t q = qs[(size_t)(d % 16) * bs + s];
+    const int i = fmt == TL_ATTN_Q8_0 ? d % 32 : d % 16; /* the quant's byte */
+    const uint8_t q = qs[(size_t)(i / 4) * 4 * bs + 4 * (size_t)s + i % 4];
+    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)q * sc;
     return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * sc;
+}
+
+void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *kt) {
+    const int ng = a->hd / 32;
+    const size_t bb = a->k_fmt == TL_ATTN_Q8_0 ? 34 : 18, nq = bb - 2;
+    if (a->k_tr && a->bs == SLOTS) { /* the cache's own layout */
+        memcpy(kt, (const uint8_t *)a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->k_stride, (size_t)ng * SLOTS * bb);
+        return;
+    }
+    memset(kt, 0, (size_t)ng * SLOTS * bb);
+    for (int p = ws; p <= we; p++) {
+        const int s = p - b0, sb = p % a->bs;
+        for (int g = 0; g < ng; g++) {
+            const uint8_t *d, *qs; /* the slot's d, and its quant byte i at qs[i * step] */
+            size_t step;
+            if (a->k_tr) {
+                const uint8_t *gp = (const uint8_t *)a->k + (size_t)a->blk[p / a->bs] * a->bs * a->k_stride +
+                                    (size_t)g * a->bs * bb;
+                d = gp + 2 * (size_t)sb;
+                qs = gp + 2 * (size_t)a->bs + 4 * (size_t)sb;
+                step = 0;
+            } else {
+                d = (const uint8_t *)a->k + kv_row_at(a, p, a->k_stride) + (size_t)g * bb;
+                qs = d + 2;
+                step = 1;
+            }
+            uint8_t *o = kt + (size_t)g * SLOTS * bb;
+            memcpy(o + 2 * s, d, 2);
+            for (size_t i = 0; i < nq; i++)
+                o[2 * SLOTS + i / 4 * 4 * SLOTS + 4 * (size_t)s + i % 4] =
+                    step ? qs[i] : qs[i / 4 * 4 * (size_t)a->bs + i % 4];
+        }
+    }
+}
+
+/* A query row rounded for the integer scores (tl_attn_qrec_floats). */
+static void attn_round_q(const float *q, int hd, float *rec) {
+    const int ng = hd / 32;
+    int32_t *sum = (int32_t *)(void *)(rec + ng);
+    int8_t *q8 = (int8_t *)(void *)(rec + 2 * ng);
+    for (int g = 0; g < ng; g++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(q[g * 32 + i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t s = 0;
+        for (int i = 0; i < 32; i++) {
+            const int v = (int)nearbyintf(q[g * 32 + i] * id); /* to nearest even: the vectors' cvtps */
+            q8[g * 32 + i] = (int8_t)v;
+            s += v;
+        }
+        rec[g] = d;
+        sum[g] = s;
+    }
+}
+
+/* A row's raw score against slot s of an integer K block (no scale yet). */
+static float score_int_ref(const tl_attn_rows *a, const float *rec, const uint8_t *kt, int s) {
+    const int ng = a->hd / 32, q8 = a->k_fmt == TL_ATTN_Q8_0;
+    const size_t gb = (size_t)SLOTS * (q8 ? 34 : 18);
+    const int8_t *qv = (const int8_t *)(const void *)(rec + 2 * ng);
+    float acc = 0.0f;
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gp = kt + (size_t)g * gb, *qs = gp + 2 * SLOTS;
+        int32_t isum = 0;
+        for (int i = 0; i < 32; i++) {
+            const int b = q8 ? i : i % 16;
+            const uint8_t byte = qs[b / 4 * 4 * SLOTS + 4 * s + b % 4];
+            const int k = q8 ? (int8_t)byte : (i < 16 ? byte & 15 : byte >> 4) - 8;
+            isum += k * qv[g * 32 + i];
+        }
+        acc = fmaf((float)isum, rec[g] * tl_fp16_to_fp32(ld_u16(gp + 2 * s)), acc);
+    }
+    return acc;
 }
 
 /* Position p's dimension d of K, in either layout. */
@@ -516,10 +594,12 @@ static float k_elem(const tl_attn_rows *a, int p, int d) {
 
 /* The block at b0: K transposed for its live slots, V rows ws..we. */
 static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
+    const int kint = tl_attn_kint(a);
+    if (kint) tl_attn_kint_block(a, b0, ws, we, (uint8_t *)kt);
     for (int p = ws; p <= we; p++) {
         const uint8_t *vr = (const uint8_t *)a->v + kv_row_at(a, p, a->v_stride);
         for (int d = 0; d < a->hd; d++) {
-            kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
+            if (!kint) kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
             vf[(size_t)(p - b0) * a->hd + d] = row_elem(vr, a->v_fmt, d);
         }
     }
@@ -559,40 +639,6 @@ void tl_attn_prefetch(const tl_attn_rows *a, int b0) {
     }
 }
 
-/* A quantized transposed K block (bs 16) into kt: per group the 16 slots'
- * scales in two vectors, then each element's 16 quants times them. */
-AVX2_AI void widen_k_tr_q(const tl_attn_rows *a, const uint8_t *kb, float *kt) {
-    const int q8 = a->k_fmt == TL_ATTN_Q8_0;
-    const size_t gb = SLOTS * (q8 ? 34 : 18);
-    for (int g = 0; g < a->hd / 32; g++) {
-        const uint8_t *gp = kb + (size_t)g * gb, *qs = gp + 2 * SLOTS;
-        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)gp));
-        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(gp + 16)));
-        float *o = kt + (size_t)g * 32 * SLOTS;
-        if (q8) {
-            for (int i = 0; i < 32; i++) {
-                const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(qs + i * SLOTS));
-                _mm256_storeu_ps(o + i * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s0));
-                _mm256_storeu_ps(o + i * SLOTS + 8,
-                                 _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s1));
-            }
-            continue;
-        }
-        const __m128i m4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
-        for (int i = 0; i < 16; i++) {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(qs + i * SLOTS));
-            const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m4), e8);
-            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), e8);
-            _mm256_storeu_ps(o + i * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s0));
-            _mm256_storeu_ps(o + i * SLOTS + 8,
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s1));
-            _mm256_storeu_ps(o + (i + 16) * SLOTS, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s0));
-            _mm256_storeu_ps(o + (i + 16) * SLOTS + 8,
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s1));
-        }
-    }
-}
-
 /* A quantized V row (hd elements) into vo. */
 AVX2_AI void widen_v_q(int fmt, int hd, const uint8_t *row, float *vo) {
     const __m128i m4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
@@ -621,16 +667,14 @@ AVX2_AI void widen_v_q(int fmt, int hd, const uint8_t *row, float *vo) {
  * widening, other layouts element by element; V rows ws..we. */
 AVX2_AI void widen_q_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
     const int hd = a->hd;
-    if (a->k_tr && a->bs == SLOTS) {
+    if (tl_attn_kint(a)) {
+        tl_attn_kint_block(a, b0, ws, we, (uint8_t *)kt);
+    } else if (a->k_tr && a->bs == SLOTS) {
         const uint8_t *kb = (const uint8_t *)a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->k_stride;
-        if (a->k_fmt == TL_ATTN_F16) {
-            for (int d = 0; d < hd; d++)
-                for (int i = 0; i < SLOTS; i += 8)
-                    _mm256_storeu_ps(kt + d * SLOTS + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                                             (const __m128i *)(const void *)(kb + 2 * (d * SLOTS + i)))));
-        } else {
-            widen_k_tr_q(a, kb, kt);
-        }
+        for (int d = 0; d < hd; d++)
+            for (int i = 0; i < SLOTS; i += 8)
+                _mm256_storeu_ps(kt + d * SLOTS + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                         (const __m128i *)(const void *)(kb + 2 * (d * SLOTS + i)))));
     } else {
         for (int p = ws; p <= we; p++)
             for (int d = 0; d < hd; d++) kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
@@ -714,6 +758,50 @@ AVX2_AI void scores_avx2(int hd, int R, const float *const *q, const float *kt, 
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) s[r][0] = acc[r][0], s[r][1] = acc[r][1];
 }
 
+/* The same from an integer K block (tl_attn_kint_bytes) and rounded rows:
+ * per group the exact sums as |q| x (k signed as q) in 16-bit pairs (at most
+ * 2*127*128: no saturation), then the group's fma. */
+AVX2_AI void scores_int_avx2(const tl_attn_rows *a, int R, const float *const *q, const uint8_t *kt, __m256 s[4][2]) {
+    const int ng = a->hd / 32, q8 = a->k_fmt == TL_ATTN_Q8_0;
+    const size_t gb = (size_t)SLOTS * (q8 ? 34 : 18);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15), e8 = _mm256_set1_epi8(8);
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gp = kt + (size_t)g * gb, *qs = gp + 2 * SLOTS;
+        __m256i is[4][2];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) { /* elements 4j..4j+3 of the group */
+            __m256i k0, k1;
+            if (q8) {
+                k0 = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 64 * j));
+                k1 = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 64 * j + 32));
+            } else {
+                const int sh = j < 4 ? 0 : 4; /* elements 16.. are the high nibbles */
+                const uint8_t *b = qs + 64 * (j % 4);
+                k0 = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(const void *)b), sh), m4), e8);
+                k1 = _mm256_sub_epi8(
+                    _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(b + 32)), sh), m4), e8);
+            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                int32_t w;
+                memcpy(&w, (const int8_t *)(const void *)(q[r] + 2 * ng) + g * 32 + 4 * j, 4);
+                const __m256i qb = _mm256_set1_epi32(w), qa = _mm256_abs_epi8(qb);
+                is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k0, qb)), ones));
+                is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(k1, qb)), ones));
+            }
+        }
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)gp));
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(gp + 16)));
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            const __m256 dq = _mm256_set1_ps(q[r][g]);
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][0]), _mm256_mul_ps(dq, d0), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][1]), _mm256_mul_ps(dq, d1), acc[r][1]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) s[r][0] = acc[r][0], s[r][1] = acc[r][1];
+}
+
 /* A row's scores (two vectors of 8 slots) -> weights in t[16] (zero where not
  * live), m and l updated; returns alpha. */
 AVX2_AI float softmax_step_avx2(const tl_attn_rows *a, __m256 s0, __m256 s1, int st, int en, float *t, float *m,
@@ -780,7 +868,8 @@ AVX2_AI void rows_block_r_avx2(const tl_attn_rows *a, int R, const float *const 
     __m256 s[4][2];
     float t[4][SLOTS], al[4];
     const float *p[4];
-    scores_avx2(a->hd, R, q, kt, s);
+    if (tl_attn_kint(a)) scores_int_avx2(a, R, q, (const uint8_t *)kt, s);
+    else scores_avx2(a->hd, R, q, kt, s);
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         al[r] = softmax_step_avx2(a, s[r][0], s[r][1], st, en, t[r], m[r], l[r]);
         p[r] = t[r] + st;
@@ -863,6 +952,17 @@ static float *attn_out(const tl_attn_rows *a, int i, int h) {
     return a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
 }
 
+/* The rounded query rows, after the state: [T][G] records. */
+static float *attn_qrec(const tl_attn_rows *a, int i, int h) {
+    const size_t n = (size_t)a->G * a->T;
+    return attn_state(a) + 4 * n + n * (size_t)a->hd + (size_t)(i * a->G + h) * tl_attn_qrec_floats(a->hd);
+}
+
+const float *tl_attn_qrow(const tl_attn_rows *a, int i, int h) {
+    if (tl_attn_kint(a)) return attn_qrec(a, i, h);
+    return a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+}
+
 float *tl_attn_begin(const tl_attn_rows *a) {
     const int n = a->G * a->T;
     float *m = attn_state(a), *l = m + n, *ma = l + n;
@@ -872,6 +972,8 @@ float *tl_attn_begin(const tl_attn_rows *a) {
             m[k] = ma[k] = -INFINITY;
             l[k] = 0.0f;
             memset(attn_out(a, i, h), 0, (size_t)a->hd * sizeof(float));
+            if (tl_attn_kint(a))
+                attn_round_q(a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride, a->hd, attn_qrec(a, i, h));
         }
     return m;
 }
@@ -954,7 +1056,7 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
             attn_group g = {0, 0, 0, {0}, {0}, {0}, {0}};
             for (int i = 0; i < T; i++)
                 for (int h = 0; h < G; h++) {
-                    g.q[g.R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                    g.q[g.R] = tl_attn_qrow(a, i, h);
                     g.o[g.R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
                     g.m[g.R] = &m[i * G + h];
                     g.l[g.R] = &l[i * G + h];
@@ -982,7 +1084,7 @@ void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_a
                     g.R = 0;
                 }
                 g.st = st, g.en = en;
-                g.q[g.R] = a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+                g.q[g.R] = tl_attn_qrow(a, i, h);
                 g.o[g.R] = a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
                 g.m[g.R] = &m[i * G + h];
                 g.l[g.R] = &l[i * G + h];

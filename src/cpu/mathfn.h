@@ -56,8 +56,15 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
  * its position alone, never on T or its neighbours. hd is a multiple of 8 and
  * bs at most 16; the AVX2 and scalar paths give the same bits. A quantized
- * cache widens exactly (d times a quant of 8 bits or fewer fits a float's
+ * V widens exactly (d times a quant of 8 bits or fewer fits a float's
  * mantissa), so what follows the widening is the f16 cache's arithmetic.
+ * A quantized K is scored in integers, as llama.cpp's CPU attention scores
+ * it (its q rounded to K's dot type): each query row is rounded per 32
+ * dimensions g (dq_g = max|q|/127, q8 = q*(1/dq_g) to nearest even; 0 for a
+ * zero group), and a key's score chain is, over g in order from 0,
+ * acc = fma((float)(the exact sum of q8 * k8 over g), dq_g * dk_g, acc),
+ * k8 and dk_g the cache's quants (Q4_0: nibble - 8) and the block's d. With
+ * VNNI one instruction takes 64 of those products against 16 f32 fmas.
  *
  * The keys go in segments of TL_ATTN_SEG absolute positions: each segment's
  * blocks start from a fresh state (m = -inf, l = 0, o = 0), and the segments'
@@ -71,6 +78,15 @@ enum { TL_ATTN_F16 = 0, TL_ATTN_Q8_0 = 1, TL_ATTN_Q4_0 = 2 };
 static inline size_t tl_attn_fmt_bytes(int fmt, int n) {
     return fmt == TL_ATTN_Q8_0 ? (size_t)n / 32 * 34 : fmt == TL_ATTN_Q4_0 ? (size_t)n / 32 * 18 : (size_t)n * 2;
 }
+/* Bytes of a K block as the integer scores read it: 16 slots, per group g
+ * (at g*16*34 or g*16*18) the slots' d (f16), then the quants as 4-byte runs
+ * [run i/4][slot][i%4] (Q4_0: byte i holds elements i and i + 16), so that a
+ * 64-byte load gives four consecutive quants of every slot. The transposed
+ * cache (k_tr, bs 16) holds its blocks so. */
+static inline size_t tl_attn_kint_bytes(int fmt, int hd) { return tl_attn_fmt_bytes(fmt, hd) * 16; }
+/* Floats of a query row rounded for them: dq[hd/32], the groups' sums of q8
+ * (int32) [hd/32], the q8 (int8) [hd]. */
+static inline size_t tl_attn_qrec_floats(int hd) { return (size_t)hd / 32 * 2 + (size_t)(hd + 3) / 4; }
 typedef struct tl_attn_rows {
     int hd, G, bs, T;
     const float *q;          /* token i, head h: q + i*q_tok + h*q_stride (hd floats) */
@@ -85,9 +101,9 @@ typedef struct tl_attn_rows {
                               * the block at blk[p/bs]*bs*k_stride, head h's at h*bs*(its
                               * row bytes)). f16: element d of slot s at d*bs + s. Quantized:
                               * per 32-element group g (at g*bs*block bytes), the bs slots'
-                              * d (f16), then Q8_0 the quant of element i of slot s at
-                              * byte i*bs + s; Q4_0 byte i*bs + s (i < 16) holds elements
-                              * i (low nibble) and i + 16 (high), as a Q4_0 block does */
+                              * d (f16), then quant byte i of slot s (Q8_0: element i;
+                              * Q4_0, i < 16: elements i (low nibble) and i + 16 (high),
+                              * as a Q4_0 block holds them) at (i/4)*4*bs + 4*s + i%4 */
     const int32_t *blk;
     int pos0, n_swa;         /* n_swa 0: no window */
     float *out;              /* like q: out + i*out_tok + h*out_stride */
@@ -104,7 +120,8 @@ typedef struct tl_attn_rows {
 #define TL_ATTN_NB 4
 static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
     (void)bs; /* blocks are widened to 16 slots whatever bs (at most 16) */
-    return 2 * (size_t)TL_ATTN_NB * 16 * hd + 16 + 4 * (size_t)G * T + (size_t)G * T * hd;
+    return 2 * (size_t)TL_ATTN_NB * 16 * hd + 16 + 4 * (size_t)G * T + (size_t)G * T * hd +
+           (size_t)G * T * tl_attn_qrec_floats(hd);
 }
 void tl_attn_online(const tl_attn_rows *a, int avx2);
 
@@ -125,8 +142,14 @@ void tl_attn_sink(int hd, float *m, float *l, float *o, float s);
 /* out = o * (1/l): a row's last step, whether its segments were folded here
  * or by the thread that finished its last one. */
 void tl_attn_divide(int hd, const float *o, float l, float *out);
+/* Whether K is scored in integers (a quantized K), and the query row a
+ * level's block function takes for token i, head h: its f32 q, or with a
+ * quantized K its rounded record (tl_attn_qrec_floats), made by begin. */
+static inline int tl_attn_kint(const tl_attn_rows *a) { return a->k_fmt != TL_ATTN_F16; }
+const float *tl_attn_qrow(const tl_attn_rows *a, int i, int h);
 /* A level's pass keeps its state in a->scratch: begin clears it and the
- * outputs and returns m ([T][G]; l follows it); fold, at a segment
+ * outputs (and rounds the query rows for a quantized K) and returns m
+ * ([T][G]; l follows it); fold, at a segment
  * boundary, folds every row's state into the accumulated one and starts the
  * next segment; finish divides by l (or, with a->seg, leaves the state in
  * out and part). folded: whether fold was called. */
@@ -139,6 +162,8 @@ void tl_attn_finish(const tl_attn_rows *a, float *m, int folded);
  * rows, vf[slot*hd + d]); rows takes R (<= rmax <= 8) query rows with the
  * same live slots st..en of the block, each row's float operations those of
  * the scalar reference in mathfn.c. */
+/* kt: the K block widened to f32, kt[d*16 + slot]; or with a quantized K
+ * the block in tl_attn_kint_bytes' layout (slots outside ws..we zero). */
 typedef void (*tl_attn_widen_fn)(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);
 typedef void (*tl_attn_block_fn)(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
                                  float *const *m, float *const *l, int st, int en, const float *kt, const float *vf);
@@ -150,6 +175,9 @@ typedef void (*tl_attn_multi_fn)(const tl_attn_rows *a, int R, const float *cons
                                  float *const *m, float *const *l, int nb, const float *kt, const float *vf);
 void tl_attn_drive(const tl_attn_rows *a, int rmax, tl_attn_widen_fn widen, tl_attn_block_fn rows,
                    tl_attn_multi_fn multi);
+/* A quantized K block in tl_attn_kint_bytes' layout, from either cache
+ * layout: the transposed one at bs 16 as it is. */
+void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *kt);
 #if defined(__x86_64__) || defined(__i386__)
 /* The AVX2 widening (for levels above AVX2 too). */
 void tl_attn_widen_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf);

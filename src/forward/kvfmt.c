@@ -34,8 +34,9 @@ static void q4_0_store(const tl_mathfn *m, const float *x, void *row, int64_t n)
 }
 
 /* Block by block into the transposed layout: group g at g*bs*(block bytes),
- * the bs slots' d, then the quants element-major (see tl_attn_rows.k_tr);
- * a Q4_0 byte holds two elements, so its 16 bytes go as Q8_0's 32 do. */
+ * the bs slots' d, then the quants in 4-byte runs per slot (see
+ * tl_attn_rows.k_tr): the integer scores' vector loads; a Q4_0 byte holds
+ * two elements, so its 16 bytes go as Q8_0's 32 do. */
 static void quant_store_tr(tl_type t, const float *x, void *block, int slot, int bs, int64_t n) {
     const size_t bb = t == TL_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
     uint8_t *b = block, q[sizeof(block_q8_0)];
@@ -44,7 +45,7 @@ static void quant_store_tr(tl_type t, const float *x, void *block, int slot, int
         else tl_quantize_row(TL_Q4_0, x + g * 32, q, 32);
         uint8_t *gp = b + (size_t)g * bs * bb;
         memcpy(gp + 2 * (size_t)slot, q, 2); /* d */
-        for (size_t i = 0; i < bb - 2; i++) gp[2 * (size_t)bs + i * bs + slot] = q[2 + i];
+        for (size_t i = 0; i < bb - 2; i++) gp[2 * (size_t)bs + i / 4 * 4 * bs + 4 * (size_t)slot + i % 4] = q[2 + i];
     }
 }
 

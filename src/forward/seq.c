@@ -181,7 +181,8 @@ void tl_seq_offer_disk(tl_ctx *c) {
 
 /* What a block's bytes depend on besides its tokens: the model (its file's
  * size, first MiB and 64 pages spread over it: another file differs there
- * in practice), the numerics mode, the cache's types and layout. */
+ * in practice), the numerics mode, the cache's types and layout (blocks 2:
+ * the transposed quantized K in 4-byte runs). */
 static void disk_identity(tl_ctx *c, uint8_t out[TL_KVKEY]) {
     if (c->has_ident) { /* the file samples are read once per context */
         memcpy(out, c->ident, TL_KVKEY);
@@ -191,7 +192,7 @@ static void disk_identity(tl_ctx *c, uint8_t out[TL_KVKEY]) {
     uint8_t d[SHA256_DIGEST_SIZE];
     char head[256];
     const tl_gguf *g = c->m->gguf;
-    const int n = snprintf(head, sizeof head, "tokenloop kv blocks 1|%s|k %s|v %s|block %zu|layers %d|file %llu",
+    const int n = snprintf(head, sizeof head, "tokenloop kv blocks 2|%s|k %s|v %s|block %zu|layers %d|file %llu",
                            c->be.numerics, tl_kv_type_name(c->be.kv_type_k), tl_kv_type_name(c->be.kv_type_v),
                            c->be.block_bytes, c->m->hp.n_layer, (unsigned long long)(g ? g->file_size : 0));
     sha256_init(&s);

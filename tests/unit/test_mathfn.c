@@ -245,9 +245,17 @@ static void attn_case_q(int hd, int G, int T, int pos0, int n_swa, int kf, int v
         alone_ok &= same(o5, o[0] + (size_t)i * G * hd, G * hd);
         const int pos = pos0 + i, lo = n_swa > 0 && pos - n_swa + 1 > 0 ? pos - n_swa + 1 : 0;
         for (int h = 0; h < G; h++) {
-            const float *qh = q + ((size_t)i * G + h) * hd;
-            double mx = -1e300, sum = 0, *w = malloc((size_t)(pos + 1) * sizeof *w);
+            const float *qf = q + ((size_t)i * G + h) * hd;
+            double mx = -1e300, sum = 0, *w = malloc((size_t)(pos + 1) * sizeof *w), qh[256];
             if (!w) return;
+            /* a quantized K scores q as it is rounded to 8 bits per 32 (mathfn.h) */
+            for (int d = 0; d < hd; d++) qh[d] = qf[d];
+            for (int g = 0; kf != TL_ATTN_F16 && g < hd; g += 32) {
+                float amax = 0;
+                for (int d = g; d < g + 32; d++) amax = fmaxf(amax, fabsf(qf[d]));
+                const float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
+                for (int d = g; d < g + 32; d++) qh[d] = (double)dq * nearbyintf(qf[d] * id);
+            }
             for (int p = lo; p <= pos; p++) {
                 const float *k = kd + ((size_t)blk[p / BS] * BS + (size_t)(p % BS)) * kvd + hd;
                 double sc = 0;
