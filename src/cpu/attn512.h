@@ -162,30 +162,40 @@ AI void attn512_scores_int(const tl_attn_rows *a, int R, const float *const *q, 
     for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         const uint8_t *gp = kt + (size_t)g * gb, *qs = gp + 32;
-        __m512i is[8];
+        /* two chains per row (runs 0-3, 4-7): a chain of 8 would wait on
+         * vpdpbusd's latency */
+        __m512i is[8], is2[8];
         const int8_t *qv[8];
         _Pragma("GCC unroll 8")
         for (int r = 0; r < R; r++) {
             int32_t sum;
             memcpy(&sum, (const uint8_t *)(const void *)(q[r] + ng) + 4 * (size_t)g, 4);
             is[r] = _mm512_set1_epi32(-bias * sum);
+            is2[r] = _mm512_setzero_si512();
             qv[r] = (const int8_t *)(const void *)(q[r] + 2 * ng) + 32 * g;
         }
 #define QW(r, j) _mm512_set1_epi32(attn512_q4(qv[r] + 4 * (j)))
         if (q8) {
-            for (int j = 0; j < 8; j++) {
-                const __m512i kv = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * j)), _mm512_set1_epi8((char)0x80));
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++) {
+                const __m512i f = _mm512_set1_epi8((char)0x80);
+                const __m512i k0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * j)), f);
+                const __m512i k1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + 64 * (j + 4))), f);
                 _Pragma("GCC unroll 8")
-                for (int r = 0; r < R; r++) is[r] = _mm512_dpbusd_epi32(is[r], kv, QW(r, j));
+                for (int r = 0; r < R; r++) {
+                    is[r] = _mm512_dpbusd_epi32(is[r], k0, QW(r, j));
+                    is2[r] = _mm512_dpbusd_epi32(is2[r], k1, QW(r, j + 4));
+                }
             }
         } else {
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < 4; j++) {
                 const __m512i b = _mm512_loadu_si512((const void *)(qs + 64 * j)), m4 = _mm512_set1_epi8(15);
                 const __m512i lo = _mm512_and_si512(b, m4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
                 _Pragma("GCC unroll 8")
                 for (int r = 0; r < R; r++) {
                     is[r] = _mm512_dpbusd_epi32(is[r], lo, QW(r, j));
-                    is[r] = _mm512_dpbusd_epi32(is[r], hi, QW(r, j + 4));
+                    is2[r] = _mm512_dpbusd_epi32(is2[r], hi, QW(r, j + 4));
                 }
             }
         }
@@ -193,7 +203,8 @@ AI void attn512_scores_int(const tl_attn_rows *a, int R, const float *const *q, 
         const __m512 dk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp));
         _Pragma("GCC unroll 8")
         for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(_mm512_set1_ps(q[r][g]), dk), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(is[r], is2[r])),
+                                     _mm512_mul_ps(_mm512_set1_ps(q[r][g]), dk), acc[r]);
     }
     _Pragma("GCC unroll 8")
     for (int r = 0; r < R; r++) _mm512_storeu_ps(out + 16 * r, acc[r]);
