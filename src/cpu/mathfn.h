@@ -146,7 +146,17 @@ void tl_attn_divide(int hd, const float *o, float l, float *out);
  * level's block function takes for token i, head h: its f32 q, or with a
  * quantized K its rounded record (tl_attn_qrec_floats), made by begin. */
 static inline int tl_attn_kint(const tl_attn_rows *a) { return a->k_fmt != TL_ATTN_F16; }
-const float *tl_attn_qrow(const tl_attn_rows *a, int i, int h);
+/* (i, h)'s record in a->scratch, after the widened blocks and the state
+ * (mathfn.c's attn_state): [T][G] of them. */
+static inline float *tl_attn_qrec(const tl_attn_rows *a, int i, int h) {
+    const size_t n = (size_t)a->G * a->T;
+    return a->scratch + 2 * (size_t)TL_ATTN_NB * 16 * a->hd + 4 * n + n * (size_t)a->hd +
+           (size_t)(i * a->G + h) * tl_attn_qrec_floats(a->hd);
+}
+static inline const float *tl_attn_qrow(const tl_attn_rows *a, int i, int h) {
+    if (!tl_attn_kint(a)) return a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;
+    return tl_attn_qrec(a, i, h);
+}
 /* A level's pass keeps its state in a->scratch: begin clears it and the
  * outputs (and rounds the query rows for a quantized K) and returns m
  * ([T][G]; l follows it); fold, at a segment
