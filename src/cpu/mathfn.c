@@ -500,26 +500,14 @@ static float row_elem(const uint8_t *row, int fmt, int d) {
     return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * s;
 }
 
-/* Element d of slot s of a transposed K block (tl_attn_rows.k_tr). */
-static float tr_elem(const uint8_t *blk, int fmt, int bs, int s, int d) {
-    if (fmt == TL_ATTN_F16) return tl_fp16_to_fp32(ld_u16(blk + 2 * ((size_t)d * bs + s)));
-    const uint8_t *g = blk + (size_t)(d / 32) * bs * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
-    const float sc = tl_fp16_to_fp32(ld_u16(g + 2 * s));
-    const uint8_t *qs = g + 2 * bs;
-    const int i = fmt == TL_ATTN_Q8_0 ? d % 32 : d % 16; /* the quant's byte */
-    const uint8_t q = qs[(size_t)(i / 4) * 4 * bs + 4 * (size_t)s + i % 4];
-    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)q * sc;
-    return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * sc;
-}
-
 void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *kt) {
     const int ng = a->hd / 32;
-    const size_t bb = a->k_fmt == TL_ATTN_Q8_0 ? 34 : 18, nq = bb - 2;
+    const size_t bb = a->k_fmt == TL_ATTN_Q8_0 ? 34 : 18, nq = bb - 2, n = tl_attn_kint_bytes(a->k_fmt, a->hd);
     if (a->k_tr && a->bs == SLOTS) { /* the cache's own layout */
-        memcpy(kt, (const uint8_t *)a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->k_stride, (size_t)ng * SLOTS * bb);
+        memcpy(kt, (const uint8_t *)a->k + (size_t)a->blk[b0 / SLOTS] * SLOTS * a->k_stride, n);
         return;
     }
-    memset(kt, 0, (size_t)ng * SLOTS * bb);
+    memset(kt, 0, n);
     for (int p = ws; p <= we; p++) {
         const int s = p - b0, sb = p % a->bs;
         for (int g = 0; g < ng; g++) {
@@ -529,7 +517,7 @@ void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *
                 const uint8_t *gp = (const uint8_t *)a->k + (size_t)a->blk[p / a->bs] * a->bs * a->k_stride +
                                     (size_t)g * a->bs * bb;
                 d = gp + 2 * (size_t)sb;
-                qs = gp + 2 * (size_t)a->bs + 4 * (size_t)sb;
+                qs = gp + 2 * (size_t)a->bs + tl_attn_kq_at(a->bs, sb, 0);
                 step = 0;
             } else {
                 d = (const uint8_t *)a->k + kv_row_at(a, p, a->k_stride) + (size_t)g * bb;
@@ -538,9 +526,8 @@ void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *
             }
             uint8_t *o = kt + (size_t)g * SLOTS * bb;
             memcpy(o + 2 * s, d, 2);
-            for (size_t i = 0; i < nq; i++)
-                o[2 * SLOTS + i / 4 * 4 * SLOTS + 4 * (size_t)s + i % 4] =
-                    step ? qs[i] : qs[i / 4 * 4 * (size_t)a->bs + i % 4];
+            for (int i = 0; i < (int)nq; i++)
+                o[2 * SLOTS + tl_attn_kq_at(SLOTS, s, i)] = step ? qs[i] : qs[tl_attn_kq_at(a->bs, 0, i)];
         }
     }
 }
@@ -578,7 +565,7 @@ static float score_int_ref(const tl_attn_rows *a, const float *rec, const uint8_
         int32_t isum = 0;
         for (int i = 0; i < 32; i++) {
             const int b = q8 ? i : i % 16;
-            const uint8_t byte = qs[b / 4 * 4 * SLOTS + 4 * s + b % 4];
+            const uint8_t byte = qs[tl_attn_kq_at(SLOTS, s, b)];
             const int k = q8 ? (int8_t)byte : (i < 16 ? byte & 15 : byte >> 4) - 8;
             isum += k * qv[g * 32 + i];
         }
@@ -587,11 +574,14 @@ static float score_int_ref(const tl_attn_rows *a, const float *rec, const uint8_
     return acc;
 }
 
-/* Position p's dimension d of K, in either layout. */
+/* Position p's dimension d of an f16 K, in either layout (a quantized K is
+ * read in integers: tl_attn_kint_block). */
 static float k_elem(const tl_attn_rows *a, int p, int d) {
     const uint8_t *k = a->k;
-    if (a->k_tr) return tr_elem(k + (size_t)a->blk[p / a->bs] * a->bs * a->k_stride, a->k_fmt, a->bs, p % a->bs, d);
-    return row_elem(k + kv_row_at(a, p, a->k_stride), a->k_fmt, d);
+    if (a->k_tr)
+        return tl_fp16_to_fp32(ld_u16(k + (size_t)a->blk[p / a->bs] * a->bs * a->k_stride +
+                                      2 * ((size_t)d * a->bs + (size_t)(p % a->bs))));
+    return row_elem(k + kv_row_at(a, p, a->k_stride), TL_ATTN_F16, d);
 }
 
 /* The block at b0: K transposed for its live slots, V rows ws..we. */
@@ -961,7 +951,6 @@ static float *attn_state(const tl_attn_rows *a) { return a->scratch + 2 * (size_
 static float *attn_out(const tl_attn_rows *a, int i, int h) {
     return a->out + (size_t)i * a->out_tok + (size_t)h * a->out_stride;
 }
-
 
 float *tl_attn_begin(const tl_attn_rows *a) {
     const int n = a->G * a->T;

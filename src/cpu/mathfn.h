@@ -84,6 +84,9 @@ static inline size_t tl_attn_fmt_bytes(int fmt, int n) {
  * 64-byte load gives four consecutive quants of every slot. The transposed
  * cache (k_tr, bs 16) holds its blocks so. */
 static inline size_t tl_attn_kint_bytes(int fmt, int hd) { return tl_attn_fmt_bytes(fmt, hd) * 16; }
+/* Offset of quant byte i of slot s within a group's quants, bs slots (the
+ * transposed cache's layout; 16 in tl_attn_kint_bytes'). */
+static inline size_t tl_attn_kq_at(int bs, int s, int i) { return (size_t)(i / 4) * 4 * bs + 4 * (size_t)s + i % 4; }
 /* Floats of a query row rounded for them: dq[hd/32], the groups' sums of q8
  * (int32) [hd/32], the q8 (int8) [hd]. */
 static inline size_t tl_attn_qrec_floats(int hd) { return (size_t)hd / 32 * 2 + (size_t)(hd + 3) / 4; }

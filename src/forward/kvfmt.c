@@ -45,7 +45,7 @@ static void quant_store_tr(tl_type t, const float *x, void *block, int slot, int
         else tl_quantize_row(TL_Q4_0, x + g * 32, q, 32);
         uint8_t *gp = b + (size_t)g * bs * bb;
         memcpy(gp + 2 * (size_t)slot, q, 2); /* d */
-        for (size_t i = 0; i < bb - 2; i++) gp[2 * (size_t)bs + i / 4 * 4 * bs + 4 * (size_t)slot + i % 4] = q[2 + i];
+        for (int i = 0; i < (int)bb - 2; i++) gp[2 * (size_t)bs + tl_attn_kq_at(bs, slot, i)] = q[2 + i];
     }
 }
 
