@@ -33,6 +33,7 @@ TOOL_BIN = $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 # the rest of the binary runs on any x86-64 and picks kernels at run time.
 $(BUILD)/src/cpu/kern_avx2.o:   ISA = -mavx2 -mfma -mf16c
 $(BUILD)/src/cpu/kern_avx512.o: ISA = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mavx2 -mfma -mf16c
+$(BUILD)/src/cpu/kern_amx.o:    ISA = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mamx-tile -mamx-int8 -mavx2 -mfma -mf16c
 
 # The AVX-512 kernels checked on any AVX2 machine: the kernel test linked with
 # kern_avx512.c compiled against SIMDe's emulation and a detector that reports

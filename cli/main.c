@@ -29,7 +29,7 @@ static const char USAGE[] =
     "\n"
     "Run 'tokenloop COMMAND --help' for the options of a command. A long option's value\n"
     "may follow it (--port 8080) or be joined to it with '=' (--port=8080).\n"
-    "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni|avx512-bf16 caps it).\n";
+    "The CPU code path is chosen at start-up (TL_CPU=scalar|avx2|avx512|avx512-vnni|avx512-bf16|amx caps it).\n";
 
 void cli_error(const char *fmt, ...) {
     va_list ap;

@@ -1,6 +1,7 @@
 /* cpu/dispatch: which instruction-set level this CPU and OS support, the
  * TL_CPU override, and assembling a tl_kernels table level by level. Reads
- * cpuid/xgetbv and the environment each call; keeps nothing. */
+ * cpuid/xgetbv and the environment each call, and asks Linux for the AMX
+ * tile state where the CPU has it; keeps nothing. */
 #include "cpu/kernels.h"
 
 #include <stdlib.h>
@@ -8,10 +9,12 @@
 
 #include "base/util.h"
 
-static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16"};
+static const char *const names[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16", "amx"};
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* XCR0: which register states the OS saves on context switch. The CPU having
  * AVX is useless if the OS would lose the upper halves. */
@@ -19,6 +22,18 @@ static uint64_t read_xcr0(void) {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+/* Linux hands a process the 8 KiB of tile state only on request
+ * (ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); asking again is harmless,
+ * and a refusal (an old kernel, a seccomp filter) just means no AMX. */
+static int amx_permitted(uint64_t xcr0) {
+    if ((xcr0 & 0x60000) != 0x60000) return 0; /* XTILECFG, XTILEDATA */
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#else
+    return 0;
+#endif
 }
 
 tl_cpu_level tl_cpu_detect(void) {
@@ -36,8 +51,10 @@ tl_cpu_level tl_cpu_detect(void) {
     if (!(ymm_os && avx2 && fma && f16c)) return TL_CPU_SCALAR;
     if (!(zmm_os && f512 && bw && vl && dq)) return TL_CPU_AVX2;
     if (!vnni) return TL_CPU_AVX512;
+    const int amx = (d >> 24) & 1 && (d >> 25) & 1; /* AMX-TILE, AMX-INT8 */
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return TL_CPU_AVX512VNNI;
-    return (a >> 5) & 1 ? TL_CPU_AVX512BF16 : TL_CPU_AVX512VNNI;
+    if (!((a >> 5) & 1)) return TL_CPU_AVX512VNNI;
+    return amx && amx_permitted(xcr0) ? TL_CPU_AMX : TL_CPU_AVX512BF16;
 }
 #else
 tl_cpu_level tl_cpu_detect(void) { return TL_CPU_SCALAR; }
@@ -47,7 +64,7 @@ tl_cpu_level tl_cpu_choose(void) {
     const tl_cpu_level detected = tl_cpu_detect();
     const char *want = getenv("TL_CPU");
     if (!want) return detected;
-    for (int l = TL_CPU_SCALAR; l <= TL_CPU_AVX512BF16; l++)
+    for (int l = TL_CPU_SCALAR; l <= TL_CPU_AMX; l++)
         if (!strcmp(want, names[l])) return (tl_cpu_level)l < detected ? (tl_cpu_level)l : detected;
     return detected; /* unknown name: ignore rather than fail start-up */
 }
@@ -72,6 +89,7 @@ void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode) {
     if (level >= TL_CPU_AVX2) tl_kernels_fill_avx2(k, mode);
     if (level >= TL_CPU_AVX512) tl_kernels_fill_avx512(k, level >= TL_CPU_AVX512VNNI, mode);
     if (level >= TL_CPU_AVX512BF16) tl_kernels_fill_avx512bf16(k, mode);
+    if (level >= TL_CPU_AMX) tl_kernels_fill_amx(k, mode);
     k->level = level;
     k->mode = mode;
     k->name = names[level];
@@ -107,8 +125,12 @@ size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n) {
     return r8k(k, t) ? tl_r8k_row_bytes(t, n) : tl_row_size(t, n);
 }
 
+/* Whether t's activation rows carry the AMX copy of their quants. */
+static int amx_act(const tl_kernels *k, tl_type t) { return k->level >= TL_CPU_AMX && r8k(k, t); }
+
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
     const tl_type vt = tl_type_info(t)->vec_dot_type;
+    if (amx_act(k, t)) return tl_amx_act_off(n) + (((size_t)n + 63) & ~(size_t)63);
     if (r8h(k, t)) return tl_r8h_act_row_size(t, n);
     return r8(k, t) ? tl_r8_act_row_size(n) : tl_act_row_size(vt, n);
 }
@@ -125,6 +147,11 @@ void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row,
     }
     k->quantize[vt](x, row, n);
     tl_act_add_scales(vt, row, n);
+    if (amx_act(k, t)) {
+        const block_q8_K *b = row;
+        uint8_t *q = (uint8_t *)row + tl_amx_act_off(n);
+        for (int64_t i = 0; i < n / QK_K; i++) memcpy(q + (size_t)i * QK_K, b[i].qs, QK_K);
+    }
 }
 
 /* ---- packed weight rows and gemm activation rows (see kernels.h) ---- */

@@ -379,6 +379,11 @@ static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void
 }
 #endif
 
+void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                     size_t ys) {
+    r8k_gemm(q5, n, w, ws, nr, a, as, nt, y, ys);
+}
+
 void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode) {
 #if R8_BF16
     if (mode == TL_NUM_FAST) k->gemm[TL_BF16] = r8b_gemm_dp;

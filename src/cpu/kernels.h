@@ -22,7 +22,8 @@ typedef enum tl_cpu_level {
     TL_CPU_AVX2 = 1,       /* AVX2 + FMA + F16C */
     TL_CPU_AVX512 = 2,     /* + AVX-512 F/BW/VL/DQ */
     TL_CPU_AVX512VNNI = 3, /* + AVX-512 VNNI */
-    TL_CPU_AVX512BF16 = 4  /* + AVX-512 BF16 (vdpbf16ps) */
+    TL_CPU_AVX512BF16 = 4, /* + AVX-512 BF16 (vdpbf16ps) */
+    TL_CPU_AMX = 5         /* + AMX tiles with INT8, the OS letting this process use them */
 } tl_cpu_level;
 
 /* dot(weight row w of `type`, activation row a in its vec_dot_type), n elements. */
@@ -54,7 +55,7 @@ typedef enum tl_num_mode { TL_NUM_FAST = 0, TL_NUM_EXACT = 1 } tl_num_mode;
 typedef struct tl_kernels {
     tl_cpu_level level;
     tl_num_mode mode;
-    const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16" */
+    const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16", "amx" */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
     /* the exact mode's dot for experts (ggml's mul_mat_id) where it is not
      * vec_dot's order (F32: ggml_vec_dot_f32, not tinyBLAS); else NULL */
@@ -119,6 +120,16 @@ size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
+/* The AVX-512 VNNI tile of Q4_K (q5 0) or Q5_K (1) on r8k rows: what the AMX
+ * gemm (cpu/kern_amx.c) leaves to it, a few tokens or an odd group. */
+void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                     size_t ys);
+void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode);
+/* At the AMX level a K-quant's Q8_K activation row carries, after its blocks,
+ * a copy of its quants on a cache line (offset tl_amx_act_off): the tile
+ * loads read 64 aligned bytes per token, where a block's quants sit 4 bytes
+ * past its start. Rows made by tl_kern_act_make, sized by tl_kern_act_row_size. */
+static inline size_t tl_amx_act_off(int64_t n) { return ((size_t)(n / QK_K) * sizeof(block_q8_K) + 63) & ~(size_t)63; }
 /* F16 and BF16 in the r8 layout (r8h, cpu/r8.c): groups of 8 rows. F16
  * element by element the 8 rows' values (same bytes per row as GGUF), its
  * gemm taking the f32 activation rows as they are. BF16 pair by pair, the 8
@@ -147,7 +158,7 @@ size_t tl_kern_row_bytes(const tl_kernels *k, tl_type t, int64_t n);
 /* The best level this CPU supports (cpuid + OS support for the registers). */
 tl_cpu_level tl_cpu_detect(void);
 /* The level requested by the environment variable TL_CPU (scalar, avx2,
- * avx512, avx512-vnni, avx512-bf16), capped at what the CPU supports; else the detected one. */
+ * avx512, avx512-vnni, avx512-bf16, amx), capped at what the CPU supports; else the detected one. */
 tl_cpu_level tl_cpu_choose(void);
 /* Fills k for level (capped at the detected level) and mode. */
 void tl_kernels_init(tl_kernels *k, tl_cpu_level level, tl_num_mode mode);

@@ -295,7 +295,7 @@ struct tl_model {
     char *rerank_template;    /* tokenizer.chat_template.rerank, NUL-terminated, or NULL */
     /* Packed weight copies by (numerics mode, CPU level), made on first use
      * (packed.h): the one thing a context may add to a loaded model. */
-#define TL_PACK_LEVELS 5
+#define TL_PACK_LEVELS 6
 #define TL_PACK_SLOTS (2 * TL_PACK_LEVELS)
     pthread_mutex_t pack_mu;
     struct tl_packed *packs[TL_PACK_SLOTS];

@@ -100,7 +100,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     return 0;
 }
 
-_Static_assert(TL_PACK_LEVELS == TL_CPU_AVX512BF16 + 1, "a pack slot per CPU level");
+_Static_assert(TL_PACK_LEVELS == TL_CPU_AMX + 1, "a pack slot per CPU level");
 
 /* Layouts by (numerics mode, CPU level): what k packs depends on both. */
 static int slot_of(const tl_kernels *k) { return (int)k->mode * TL_PACK_LEVELS + (int)k->level; }

@@ -144,7 +144,7 @@ def check_json_run():
         check(o["model_type"].startswith("llama ") and "Q4_1" in o["model_type"], f"{tag}: model_type {o['model_type']}")
         check(o["model_size"] == total, f"{tag}: model_size {o['model_size']} != {total}")
         check(o["model_n_params"] == params, f"{tag}: model_n_params {o['model_n_params']} != {params}")
-        check(o["backend"] in ("scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16"), f"{tag}: backend {o['backend']}")
+        check(o["backend"] in ("scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16", "amx"), f"{tag}: backend {o['backend']}")
         ns, ts = o["samples_ns"], o["samples_ts"]
         check(len(ns) == reps and len(ts) == reps, f"{tag}: {len(ns)}/{len(ts)} samples, want {reps}")
         check(all(x > 0 for x in ns) and o["avg_ts"] > 0, f"{tag}: non-positive times or speed")

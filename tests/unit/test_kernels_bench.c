@@ -616,6 +616,53 @@ static void check_r8h_bf16_edges(const tl_kernels *k, const tl_kernels *ref) {
     }
 }
 
+/* The AMX level (cpu/kern_amx.c): the Q4_K/Q5_K gemm on activation rows made
+ * as the forward makes them (tl_kern_act_make: with the quants' aligned copy),
+ * bitwise the scalar reference's for whole 16-token tiles, short tiles, tails
+ * left to the AVX-512 tile, few tokens, odd and padded groups; on rows at a
+ * cache line and 4 bytes past one. */
+static void check_amx_case(const tl_kernels *k, const tl_kernels *ref, tl_type t, int64_t n, int nr, int nt, int skew,
+                           rng *r) {
+    const size_t wb = tl_row_size(t, n), pb = tl_kern_row_bytes(k, t, n), as = tl_kern_act_row_size(k, t, n) + (size_t)skew;
+    const int64_t prow = tl_kern_packed_rows(k, t, nr);
+    uint8_t *w = malloc(wb * (size_t)nr), *wp = malloc(pb * (size_t)prow), *ab = aligned_alloc(64, (as * (size_t)nt + 127) & ~(size_t)63);
+    float *x = malloc((size_t)n * sizeof(float));
+    const size_t ys = (size_t)nr + 3;
+    float *y = malloc(sizeof(float) * ys * (size_t)nt), *yr = malloc(sizeof(float) * ys * (size_t)nt);
+    CHECK(w && wp && ab && x && y && yr, "alloc");
+    if (w && wp && ab && x && y && yr) {
+        uint8_t *a = ab + skew;
+        for (int i = 0; i < nr; i++) make_weights(t, w + (size_t)i * wb, n, r);
+        CHECK(tl_kern_pack(k, t, w, wp, nr, n) == 0, "amx pack");
+        for (int i = 0; i < nt; i++) {
+            make_acts(x, n, r);
+            tl_kern_act_make(k, t, x, a + (size_t)i * as, n);
+        }
+        CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, a, as, nt, y, yr, ys), "amx %s n=%lld %dx%d skew %d: not the reference's bits",
+              tl_type_info(t)->name, (long long)n, nr, nt, skew);
+    }
+    free(w);
+    free(wp);
+    free(ab);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+static void check_amx(rng *r) {
+    tl_kernels k, ref;
+    tl_kernels_init(&k, TL_CPU_AMX, TL_NUM_FAST);
+    tl_kernels_init(&ref, TL_CPU_SCALAR, TL_NUM_FAST);
+    CHECK(!strcmp(k.name, "amx"), "the AMX table is %s", k.name);
+    static const int shapes[][2] = {{16, 16}, {32, 16}, {8, 16}, {24, 17}, {13, 32}, {29, 21}, {32, 47},
+                                    {16, 10}, {32, 12}, {40, 64}, {32, 9}, {32, 200}, {16, 1}, {32, 3}};
+    static const int64_t ns[] = {256, 1024, 2048};
+    for (int q5 = 0; q5 < 2; q5++)
+        for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+                check_amx_case(&k, &ref, q5 ? TL_Q5_K : TL_Q4_K, ns[si], shapes[sh][0], shapes[sh][1], 4 * (int)(sh % 2), r);
+}
+
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
     check_r8h_bf16_edges(k, ref);
     static const int hshapes[][2] = {{8, 1}, {40, 1}, {13, 1}, {16, 4}, {24, 3}, {3, 5}, {72, 6}, {56, 2}};
@@ -929,6 +976,10 @@ int main(void) {
         /* this level's own kernels only, without the table's fallbacks */
         tl_kernels k;
         memset(&k, 0, sizeof k);
+        if (level == TL_CPU_AMX) { /* what it adds: the K-quants' prompt tiles */
+            check_amx(&r);
+            continue;
+        }
         if (level == TL_CPU_AVX512BF16) { /* what it adds to VNNI's: the BF16 gemm on vdpbf16ps */
             tl_kernels_fill_avx2(&k, TL_NUM_EXACT);
             tl_kernels_fill_avx512(&k, 1, TL_NUM_FAST);

@@ -401,8 +401,8 @@ static void test_act_q8_1_q8_K(void) {
 /* ---- every kernel level against the reference ------------------------------------------ */
 
 static const char *level_name(int l) {
-    static const char *const n[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16"};
-    return l >= 0 && l <= 4 ? n[l] : "?";
+    static const char *const n[] = {"scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16", "amx"};
+    return l >= 0 && l <= 5 ? n[l] : "?";
 }
 
 /* Activation data with the awkward cases: exact .5 ties after scaling, zero
@@ -539,7 +539,7 @@ static void test_levels(void) {
     }
     /* asking for more than the CPU has gives what it has */
     tl_kernels k;
-    tl_kernels_init(&k, TL_CPU_AVX512BF16, TL_NUM_EXACT);
+    tl_kernels_init(&k, TL_CPU_AMX, TL_NUM_EXACT);
     CHECK(k.level == det, "init capped at detected level");
 }
 
@@ -552,7 +552,9 @@ static void test_choose(void) {
     setenv("TL_CPU", "avx512-vnni", 1);
     CHECK(tl_cpu_choose() == (det < TL_CPU_AVX512VNNI ? det : TL_CPU_AVX512VNNI), "TL_CPU=avx512-vnni");
     setenv("TL_CPU", "avx512-bf16", 1);
-    CHECK(tl_cpu_choose() == det, "TL_CPU=avx512-bf16 capped at detected");
+    CHECK(tl_cpu_choose() == (det < TL_CPU_AVX512BF16 ? det : TL_CPU_AVX512BF16), "TL_CPU=avx512-bf16");
+    setenv("TL_CPU", "amx", 1);
+    CHECK(tl_cpu_choose() == det, "TL_CPU=amx capped at detected");
     setenv("TL_CPU", "bogus", 1);
     CHECK(tl_cpu_choose() == det, "unknown TL_CPU falls back to detected");
     unsetenv("TL_CPU");

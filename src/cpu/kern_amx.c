@@ -1,0 +1,243 @@
+/* cpu/kern_amx: the fast mode's Q4_K and Q5_K prompt gemm on AMX tiles (Intel
+ * Sapphire Rapids and later), the only file built with -mamx-*. The integer
+ * sums are exact, so every row and token gets the bits of the r8k reference
+ * (cpu/r8.c) and of the AVX-512 tile, whichever runs it: tiles of 16 tokens
+ * here, the rest (a few tokens, an odd last group of 8 rows) there.
+ *
+ * A superblock's row sum is sum_j sc_j * dot_j (6-bit scales per 32-element
+ * sub-block). One tile product cannot apply a scale that changes along its
+ * reduction, so the weights are scaled before it: sc_j * q (at most 63 * 31
+ * for Q5_K) is split into bytes hi = p >> 5 and lo = p & 31, and
+ *
+ *     isum = 32 * (a . hi) + (a . lo)
+ *
+ * exactly, each product a full 64-deep tdpbsud over the superblock's chunk.
+ * The mins' term is a third product, of the activations with each row's
+ * sub-block min repeated over the sub-block (sum_j mn_j * bsum_j without the
+ * block sums). The scaled bytes of 16 rows are made once per superblock and
+ * serve every 16-token tile of the call. */
+#include "cpu/kernels.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+#define R8K_SB 148  /* cpu/r8.c: bytes per row and superblock, Q4_K */
+#define R8K5_SB 180 /* Q5_K: the fifth bits after the quants */
+
+/* ldtilecfg's 64-byte operand: palette 1, every tile 16 rows of 64 bytes. */
+typedef struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+/* Tiles (the intrinsics take literal numbers): 0 and 7 the activations' chunks
+ * of 64, 1, 2 and 5 the weights' hi and lo planes and the mins, 3, 4 and 6 their sums. */
+
+AI __m512i load2(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)p0)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)p1), 1);
+}
+
+/* 8 bytes from each group (its 8 rows), widened to 16 int32 lanes. */
+AI __m512i bytes8(const uint8_t *p0, const uint8_t *p1) {
+    return _mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)p0), _mm_loadl_epi64((const __m128i *)(const void *)p1)));
+}
+
+/* 64 unsigned quants (lane r: row r's 4 consecutive elements) times the
+ * row's scale, as the two byte planes: hi = (sc*q) >> 5, lo = (sc*q) & 31.
+ * ev holds sc in the even bytes of every word, od in the odd ones. */
+AI void scale_split(__m512i u, __m512i ev, __m512i od, uint8_t *hi, uint8_t *lo) {
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    const __m512i pe = _mm512_maddubs_epi16(u, ev), po = _mm512_maddubs_epi16(u, od); /* words: sc*q of even, odd bytes */
+    _mm512_store_si512((void *)hi, _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(pe, 5), _mm512_slli_epi16(po, 3)));
+    _mm512_store_si512((void *)lo, _mm512_and_si512(_mm512_mask_blend_epi8(odd, pe, _mm512_slli_epi16(po, 8)),
+                                                    _mm512_set1_epi8(31)));
+}
+
+/* The B tiles of one superblock of a group pair (o0, o1): for chunk c of 64
+ * elements, tile row kk < 8 holds elements 4kk..4kk+3 of sub-block 2c for the
+ * 16 rows, rows 8..15 those of sub-block 2c+1 (the r8k layout's low and high
+ * nibbles of one 32-byte run). */
+AI void make_b(int q5, const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uint8_t (*bl)[16][64],
+              uint8_t (*bm)[16][64]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10), b4 = _mm512_set1_epi32(0x01010101);
+    for (int c = 0; c < 4; c++) {
+        /* the mins' tile: sub-block 2c's min in every byte of a row's lane, then 2c+1's */
+        const __m512i n0 = _mm512_mullo_epi32(bytes8(o0 + 96 + 8 * (2 * c), o1 + 96 + 8 * (2 * c)), b4);
+        const __m512i n1 = _mm512_mullo_epi32(bytes8(o0 + 96 + 8 * (2 * c + 1), o1 + 96 + 8 * (2 * c + 1)), b4);
+        for (int k = 0; k < 8; k++) {
+            _mm512_store_si512((void *)bm[c][k], n0);
+            _mm512_store_si512((void *)bm[c][8 + k], n1);
+        }
+        const __m512i s0 = bytes8(o0 + 32 + 8 * (2 * c), o1 + 32 + 8 * (2 * c));
+        const __m512i s1 = bytes8(o0 + 32 + 8 * (2 * c + 1), o1 + 32 + 8 * (2 * c + 1));
+        const __m512i e0 = _mm512_or_si512(s0, _mm512_slli_epi32(s0, 16)), e1 = _mm512_or_si512(s1, _mm512_slli_epi32(s1, 16));
+        const __m512i d0 = _mm512_slli_epi32(e0, 8), d1 = _mm512_slli_epi32(e1, 8);
+        for (int k = 0; k < 8; k++) {
+            const size_t at = 160 + 32 * (8 * (size_t)c + (size_t)k);
+            const __m512i v = load2(o0 + at, o1 + at);
+            __m512i ul = _mm512_and_si512(v, m4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (q5) {
+                const size_t hat = 8 * R8K_SB + 32 * (size_t)k;
+                const __m512i hs = _mm512_srl_epi16(load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * c));
+                ul = _mm512_or_si512(ul, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m16));
+                uh = _mm512_or_si512(uh, _mm512_and_si512(_mm512_slli_epi16(hs, 3), m16));
+            }
+            scale_split(ul, e0, d0, bh[c][k], bl[c][k]);
+            scale_split(uh, e1, d1, bh[c][8 + k], bl[c][8 + k]);
+        }
+    }
+}
+
+/* One tile's sums (m tokens) (hi, lo, mins: C[t][r] per row of the pair) into
+ * its running sums acc[t][r]: acc = fma((float)isum, d * d_a, acc), then the
+ * mins' term, as the reference. */
+AI void finish(const int32_t (*cs)[16][16], int m, const uint8_t *at, size_t as, __m512 dw, __m512 dm, int first,
+               float (*acc)[16]) {
+    for (int t = 0; t < m; t++) {
+        const float da = ((const block_q8_K *)(const void *)(at + (size_t)t * as))->d;
+        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)cs[0][t]), 5),
+                                              _mm512_load_si512((const void *)cs[1][t]));
+        const __m512i imin = _mm512_load_si512((const void *)cs[2][t]);
+        __m512 v = first ? _mm512_setzero_ps() : _mm512_load_ps(acc[t]);
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da)), v);
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dm, _mm512_set1_ps(-da)), v);
+        _mm512_store_ps(acc[t], v);
+    }
+}
+
+/* Token tiles per pass: their running sums stay in L1 beside the weights'
+ * tiles (y's rows are a matrix width apart: 16 of them share a cache set). */
+#define TC 12
+
+/* Rows of one group pair (nrow of its 16 valid) x nt tokens, in tiles of 16
+ * (the last may be short: its rows are copied to a zeroed 16-row block). A
+ * tile's sums are stored, and folded in after the next tile's products are
+ * issued, so the vector work overlaps the tile unit's. */
+static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, const uint8_t *a, size_t as, int nt,
+                   float *y, size_t ys) {
+    const int64_t nb = n / QK_K;
+    const size_t sb = q5 ? R8K5_SB : R8K_SB, qoff = tl_amx_act_off(n);
+    const __mmask16 keep = nrow >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nrow) - 1);
+    const int ntt = (nt + 15) / 16;
+    _Alignas(64) uint8_t bh[4][16][64], bl[4][16][64], bm[4][16][64];
+    _Alignas(64) int32_t cs[2][3][16][16];
+    _Alignas(64) float acc[TC][16][16];
+    _Alignas(64) uint8_t tail[16][QK_K];
+    if (nt % 16) memset(tail, 0, sizeof tail);
+    for (int tc = 0; tc < ntt; tc += TC) {
+        const int nc = ntt - tc < TC ? ntt - tc : TC;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *o0 = w0 + (size_t)b * 8 * sb, *o1 = o0 + gs;
+            make_b(q5, o0, o1, bh, bl, bm);
+            const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)o0)),
+                             _mm_loadu_si128((const __m128i *)(const void *)o1), 1));
+            const __m512 dm = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(o0 + 16))),
+                             _mm_loadu_si128((const __m128i *)(const void *)(o1 + 16)), 1));
+            const size_t boff = (size_t)b * sizeof(block_q8_K);
+            int mprev = 0;
+            for (int tt = 0; tt <= nc; tt++) {
+                const int t0 = 16 * (tc + tt), m = nt - t0 < 16 ? nt - t0 : 16;
+                if (tt < nc) {
+                    const uint8_t *at = a + (size_t)t0 * as + qoff + (size_t)b * QK_K;
+                    long stride = (long)as;
+                    if (m < 16) {
+                        for (int t = 0; t < m; t++) memcpy(tail[t], at + (size_t)t * as, QK_K);
+                        at = tail[0];
+                        stride = QK_K;
+                    }
+                    _tile_zero(3);
+                    _tile_zero(4);
+                    _tile_zero(6);
+                    /* tiles are not renamed: a load waits for the products
+                     * reading its tile, so the chunks' A alternate (0, 7) and
+                     * each B is loaded just before its product */
+                    for (int c = 0; c < 4; c += 2) {
+                        _tile_loadd(0, at + 64 * c, stride);
+                        _tile_loadd(1, bh[c], 64);
+                        _tile_dpbsud(3, 0, 1);
+                        _tile_loadd(2, bl[c], 64);
+                        _tile_dpbsud(4, 0, 2);
+                        _tile_loadd(5, bm[c], 64);
+                        _tile_dpbsud(6, 0, 5);
+                        _tile_loadd(7, at + 64 * (c + 1), stride);
+                        _tile_loadd(1, bh[c + 1], 64);
+                        _tile_dpbsud(3, 7, 1);
+                        _tile_loadd(2, bl[c + 1], 64);
+                        _tile_dpbsud(4, 7, 2);
+                        _tile_loadd(5, bm[c + 1], 64);
+                        _tile_dpbsud(6, 7, 5);
+                    }
+                    _tile_stored(3, cs[tt & 1][0], 64);
+                    _tile_stored(4, cs[tt & 1][1], 64);
+                    _tile_stored(6, cs[tt & 1][2], 64);
+                }
+                if (tt > 0)
+                    finish(cs[(tt - 1) & 1], mprev, a + (size_t)(t0 - 16) * as + boff, as, dw, dm, b == 0, acc[tt - 1]);
+                mprev = m;
+            }
+        }
+        for (int tt = 0; tt < nc; tt++) {
+            const int t0 = 16 * (tc + tt);
+            for (int t = 0; t < 16 && t0 + t < nt; t++)
+                _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * ys, keep, _mm512_load_ps(acc[tt][t]));
+        }
+    }
+}
+
+/* The fewest tokens of a short tile the AMX path takes: it costs a whole
+ * tile on the tile unit, and alone (no full tile beside it) the weights'
+ * scaled bytes are made for it only. Measured on the Xeon (1024 x 2048,
+ * interleaved runs): 8 tokens alone 0.83x the AVX-512 tile, 12 1.1x; a tail
+ * of 4 beside a full tile level, of 8 1.2x better than leaving it. */
+#define AMX_MIN_ALONE 10
+#define AMX_MIN_TAIL 5
+
+static void amx_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                     size_t ys) {
+    const uint8_t *w = vw, *a = va;
+    const size_t gs = 8 * ws;
+    const int ng = (nr + 7) / 8, np = ng / 2, tail = nt % 16;
+    const int na = nt < 16 ? (nt >= AMX_MIN_ALONE ? nt : 0) : tail >= AMX_MIN_TAIL ? nt : nt - tail;
+    if (!na || !np) {
+        tl_r8k_gemm_zmm(q5, n, vw, ws, nr, va, as, nt, y, ys);
+        return;
+    }
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    for (int p = 0; p < np; p++)
+        rows16(q5, n, w + (size_t)(2 * p) * gs, gs, nr - 16 * p < 16 ? nr - 16 * p : 16, a, as, na, y + 16 * p, ys);
+    _tile_release();
+    const int rows = 16 * np < nr ? 16 * np : nr;
+    if (ng % 2) tl_r8k_gemm_zmm(q5, n, w + (size_t)(2 * np) * gs, ws, nr - 16 * np, va, as, nt, y + 16 * np, ys);
+    if (na < nt) tl_r8k_gemm_zmm(q5, n, vw, ws, rows, a + (size_t)na * as, as, nt - na, y + (size_t)na * ys, ys);
+}
+
+static void amx_gemm_q4_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    amx_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void amx_gemm_q5_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    amx_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode) {
+    if (mode != TL_NUM_FAST) return;
+    k->gemm[TL_Q4_K] = amx_gemm_q4_K;
+    k->gemm[TL_Q5_K] = amx_gemm_q5_K;
+}
