@@ -26,6 +26,9 @@
 
 #define R8K_SB 148  /* cpu/r8.c: bytes per row and superblock, Q4_K */
 #define R8K5_SB 180 /* Q5_K: the fifth bits after the quants */
+#define R8Q6_SB 210 /* Q6_K */
+
+enum { K_Q4, K_Q5, K_Q6 };
 
 /* ldtilecfg's 64-byte operand: palette 1, every tile 16 rows of 64 bytes. */
 typedef struct amx_cfg {
@@ -94,19 +97,68 @@ AI void make_b(int q5, const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][6
     }
 }
 
+/* Q6_K (the r8q6 layout, cpu/r8.c): sc * (u - 32) with signed 8-bit scales
+ * lies in [-4064, 4096], split as 64 * hi + lo, hi = p >> 6 in [-64, 64] and
+ * lo = p & 63: isum = 64 * (a . hi) + (a . lo) exactly, the reference's
+ * sum_s sc_s dot_s(u) - 32 sum_s sc_s bsum_s. Chunk c of 64 elements is x-blocks
+ * 2(c & 1) and 2(c & 1) + 1 of half c / 2: tile rows 0..7 the first, 8..15 the
+ * second; a 32-element x-block holds sub-blocks of 16 (runs 0..3, 4..7). */
+AI void scale_split6(__m512i u, __m512i ev, __m512i od, __m512i s32, uint8_t *hi, uint8_t *lo) {
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(u, ev), s32);
+    const __m512i po = _mm512_sub_epi16(_mm512_maddubs_epi16(u, od), s32);
+    _mm512_store_si512((void *)hi, _mm512_mask_blend_epi8(odd, _mm512_srai_epi16(pe, 6), _mm512_slli_epi16(po, 2)));
+    _mm512_store_si512((void *)lo, _mm512_and_si512(_mm512_mask_blend_epi8(odd, pe, _mm512_slli_epi16(po, 8)),
+                                                    _mm512_set1_epi8(63)));
+}
+
+/* A sub-block's 16 signed scales (8 per group at o + 16 + 8s) as maddubs
+ * operands (sc in the even, or the odd, bytes of each word) and 32 * sc per word. */
+AI void scales6(const uint8_t *o0, const uint8_t *o1, int sb, __m512i *ev, __m512i *od, __m512i *s32) {
+    const __m512i s = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(o0 + 16 + 8 * sb)),
+                                                               _mm_loadl_epi64((const __m128i *)(const void *)(o1 + 16 + 8 * sb))));
+    const __m512i b = _mm512_and_si512(s, _mm512_set1_epi32(0xFF)), w = _mm512_and_si512(_mm512_slli_epi32(s, 5), _mm512_set1_epi32(0xFFFF));
+    *ev = _mm512_or_si512(b, _mm512_slli_epi32(b, 16));
+    *od = _mm512_slli_epi32(*ev, 8);
+    *s32 = _mm512_or_si512(w, _mm512_slli_epi32(w, 16));
+}
+
+AI void make_b6(const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uint8_t (*bl)[16][64]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    for (int c = 0; c < 4; c++) {
+        const int h = c >> 1;
+        for (int xi = 0; xi < 2; xi++) {
+            const int x = 2 * (c & 1) + xi;
+            __m512i ev[2], od[2], s32[2];
+            scales6(o0, o1, 8 * h + 2 * x, &ev[0], &od[0], &s32[0]);
+            scales6(o0, o1, 8 * h + 2 * x + 1, &ev[1], &od[1], &s32[1]);
+            for (int k = 0; k < 8; k++) {
+                const size_t lat = 144 + 32 * (8 * (size_t)(2 * h + xi) + (size_t)k), hat = 144 + 1024 + 32 * (8 * (size_t)h + (size_t)k);
+                __m512i v = load2(o0 + lat, o1 + lat);
+                if (x >= 2) v = _mm512_srli_epi16(v, 4);
+                const __m512i qh = _mm512_and_si512(_mm512_srl_epi16(load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * x)), m3);
+                const __m512i u = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_slli_epi16(qh, 4));
+                scale_split6(u, ev[k >> 2], od[k >> 2], s32[k >> 2], bh[c][8 * xi + k], bl[c][8 * xi + k]);
+            }
+        }
+    }
+}
+
 /* One tile's sums (m tokens) (hi, lo, mins: C[t][r] per row of the pair) into
- * its running sums acc[t][r]: acc = fma((float)isum, d * d_a, acc), then the
- * mins' term, as the reference. */
-AI void finish(const int32_t (*cs)[16][16], int m, const uint8_t *at, size_t as, __m512 dw, __m512 dm, int first,
-               float (*acc)[16]) {
+ * its running sums acc[t][r]: acc = fma((float)isum, d * d_a, acc), then
+ * (Q4_K, Q5_K) the mins' term, as the references. */
+AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, size_t as, __m512 dw, __m512 dm,
+               int first, float (*acc)[16]) {
     for (int t = 0; t < m; t++) {
         const float da = ((const block_q8_K *)(const void *)(at + (size_t)t * as))->d;
-        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)cs[0][t]), 5),
+        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)cs[0][t]), q6 ? 6 : 5),
                                               _mm512_load_si512((const void *)cs[1][t]));
-        const __m512i imin = _mm512_load_si512((const void *)cs[2][t]);
         __m512 v = first ? _mm512_setzero_ps() : _mm512_load_ps(acc[t]);
         v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da)), v);
-        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dm, _mm512_set1_ps(-da)), v);
+        if (!q6) {
+            const __m512i imin = _mm512_load_si512((const void *)cs[2][t]);
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dm, _mm512_set1_ps(-da)), v);
+        }
         _mm512_store_ps(acc[t], v);
     }
 }
@@ -119,10 +171,11 @@ AI void finish(const int32_t (*cs)[16][16], int m, const uint8_t *at, size_t as,
  * (the last may be short: its rows are copied to a zeroed 16-row block). A
  * tile's sums are stored, and folded in after the next tile's products are
  * issued, so the vector work overlaps the tile unit's. */
-static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, const uint8_t *a, size_t as, int nt,
-                   float *y, size_t ys) {
+AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, const uint8_t *a, size_t as, int nt,
+               float *y, size_t ys) {
     const int64_t nb = n / QK_K;
-    const size_t sb = q5 ? R8K5_SB : R8K_SB, qoff = tl_amx_act_off(n);
+    const int q6 = kind == K_Q6;
+    const size_t sb = kind == K_Q6 ? R8Q6_SB : kind == K_Q5 ? R8K5_SB : R8K_SB, qoff = tl_amx_act_off(n);
     const __mmask16 keep = nrow >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nrow) - 1);
     const int ntt = (nt + 15) / 16;
     _Alignas(64) uint8_t bh[4][16][64], bl[4][16][64], bm[4][16][64];
@@ -134,7 +187,8 @@ static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, co
         const int nc = ntt - tc < TC ? ntt - tc : TC;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o0 = w0 + (size_t)b * 8 * sb, *o1 = o0 + gs;
-            make_b(q5, o0, o1, bh, bl, bm);
+            if (q6) make_b6(o0, o1, bh, bl);
+            else make_b(kind == K_Q5, o0, o1, bh, bl, bm);
             const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
                              _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)o0)),
                              _mm_loadu_si128((const __m128i *)(const void *)o1), 1));
@@ -155,6 +209,22 @@ static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, co
                     }
                     _tile_zero(3);
                     _tile_zero(4);
+                    if (q6) { /* signed planes, no mins */
+                        for (int c = 0; c < 4; c += 2) {
+                            _tile_loadd(0, at + 64 * c, stride);
+                            _tile_loadd(1, bh[c], 64);
+                            _tile_dpbssd(3, 0, 1);
+                            _tile_loadd(2, bl[c], 64);
+                            _tile_dpbssd(4, 0, 2);
+                            _tile_loadd(7, at + 64 * (c + 1), stride);
+                            _tile_loadd(5, bh[c + 1], 64);
+                            _tile_dpbssd(3, 7, 5);
+                            _tile_loadd(6, bl[c + 1], 64);
+                            _tile_dpbssd(4, 7, 6);
+                        }
+                        _tile_stored(3, cs[tt & 1][0], 64);
+                        _tile_stored(4, cs[tt & 1][1], 64);
+                    } else {
                     _tile_zero(6);
                     /* tiles are not renamed: a load waits for the products
                      * reading its tile, so the chunks' A alternate (0, 7) and
@@ -178,9 +248,10 @@ static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, co
                     _tile_stored(3, cs[tt & 1][0], 64);
                     _tile_stored(4, cs[tt & 1][1], 64);
                     _tile_stored(6, cs[tt & 1][2], 64);
+                    }
                 }
                 if (tt > 0)
-                    finish(cs[(tt - 1) & 1], mprev, a + (size_t)(t0 - 16) * as + boff, as, dw, dm, b == 0, acc[tt - 1]);
+                    finish(q6, cs[(tt - 1) & 1], mprev, a + (size_t)(t0 - 16) * as + boff, as, dw, dm, b == 0, acc[tt - 1]);
                 mprev = m;
             }
         }
@@ -200,14 +271,21 @@ static void rows16(int q5, int64_t n, const uint8_t *w0, size_t gs, int nrow, co
 #define AMX_MIN_ALONE 10
 #define AMX_MIN_TAIL 5
 
-static void amx_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+/* The AVX-512 tile of kind for what AMX leaves. */
+static void zmm_gemm(int kind, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                      size_t ys) {
+    if (kind == K_Q6) tl_r8q6_gemm_zmm(n, w, ws, nr, a, as, nt, y, ys);
+    else tl_r8k_gemm_zmm(kind == K_Q5, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+AI void amx_gemm(int kind, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                 size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
     const int ng = (nr + 7) / 8, np = ng / 2, tail = nt % 16;
     const int na = nt < 16 ? (nt >= AMX_MIN_ALONE ? nt : 0) : tail >= AMX_MIN_TAIL ? nt : nt - tail;
     if (!na || !np) {
-        tl_r8k_gemm_zmm(q5, n, vw, ws, nr, va, as, nt, y, ys);
+        zmm_gemm(kind, n, vw, ws, nr, va, as, nt, y, ys);
         return;
     }
     amx_cfg cfg;
@@ -219,25 +297,31 @@ static void amx_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const
     }
     _tile_loadconfig(&cfg);
     for (int p = 0; p < np; p++)
-        rows16(q5, n, w + (size_t)(2 * p) * gs, gs, nr - 16 * p < 16 ? nr - 16 * p : 16, a, as, na, y + 16 * p, ys);
+        rows16(kind, n, w + (size_t)(2 * p) * gs, gs, nr - 16 * p < 16 ? nr - 16 * p : 16, a, as, na, y + 16 * p, ys);
     _tile_release();
     const int rows = 16 * np < nr ? 16 * np : nr;
-    if (ng % 2) tl_r8k_gemm_zmm(q5, n, w + (size_t)(2 * np) * gs, ws, nr - 16 * np, va, as, nt, y + 16 * np, ys);
-    if (na < nt) tl_r8k_gemm_zmm(q5, n, vw, ws, rows, a + (size_t)na * as, as, nt - na, y + (size_t)na * ys, ys);
+    if (ng % 2) zmm_gemm(kind, n, w + (size_t)(2 * np) * gs, ws, nr - 16 * np, va, as, nt, y + 16 * np, ys);
+    if (na < nt) zmm_gemm(kind, n, vw, ws, rows, a + (size_t)na * as, as, nt - na, y + (size_t)na * ys, ys);
 }
 
 static void amx_gemm_q4_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                           size_t ys) {
-    amx_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
+    amx_gemm(K_Q4, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 static void amx_gemm_q5_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                           size_t ys) {
-    amx_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
+    amx_gemm(K_Q5, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void amx_gemm_q6_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                          size_t ys) {
+    amx_gemm(K_Q6, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode) {
     if (mode != TL_NUM_FAST) return;
     k->gemm[TL_Q4_K] = amx_gemm_q4_K;
     k->gemm[TL_Q5_K] = amx_gemm_q5_K;
+    k->gemm[TL_Q6_K] = amx_gemm_q6_K;
 }

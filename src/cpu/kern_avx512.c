@@ -379,6 +379,10 @@ static void r8b_gemm_dp(int64_t n, const void *vw, size_t ws, int nr, const void
 }
 #endif
 
+void tl_r8q6_gemm_zmm(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y, size_t ys) {
+    r8q6_gemm(n, w, ws, nr, a, as, nt, y, ys);
+}
+
 void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                      size_t ys) {
     r8k_gemm(q5, n, w, ws, nr, a, as, nt, y, ys);

@@ -120,10 +120,11 @@ size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
-/* The AVX-512 VNNI tile of Q4_K (q5 0) or Q5_K (1) on r8k rows: what the AMX
- * gemm (cpu/kern_amx.c) leaves to it, a few tokens or an odd group. */
+/* The AVX-512 VNNI tiles of Q4_K (q5 0) or Q5_K (1), and Q6_K, on r8k rows:
+ * what the AMX gemm (cpu/kern_amx.c) leaves to them, a few tokens or an odd group. */
 void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                      size_t ys);
+void tl_r8q6_gemm_zmm(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y, size_t ys);
 void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode);
 /* At the AMX level a K-quant's Q8_K activation row carries, after its blocks,
  * a copy of its quants on a cache line (offset tl_amx_act_off): the tile

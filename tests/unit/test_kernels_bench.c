@@ -616,7 +616,7 @@ static void check_r8h_bf16_edges(const tl_kernels *k, const tl_kernels *ref) {
     }
 }
 
-/* The AMX level (cpu/kern_amx.c): the Q4_K/Q5_K gemm on activation rows made
+/* The AMX level (cpu/kern_amx.c): the Q4_K/Q5_K/Q6_K gemm on activation rows made
  * as the forward makes them (tl_kern_act_make: with the quants' aligned copy),
  * bitwise the scalar reference's for whole 16-token tiles, short tiles, tails
  * left to the AVX-512 tile, few tokens, odd and padded groups; on rows at a
@@ -657,10 +657,11 @@ static void check_amx(rng *r) {
     static const int shapes[][2] = {{16, 16}, {32, 16}, {8, 16}, {24, 17}, {13, 32}, {29, 21}, {32, 47},
                                     {16, 10}, {32, 12}, {40, 64}, {32, 9}, {32, 200}, {16, 1}, {32, 3}};
     static const int64_t ns[] = {256, 1024, 2048};
-    for (int q5 = 0; q5 < 2; q5++)
+    static const tl_type types[] = {TL_Q4_K, TL_Q5_K, TL_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof ns / sizeof *ns; si++)
             for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
-                check_amx_case(&k, &ref, q5 ? TL_Q5_K : TL_Q4_K, ns[si], shapes[sh][0], shapes[sh][1], 4 * (int)(sh % 2), r);
+                check_amx_case(&k, &ref, types[ti], ns[si], shapes[sh][0], shapes[sh][1], 4 * (int)(sh % 2), r);
 }
 
 static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
