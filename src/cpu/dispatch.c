@@ -130,7 +130,7 @@ static int amx_act(const tl_kernels *k, tl_type t) { return k->level >= TL_CPU_A
 
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
     const tl_type vt = tl_type_info(t)->vec_dot_type;
-    if (amx_act(k, t)) return tl_amx_act_off(n) + (((size_t)n + 63) & ~(size_t)63);
+    if (amx_act(k, t)) return tl_amx_act_sums(n) + (((size_t)(n / QK_K) * 16 + 63) & ~(size_t)63);
     if (r8h(k, t)) return tl_r8h_act_row_size(t, n);
     return r8(k, t) ? tl_r8_act_row_size(n) : tl_act_row_size(vt, n);
 }
@@ -150,7 +150,11 @@ void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row,
     if (amx_act(k, t)) {
         const block_q8_K *b = row;
         uint8_t *q = (uint8_t *)row + tl_amx_act_off(n);
-        for (int64_t i = 0; i < n / QK_K; i++) memcpy(q + (size_t)i * QK_K, b[i].qs, QK_K);
+        uint16_t *sums = (uint16_t *)(void *)((uint8_t *)row + tl_amx_act_sums(n));
+        for (int64_t i = 0; i < n / QK_K; i++) {
+            memcpy(q + (size_t)i * QK_K, b[i].qs, QK_K);
+            for (int j = 0; j < 8; j++) sums[8 * i + j] = (uint16_t)(b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
     }
 }
 

@@ -51,6 +51,13 @@ AI __m512i bytes8(const uint8_t *p0, const uint8_t *p1) {
         _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)p0), _mm_loadl_epi64((const __m128i *)(const void *)p1)));
 }
 
+/* 16 bytes per group (sub-block 2i's 8 rows, then 2i+1's) as int16 pairs per row. */
+AI __m512i pairs16(const uint8_t *p0, const uint8_t *p1) {
+    const __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)p0), s1 = _mm_loadu_si128((const __m128i *)(const void *)p1);
+    const __m128i i0 = _mm_unpacklo_epi8(s0, _mm_srli_si128(s0, 8)), i1 = _mm_unpacklo_epi8(s1, _mm_srli_si128(s1, 8));
+    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(i0), i1, 1));
+}
+
 /* 64 unsigned quants (lane r: row r's 4 consecutive elements) times the
  * row's scale, as the two byte planes: hi = (sc*q) >> 5, lo = (sc*q) & 31.
  * ev holds sc in the even bytes of every word, od in the odd ones. */
@@ -66,17 +73,9 @@ AI void scale_split(__m512i u, __m512i ev, __m512i od, uint8_t *hi, uint8_t *lo)
  * elements, tile row kk < 8 holds elements 4kk..4kk+3 of sub-block 2c for the
  * 16 rows, rows 8..15 those of sub-block 2c+1 (the r8k layout's low and high
  * nibbles of one 32-byte run). */
-AI void make_b(int q5, const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uint8_t (*bl)[16][64],
-              uint8_t (*bm)[16][64]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10), b4 = _mm512_set1_epi32(0x01010101);
+AI void make_b(int q5, const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uint8_t (*bl)[16][64]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
     for (int c = 0; c < 4; c++) {
-        /* the mins' tile: sub-block 2c's min in every byte of a row's lane, then 2c+1's */
-        const __m512i n0 = _mm512_mullo_epi32(bytes8(o0 + 96 + 8 * (2 * c), o1 + 96 + 8 * (2 * c)), b4);
-        const __m512i n1 = _mm512_mullo_epi32(bytes8(o0 + 96 + 8 * (2 * c + 1), o1 + 96 + 8 * (2 * c + 1)), b4);
-        for (int k = 0; k < 8; k++) {
-            _mm512_store_si512((void *)bm[c][k], n0);
-            _mm512_store_si512((void *)bm[c][8 + k], n1);
-        }
         const __m512i s0 = bytes8(o0 + 32 + 8 * (2 * c), o1 + 32 + 8 * (2 * c));
         const __m512i s1 = bytes8(o0 + 32 + 8 * (2 * c + 1), o1 + 32 + 8 * (2 * c + 1));
         const __m512i e0 = _mm512_or_si512(s0, _mm512_slli_epi32(s0, 16)), e1 = _mm512_or_si512(s1, _mm512_slli_epi32(s1, 16));
@@ -146,9 +145,10 @@ AI void make_b6(const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uin
 
 /* One tile's sums (m tokens) (hi, lo, mins: C[t][r] per row of the pair) into
  * its running sums acc[t][r]: acc = fma((float)isum, d * d_a, acc), then
- * (Q4_K, Q5_K) the mins' term, as the references. */
-AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, size_t as, __m512 dw, __m512 dm,
-               int first, float (*acc)[16]) {
+ * (Q4_K, Q5_K) the mins' term, as the references; imin = sum_j mn_j * bsum_j
+ * by vpdpwssd on the row's sub-block sums (tl_amx_act_sums). */
+AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, const uint8_t *sums, size_t as,
+               __m512 dw, __m512 dm, const __m512i *mnp, int first, float (*acc)[16]) {
     for (int t = 0; t < m; t++) {
         const float da = ((const block_q8_K *)(const void *)(at + (size_t)t * as))->d;
         const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)cs[0][t]), q6 ? 6 : 5),
@@ -156,7 +156,9 @@ AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, si
         __m512 v = first ? _mm512_setzero_ps() : _mm512_load_ps(acc[t]);
         v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da)), v);
         if (!q6) {
-            const __m512i imin = _mm512_load_si512((const void *)cs[2][t]);
+            const int32_t *sp = (const int32_t *)(const void *)(sums + (size_t)t * as);
+            __m512i imin = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) imin = _mm512_dpwssd_epi32(imin, mnp[i], _mm512_set1_epi32(sp[i]));
             v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dm, _mm512_set1_ps(-da)), v);
         }
         _mm512_store_ps(acc[t], v);
@@ -165,7 +167,7 @@ AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, si
 
 /* Token tiles per pass: their running sums stay in L1 beside the weights'
  * tiles (y's rows are a matrix width apart: 16 of them share a cache set). */
-#define TC 12
+#define TC 16
 
 /* Rows of one group pair (nrow of its 16 valid) x nt tokens, in tiles of 16
  * (the last may be short: its rows are copied to a zeroed 16-row block). A
@@ -175,11 +177,12 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
                float *y, size_t ys) {
     const int64_t nb = n / QK_K;
     const int q6 = kind == K_Q6;
-    const size_t sb = kind == K_Q6 ? R8Q6_SB : kind == K_Q5 ? R8K5_SB : R8K_SB, qoff = tl_amx_act_off(n);
+    const size_t sb = kind == K_Q6 ? R8Q6_SB : kind == K_Q5 ? R8K5_SB : R8K_SB, qoff = tl_amx_act_off(n),
+                 soff = tl_amx_act_sums(n);
     const __mmask16 keep = nrow >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nrow) - 1);
     const int ntt = (nt + 15) / 16;
-    _Alignas(64) uint8_t bh[4][16][64], bl[4][16][64], bm[4][16][64];
-    _Alignas(64) int32_t cs[2][3][16][16];
+    _Alignas(64) uint8_t bh[4][16][64], bl[4][16][64];
+    _Alignas(64) int32_t cs[2][2][16][16];
     _Alignas(64) float acc[TC][16][16];
     _Alignas(64) uint8_t tail[16][QK_K];
     if (nt % 16) memset(tail, 0, sizeof tail);
@@ -187,8 +190,14 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
         const int nc = ntt - tc < TC ? ntt - tc : TC;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o0 = w0 + (size_t)b * 8 * sb, *o1 = o0 + gs;
-            if (q6) make_b6(o0, o1, bh, bl);
-            else make_b(kind == K_Q5, o0, o1, bh, bl, bm);
+            __m512i mnp[4];
+            if (q6) {
+                make_b6(o0, o1, bh, bl);
+                for (int i = 0; i < 4; i++) mnp[i] = _mm512_setzero_si512();
+            } else {
+                make_b(kind == K_Q5, o0, o1, bh, bl);
+                for (int i = 0; i < 4; i++) mnp[i] = pairs16(o0 + 96 + 16 * i, o1 + 96 + 16 * i);
+            }
             const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
                              _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)o0)),
                              _mm_loadu_si128((const __m128i *)(const void *)o1), 1));
@@ -222,36 +231,26 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
                             _tile_loadd(6, bl[c + 1], 64);
                             _tile_dpbssd(4, 7, 6);
                         }
-                        _tile_stored(3, cs[tt & 1][0], 64);
-                        _tile_stored(4, cs[tt & 1][1], 64);
                     } else {
-                    _tile_zero(6);
-                    /* tiles are not renamed: a load waits for the products
-                     * reading its tile, so the chunks' A alternate (0, 7) and
-                     * each B is loaded just before its product */
-                    for (int c = 0; c < 4; c += 2) {
-                        _tile_loadd(0, at + 64 * c, stride);
-                        _tile_loadd(1, bh[c], 64);
-                        _tile_dpbsud(3, 0, 1);
-                        _tile_loadd(2, bl[c], 64);
-                        _tile_dpbsud(4, 0, 2);
-                        _tile_loadd(5, bm[c], 64);
-                        _tile_dpbsud(6, 0, 5);
-                        _tile_loadd(7, at + 64 * (c + 1), stride);
-                        _tile_loadd(1, bh[c + 1], 64);
-                        _tile_dpbsud(3, 7, 1);
-                        _tile_loadd(2, bl[c + 1], 64);
-                        _tile_dpbsud(4, 7, 2);
-                        _tile_loadd(5, bm[c + 1], 64);
-                        _tile_dpbsud(6, 7, 5);
+                        for (int c = 0; c < 4; c += 2) {
+                            _tile_loadd(0, at + 64 * c, stride);
+                            _tile_loadd(1, bh[c], 64);
+                            _tile_dpbsud(3, 0, 1);
+                            _tile_loadd(2, bl[c], 64);
+                            _tile_dpbsud(4, 0, 2);
+                            _tile_loadd(7, at + 64 * (c + 1), stride);
+                            _tile_loadd(5, bh[c + 1], 64);
+                            _tile_dpbsud(3, 7, 5);
+                            _tile_loadd(6, bl[c + 1], 64);
+                            _tile_dpbsud(4, 7, 6);
+                        }
                     }
                     _tile_stored(3, cs[tt & 1][0], 64);
                     _tile_stored(4, cs[tt & 1][1], 64);
-                    _tile_stored(6, cs[tt & 1][2], 64);
-                    }
                 }
                 if (tt > 0)
-                    finish(q6, cs[(tt - 1) & 1], mprev, a + (size_t)(t0 - 16) * as + boff, as, dw, dm, b == 0, acc[tt - 1]);
+                    finish(q6, cs[(tt - 1) & 1], mprev, a + (size_t)(t0 - 16) * as + boff,
+                           a + (size_t)(t0 - 16) * as + soff + 16 * (size_t)b, as, dw, dm, mnp, b == 0, acc[tt - 1]);
                 mprev = m;
             }
         }

@@ -131,6 +131,9 @@ void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode);
  * loads read 64 aligned bytes per token, where a block's quants sit 4 bytes
  * past its start. Rows made by tl_kern_act_make, sized by tl_kern_act_row_size. */
 static inline size_t tl_amx_act_off(int64_t n) { return ((size_t)(n / QK_K) * sizeof(block_q8_K) + 63) & ~(size_t)63; }
+/* ... then, per superblock, its sub-blocks' sums as four int16 pairs
+ * (bsums[4i] + bsums[4i+1], bsums[4i+2] + bsums[4i+3]) for the mins' term. */
+static inline size_t tl_amx_act_sums(int64_t n) { return tl_amx_act_off(n) + (((size_t)n + 63) & ~(size_t)63); }
 /* F16 and BF16 in the r8 layout (r8h, cpu/r8.c): groups of 8 rows. F16
  * element by element the 8 rows' values (same bytes per row as GGUF), its
  * gemm taking the f32 activation rows as they are. BF16 pair by pair, the 8
