@@ -822,7 +822,11 @@ static void check_attn_q(const tl_kernels *k, rng *r) {
     if (!k->math.attn_online) return;
     static const int cases[][7] = {{64, 3, 1, 700, 0, TL_Q8_0, TL_Q8_0},  {64, 3, 2, 300, 0, TL_Q4_0, TL_Q4_0},
                                    {128, 4, 16, 90, 0, TL_Q8_0, TL_F16},   {96, 5, 1, 17, 0, TL_F16, TL_Q8_0},
-                                   {64, 4, 64, 200, 0, TL_Q8_0, TL_Q8_0},  {256, 2, 3, 400, 100, TL_Q4_0, TL_Q8_0}};
+                                   {64, 4, 64, 200, 0, TL_Q8_0, TL_Q8_0},  {256, 2, 3, 400, 100, TL_Q4_0, TL_Q8_0},
+                                   /* runs of whole blocks with a Q8_0 K (the multi-block path): 1 to 8 rows, a window */
+                                   {64, 3, 33, 401, 0, TL_Q8_0, TL_Q8_0},  {256, 2, 9, 333, 0, TL_Q8_0, TL_Q8_0},
+                                   {96, 5, 7, 47, 20, TL_Q8_0, TL_F16},    {64, 1, 40, 500, 0, TL_Q8_0, TL_Q8_0},
+                                   {128, 7, 5, 260, 0, TL_Q8_0, TL_Q4_0}};
     enum { BS = 16, NB = 48 }; /* positions up to 767 */
     tl_mathfn m;
     tl_mathfn_bind(&m, 0, 1);
