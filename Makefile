@@ -47,7 +47,7 @@ SIMDE_LIB = $(filter-out $(BUILD)/src/cpu/kern_avx512.o $(BUILD)/src/cpu/dispatc
 all: $(BUILD)/libtokenloop.a $(BUILD)/libtlserver.a $(BUILD)/tokenloop $(if $(filter build,$(BUILD)),tokenloop) \
      $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
 
-$(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/r8_tile.h src/cpu/attn512.h src/cpu/mathfn.h src/cpu/simd256.h src/cpu/kernels.h src/quant/quant.h
+$(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/r8_tile.h src/cpu/pair512.h src/cpu/attn512.h src/cpu/mathfn.h src/cpu/simd256.h src/cpu/kernels.h src/quant/quant.h
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out -Werror,$(CFLAGS)) -w -mavx2 -mfma -mf16c -c $< -o $@
 

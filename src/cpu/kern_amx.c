@@ -1,28 +1,31 @@
-/* cpu/kern_amx: the fast mode's Q4_K and Q5_K prompt gemm on AMX tiles (Intel
- * Sapphire Rapids and later), the only file built with -mamx-*. The integer
- * sums are exact, so every row and token gets the bits of the r8k reference
- * (cpu/r8.c) and of the AVX-512 tile, whichever runs it: tiles of 16 tokens
- * here, the rest (a few tokens, an odd last group of 8 rows) there.
+/* cpu/kern_amx: the fast mode's Q4_K, Q5_K and Q6_K prompt gemm on AMX tiles
+ * (Intel Sapphire Rapids and later), the only file built with -mamx-*. The
+ * integer sums are exact, so every row and token gets the bits of the r8k and
+ * r8q6 references (cpu/r8.c) and of the AVX-512 tiles, whichever runs it:
+ * tiles of 16 tokens here, the rest (a few tokens, an odd last group of 8
+ * rows) there.
  *
- * A superblock's row sum is sum_j sc_j * dot_j (6-bit scales per 32-element
- * sub-block). One tile product cannot apply a scale that changes along its
- * reduction, so the weights are scaled before it: sc_j * q (at most 63 * 31
- * for Q5_K) is split into bytes hi = p >> 5 and lo = p & 31, and
+ * A superblock's row sum is sum_j sc_j * dot_j (a scale per sub-block). One
+ * tile product cannot apply a scale that changes along its reduction, so the
+ * weights are scaled before it and split into two byte planes: Q4_K/Q5_K
+ * sc * q (at most 63 * 31) as hi = p >> 5, lo = p & 31, and
  *
  *     isum = 32 * (a . hi) + (a . lo)
  *
- * exactly, each product a full 64-deep tdpbsud over the superblock's chunk.
- * The mins' term is a third product, of the activations with each row's
- * sub-block min repeated over the sub-block (sum_j mn_j * bsum_j without the
- * block sums). The scaled bytes of 16 rows are made once per superblock and
- * serve every 16-token tile of the call. */
+ * exactly, each product a full 64-deep tdpbsud over a chunk of the
+ * superblock; Q6_K likewise with 64 (below). The Q4_K/Q5_K mins' term is
+ * vpdpwssd on sub-block sums the activation row carries. The planes of 16
+ * rows are made once per superblock and serve every 16-token tile of a pass.
+ * The activations are Q8_K rows with a copy of their quants on a cache line
+ * (tl_amx_act_off, made by tl_kern_act_make). */
 #include "cpu/kernels.h"
 
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
+#include "cpu/simd256.h"
+#include "cpu/pair512.h"
 
 #define R8K_SB 148  /* cpu/r8.c: bytes per row and superblock, Q4_K */
 #define R8K5_SB 180 /* Q5_K: the fifth bits after the quants */
@@ -37,26 +40,9 @@ typedef struct amx_cfg {
     uint8_t rows[16];
 } amx_cfg;
 
-/* Tiles (the intrinsics take literal numbers): 0 and 7 the activations' chunks
- * of 64, 1, 2 and 5 the weights' hi and lo planes and the mins, 3, 4 and 6 their sums. */
-
-AI __m512i load2(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)p0)),
-                              _mm256_loadu_si256((const __m256i *)(const void *)p1), 1);
-}
-
-/* 8 bytes from each group (its 8 rows), widened to 16 int32 lanes. */
-AI __m512i bytes8(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_cvtepu8_epi32(
-        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)p0), _mm_loadl_epi64((const __m128i *)(const void *)p1)));
-}
-
-/* 16 bytes per group (sub-block 2i's 8 rows, then 2i+1's) as int16 pairs per row. */
-AI __m512i pairs16(const uint8_t *p0, const uint8_t *p1) {
-    const __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)p0), s1 = _mm_loadu_si128((const __m128i *)(const void *)p1);
-    const __m128i i0 = _mm_unpacklo_epi8(s0, _mm_srli_si128(s0, 8)), i1 = _mm_unpacklo_epi8(s1, _mm_srli_si128(s1, 8));
-    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(i0), i1, 1));
-}
+/* Tiles (the intrinsics take literal numbers): 0 and 7 the activations' even
+ * and odd chunks of 64, 1-2 and 5-6 the weights' hi and lo planes for them,
+ * 3 and 4 the two sums. */
 
 /* 64 unsigned quants (lane r: row r's 4 consecutive elements) times the
  * row's scale, as the two byte planes: hi = (sc*q) >> 5, lo = (sc*q) & 31.
@@ -74,21 +60,19 @@ AI void scale_split(__m512i u, __m512i ev, __m512i od, uint8_t *hi, uint8_t *lo)
  * 16 rows, rows 8..15 those of sub-block 2c+1 (the r8k layout's low and high
  * nibbles of one 32-byte run). */
 AI void make_b(int q5, const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uint8_t (*bl)[16][64]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int c = 0; c < 4; c++) {
-        const __m512i s0 = bytes8(o0 + 32 + 8 * (2 * c), o1 + 32 + 8 * (2 * c));
-        const __m512i s1 = bytes8(o0 + 32 + 8 * (2 * c + 1), o1 + 32 + 8 * (2 * c + 1));
+        const __m512i s0 = rz_bytes8(o0 + 32 + 8 * (2 * c), o1 + 32 + 8 * (2 * c));
+        const __m512i s1 = rz_bytes8(o0 + 32 + 8 * (2 * c + 1), o1 + 32 + 8 * (2 * c + 1));
         const __m512i e0 = _mm512_or_si512(s0, _mm512_slli_epi32(s0, 16)), e1 = _mm512_or_si512(s1, _mm512_slli_epi32(s1, 16));
         const __m512i d0 = _mm512_slli_epi32(e0, 8), d1 = _mm512_slli_epi32(e1, 8);
         for (int k = 0; k < 8; k++) {
             const size_t at = 160 + 32 * (8 * (size_t)c + (size_t)k);
-            const __m512i v = load2(o0 + at, o1 + at);
+            const __m512i v = rz_load2(o0 + at, o1 + at);
             __m512i ul = _mm512_and_si512(v, m4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             if (q5) {
                 const size_t hat = 8 * R8K_SB + 32 * (size_t)k;
-                const __m512i hs = _mm512_srl_epi16(load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * c));
-                ul = _mm512_or_si512(ul, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m16));
-                uh = _mm512_or_si512(uh, _mm512_and_si512(_mm512_slli_epi16(hs, 3), m16));
+                rz_q5k_bits(rz_load2(o0 + hat, o1 + hat), c, &ul, &uh);
             }
             scale_split(ul, e0, d0, bh[c][k], bl[c][k]);
             scale_split(uh, e1, d1, bh[c][8 + k], bl[c][8 + k]);
@@ -114,8 +98,7 @@ AI void scale_split6(__m512i u, __m512i ev, __m512i od, __m512i s32, uint8_t *hi
 /* A sub-block's 16 signed scales (8 per group at o + 16 + 8s) as maddubs
  * operands (sc in the even, or the odd, bytes of each word) and 32 * sc per word. */
 AI void scales6(const uint8_t *o0, const uint8_t *o1, int sb, __m512i *ev, __m512i *od, __m512i *s32) {
-    const __m512i s = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(const void *)(o0 + 16 + 8 * sb)),
-                                                               _mm_loadl_epi64((const __m128i *)(const void *)(o1 + 16 + 8 * sb))));
+    const __m512i s = rz_bytes8(o0 + 16 + 8 * sb, o1 + 16 + 8 * sb);
     const __m512i b = _mm512_and_si512(s, _mm512_set1_epi32(0xFF)), w = _mm512_and_si512(_mm512_slli_epi32(s, 5), _mm512_set1_epi32(0xFFFF));
     *ev = _mm512_or_si512(b, _mm512_slli_epi32(b, 16));
     *od = _mm512_slli_epi32(*ev, 8);
@@ -133,9 +116,9 @@ AI void make_b6(const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uin
             scales6(o0, o1, 8 * h + 2 * x + 1, &ev[1], &od[1], &s32[1]);
             for (int k = 0; k < 8; k++) {
                 const size_t lat = 144 + 32 * (8 * (size_t)(2 * h + xi) + (size_t)k), hat = 144 + 1024 + 32 * (8 * (size_t)h + (size_t)k);
-                __m512i v = load2(o0 + lat, o1 + lat);
+                __m512i v = rz_load2(o0 + lat, o1 + lat);
                 if (x >= 2) v = _mm512_srli_epi16(v, 4);
-                const __m512i qh = _mm512_and_si512(_mm512_srl_epi16(load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * x)), m3);
+                const __m512i qh = _mm512_and_si512(_mm512_srl_epi16(rz_load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * x)), m3);
                 const __m512i u = _mm512_or_si512(_mm512_and_si512(v, m4), _mm512_slli_epi16(qh, 4));
                 scale_split6(u, ev[k >> 2], od[k >> 2], s32[k >> 2], bh[c][8 * xi + k], bl[c][8 * xi + k]);
             }
@@ -196,14 +179,9 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
                 for (int i = 0; i < 4; i++) mnp[i] = _mm512_setzero_si512();
             } else {
                 make_b(kind == K_Q5, o0, o1, bh, bl);
-                for (int i = 0; i < 4; i++) mnp[i] = pairs16(o0 + 96 + 16 * i, o1 + 96 + 16 * i);
+                for (int i = 0; i < 4; i++) mnp[i] = rz_pairs16(o0 + 96 + 16 * i, o1 + 96 + 16 * i);
             }
-            const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
-                             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)o0)),
-                             _mm_loadu_si128((const __m128i *)(const void *)o1), 1));
-            const __m512 dm = _mm512_cvtph_ps(_mm256_inserti128_si256(
-                             _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(o0 + 16))),
-                             _mm_loadu_si128((const __m128i *)(const void *)(o1 + 16)), 1));
+            const __m512 dw = rz_halves(o0, o1, 0), dm = rz_halves(o0, o1, 16);
             const size_t boff = (size_t)b * sizeof(block_q8_K);
             int mprev = 0;
             for (int tt = 0; tt <= nc; tt++) {
@@ -218,33 +196,24 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
                     }
                     _tile_zero(3);
                     _tile_zero(4);
-                    if (q6) { /* signed planes, no mins */
-                        for (int c = 0; c < 4; c += 2) {
-                            _tile_loadd(0, at + 64 * c, stride);
-                            _tile_loadd(1, bh[c], 64);
-                            _tile_dpbssd(3, 0, 1);
-                            _tile_loadd(2, bl[c], 64);
-                            _tile_dpbssd(4, 0, 2);
-                            _tile_loadd(7, at + 64 * (c + 1), stride);
-                            _tile_loadd(5, bh[c + 1], 64);
-                            _tile_dpbssd(3, 7, 5);
-                            _tile_loadd(6, bl[c + 1], 64);
-                            _tile_dpbssd(4, 7, 6);
-                        }
-                    } else {
-                        for (int c = 0; c < 4; c += 2) {
-                            _tile_loadd(0, at + 64 * c, stride);
-                            _tile_loadd(1, bh[c], 64);
-                            _tile_dpbsud(3, 0, 1);
-                            _tile_loadd(2, bl[c], 64);
-                            _tile_dpbsud(4, 0, 2);
-                            _tile_loadd(7, at + 64 * (c + 1), stride);
-                            _tile_loadd(5, bh[c + 1], 64);
-                            _tile_dpbsud(3, 7, 5);
-                            _tile_loadd(6, bl[c + 1], 64);
-                            _tile_dpbsud(4, 7, 6);
-                        }
-                    }
+                    /* a load waits for the products reading its tile (tiles
+                     * are not renamed), so even and odd chunks alternate */
+#define AMX_CHUNKS(DP)                                 \
+    for (int c = 0; c < 4; c += 2) {                   \
+        _tile_loadd(0, at + 64 * c, stride);           \
+        _tile_loadd(1, bh[c], 64);                     \
+        DP(3, 0, 1);                                   \
+        _tile_loadd(2, bl[c], 64);                     \
+        DP(4, 0, 2);                                   \
+        _tile_loadd(7, at + 64 * (c + 1), stride);     \
+        _tile_loadd(5, bh[c + 1], 64);                 \
+        DP(3, 7, 5);                                   \
+        _tile_loadd(6, bl[c + 1], 64);                 \
+        DP(4, 7, 6);                                   \
+    }
+                    if (q6) AMX_CHUNKS(_tile_dpbssd) /* signed planes */
+                    else AMX_CHUNKS(_tile_dpbsud)
+#undef AMX_CHUNKS
                     _tile_stored(3, cs[tt & 1][0], 64);
                     _tile_stored(4, cs[tt & 1][1], 64);
                 }

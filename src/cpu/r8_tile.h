@@ -260,6 +260,8 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
 }
 
 #if R8_ZMM
+#include "cpu/pair512.h"
+
 /* ---- 512-bit tiles (AVX-512 F/BW + VNNI): a vector holds two adjacent groups,
  * lanes 0..7 group g and lanes 8..15 group g+1, so each instruction does the
  * work of two 256-bit ones. Every lane's integer and float steps are those of
@@ -278,17 +280,6 @@ AI __m512i rz_wvec(int f, int lk, __m512i tab, const uint8_t *b0, const uint8_t 
         u = _mm512_or_si512(u, _mm512_and_si512(hk, _mm512_set1_epi8(0x10)));
     }
     return u;
-}
-
-/* 16 bytes from each group of a pair, group g's in the low half. */
-AI __m256i rz_pair16(const void *g0, const void *g1) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)g0)),
-                                   _mm_loadu_si128((const __m128i *)g1), 1);
-}
-
-/* The pair's 16 half floats at offset off of their blocks (d, or m). */
-AI __m512 rz_halves(const uint8_t *b0, const uint8_t *b1, int off) {
-    return _mm512_cvtph_ps(rz_pair16(b0 + off, b1 + off));
 }
 
 /* The pair's 16 weight scales of block b (g0, g1: the groups' starts), as r_dw. */
@@ -557,31 +548,13 @@ AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, i
 }
 
 #if R8_ZMM
-/* 256 bits from each of two groups, group g's in the low half. */
-AI __m512i rz_load2(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(load32(p0)), load32(p1), 1);
-}
-
-/* 8 bytes from each of two groups, widened to 16 int32 (group g's low). */
-AI __m512i rz_bytes8(const uint8_t *p0, const uint8_t *p1) {
-    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1)));
-}
-
-/* 16 bytes (8 rows of sub-block 2i, then of 2i+1) from each of two groups as
- * int16 pairs per row, for vpdpwssd against an activation pair. */
-AI __m512i rz_pairs16(const uint8_t *p0, const uint8_t *p1) {
-    const __m128i s0 = _mm_loadu_si128((const __m128i *)p0), s1 = _mm_loadu_si128((const __m128i *)p1);
-    const __m128i i0 = _mm_unpacklo_epi8(s0, _mm_srli_si128(s0, 8)), i1 = _mm_unpacklo_epi8(s1, _mm_srli_si128(s1, 8));
-    return _mm512_cvtepi8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(i0), i1, 1));
-}
-
 /* Two groups (16 rows) x N tokens, lanes 8..15 the second group: r8k_tile's
  * exact integer sums (the mins by sub-block pairs with vpdpwssd) and its
  * float steps per lane. Scales and mins are 6-bit, so signed widening is safe. */
 AI void r8kz_tile(int q5, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                   float *y, size_t ys) {
     const int64_t nb = n / QK_K;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m16 = _mm512_set1_epi8(0x10);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     const size_t sb = q5 ? R8K5_SB : R8K_SB;
     __m512 acc[4];
     UNROLL
@@ -619,9 +592,7 @@ AI void r8kz_tile(int q5, int N, int64_t n, const uint8_t *w, size_t gs, int nr,
                 __m512i ul = _mm512_and_si512(v, m4), uh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (q5) {
                     const size_t hat = 8 * R8K_SB + 32 * (size_t)k;
-                    const __m512i hs = _mm512_srl_epi16(rz_load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * i));
-                    ul = _mm512_or_si512(ul, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m16));
-                    uh = _mm512_or_si512(uh, _mm512_and_si512(_mm512_slli_epi16(hs, 3), m16));
+                    rz_q5k_bits(rz_load2(o0 + hat, o1 + hat), i, &ul, &uh);
                 }
                 UNROLL
                 for (int t = 0; t < N; t++) {
