@@ -199,6 +199,7 @@ typedef struct model_meta {
     uint64_t size;       /* bytes of tensor data */
     uint64_t n_params;
     size_t decode_bytes;
+    size_t step_bytes;   /* a decode step of --parallel sequences, routing uniform (tl_model_step_bytes) */
 } model_meta;
 
 /* llama.cpp's names of general.file_type (llama_ftype). */
@@ -339,6 +340,13 @@ typedef struct bench_result {
     double *ts;
 } bench_result;
 
+/* Weight bytes read per second by a decode run of avg tokens/s: one token's
+ * per token, or with several sequences a step's per step (avg / par steps). */
+static double row_gbps(const model_meta *mm, const bench_result *r, double avg) {
+    if (r->par > 1) return (double)mm->step_bytes * avg / r->par / 1e9;
+    return (double)mm->decode_bytes * avg / 1e9;
+}
+
 /* One test: a warmup, then reps timed runs, each on a cleared context. */
 static int run_test(bench_run *b, const bench_opts *o, int idx, int total, bench_result *r) {
     tl_error err = {0};
@@ -423,8 +431,8 @@ static void md_row(const model_meta *mm, const char *backend, int threads, const
     if (r->n_depth) snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", r->n_depth);
     double avg = mean_of(r->ts, r->n);
     snprintf(ts, sizeof ts, "%.2f ± %.2f", avg, stdev_of(r->ts, r->n));
-    /* a token's bytes: not what a step of several sequences reads */
-    if (r->n_gen && r->par <= 1) snprintf(gbps, sizeof gbps, "%.2f", (double)mm->decode_bytes * avg / 1e9);
+    /* several sequences: a step's bytes (expected, as routing is uniform) per step */
+    if (r->n_gen) snprintf(gbps, sizeof gbps, "%.2f", row_gbps(mm, r, avg));
     /* the width is in bytes and ± takes two */
     printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %21s | %8s |\n", mm->type, size, params,
            backend, threads, test, ts, gbps);
@@ -465,7 +473,8 @@ static void json_row(const char *path, const model_meta *mm, const char *backend
     printf("    \"stddev_ns\": %.0f,\n", floor(stdev_ns(r)));
     printf("    \"avg_ts\": %f,\n    \"stddev_ts\": %f,\n", avg, stdev_of(r->ts, r->n));
     printf("    \"decode_bytes\": %zu,\n", mm->decode_bytes);
-    if (r->n_gen && r->par <= 1) printf("    \"gbps\": %f,\n", (double)mm->decode_bytes * avg / 1e9);
+    if (r->par > 1) printf("    \"step_bytes\": %zu,\n", mm->step_bytes);
+    if (r->n_gen) printf("    \"gbps\": %f,\n", row_gbps(mm, r, avg));
     printf("    \"samples_ns\": [ ");
     for (int i = 0; i < r->n; i++) printf("%s%" PRIu64, i ? ", " : "", r->ns[i]);
     printf(" ],\n    \"samples_ts\": [ ");
@@ -540,13 +549,20 @@ static int bench_model(const bench_opts *o) {
         if (!o->model) fputs("tokenloop: hint: run 'make models' to fetch the default model\n", stderr);
         return 1;
     }
-    model_meta mm = {.decode_bytes = tl_model_decode_bytes(m)};
-    read_meta(path, &mm);
     /* one context sized for the largest test after the deepest fill; each run clears it */
     int batch = max_p > 0 ? max_p : max_d > 0 ? (max_d < 512 ? max_d : 512) : 1;
     const int par = max_n > 0 ? o->parallel : 1;
+    model_meta mm = {.decode_bytes = tl_model_decode_bytes(m), .step_bytes = tl_model_step_bytes(m, par)};
+    read_meta(path, &mm);
+    if (par > 1 && tl_model_n_expert(m, NULL) > 0)
+        fprintf(stderr,
+                "tokenloop bench: %d sequences: a step reads %.0f MB of weights if routing is uniform, one "
+                "sequence's token %.0f MB: at most %.2fx one sequence's tokens/s at the same GB/s\n",
+                par, (double)mm.step_bytes / 1e6, (double)mm.decode_bytes / 1e6,
+                (double)par * (double)mm.decode_bytes / (double)mm.step_bytes);
     if (batch < par) batch = par;
     int n_ctx = max_d + (max_p > max_n ? max_p : max_n);
+    if (n_ctx < batch) n_ctx = batch; /* a step of par sequences at -n 1: par tokens in one batch */
     tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics,
                         .kv_type_k = o->kv_k, .kv_type_v = o->kv_v, .n_seq_max = par > 1 ? par : 0,
                         .n_logits_max = par};

@@ -65,6 +65,14 @@ int tl_model_is_encoder(const tl_model *model);
  * token embedding (the whole matrix, once, when it is also the output). 0 for
  * a vocabulary-only file. */
 size_t tl_model_decode_bytes(const tl_model *model);
+/* Bytes of weights a decode step of n_seq sequences (one token each) reads
+ * when each layer routes every token to n_used of its n experts uniformly
+ * and independently: the dense weights once, each expert's share with the
+ * probability 1 - (1 - n_used/n)^n_seq that some token chose it, and one
+ * embedding row per sequence. n_seq 1 gives tl_model_decode_bytes; a dense
+ * model reads its weights once whatever n_seq, a mixture more (the bound on
+ * what batching streams can gain: docs/PERFORMANCE.md). */
+size_t tl_model_step_bytes(const tl_model *model, int n_seq);
 /* Experts per mixture-of-experts layer (0: a dense model); *n_used (if not
  * NULL) gets how many each token is routed to. */
 int tl_model_n_expert(const tl_model *model, int *n_used);

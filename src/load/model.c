@@ -1073,14 +1073,18 @@ static size_t w_bytes(tl_w t) { return t ? (size_t)t->nbytes : 0; }
 /* A memory-bound decode reads each weight once per token, so this divided by
  * the token time is the weight bandwidth reached (tokenloop bench). Fused
  * tensors count through their views, which tile the whole tensor. */
-size_t tl_model_decode_bytes(const tl_model *m) {
+size_t tl_model_decode_bytes(const tl_model *m) { return tl_model_step_bytes(m, 1); }
+
+size_t tl_model_step_bytes(const tl_model *m, int n_seq) {
     if (!m || !m->arch) return 0;
+    if (n_seq < 1) n_seq = 1;
     size_t n = w_bytes(m->output_norm) + w_bytes(m->output) + w_bytes(m->rope_freqs) + w_bytes(m->rope_long) +
                w_bytes(m->embd_norm) + w_bytes(m->embd_norm_b) +
                w_bytes(m->pl_model_proj) + w_bytes(m->pl_proj_norm);
-    if (m->pl_tok_embd) n += tl_row_size((tl_type)m->pl_tok_embd->type, m->pl_tok_embd->ne[0]); /* one row */
+    if (m->pl_tok_embd) /* one row per sequence */
+        n += (size_t)n_seq * tl_row_size((tl_type)m->pl_tok_embd->type, m->pl_tok_embd->ne[0]);
     if (m->output != m->tok_embd)
-        n += tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
+        n += (size_t)n_seq * tl_row_size((tl_type)m->tok_embd->type, m->tok_embd->ne[0]);
     for (int i = 0; i < m->hp.n_layer; i++)
         for (int b = 0; b < m->layers[i].n_block + (m->layers[i].out_scale != NULL); b++) {
             if (b == m->layers[i].n_block) {
@@ -1090,13 +1094,21 @@ size_t tl_model_decode_bytes(const tl_model *m) {
             const tl_block *B = &m->layers[i].block[b];
             tl_w ws[TL_BLOCK_MAX_W];
             const int nw = tl_block_weights(B, 0, ws);
+            /* experts some token of the step chose, of n_expert */
+            double chosen = 0;
+            if (B->kind == TL_BLOCK_MOE && B->u.moe.n_expert > 0) {
+                const int ne = B->u.moe.n_expert;
+                chosen = n_seq == 1 ? B->u.moe.n_used : ne * (1.0 - pow(1.0 - (double)B->u.moe.n_used / ne, n_seq));
+            }
             for (int k = 0; k < nw; k++) {
                 /* a token reads only its chosen experts' slices */
                 const tl_moe_block *E = &B->u.moe;
                 const int exps = B->kind == TL_BLOCK_MOE && (ws[k] == E->gate || ws[k] == E->up || ws[k] == E->down ||
                                                              ws[k] == E->gate_up ||
                                                              ws[k] == E->gate_b || ws[k] == E->up_b || ws[k] == E->down_b);
-                n += exps ? w_bytes(ws[k]) / (size_t)B->u.moe.n_expert * (size_t)B->u.moe.n_used : w_bytes(ws[k]);
+                if (!exps) n += w_bytes(ws[k]);
+                else if (n_seq == 1) n += w_bytes(ws[k]) / (size_t)E->n_expert * (size_t)E->n_used;
+                else n += (size_t)((double)(w_bytes(ws[k]) / (size_t)E->n_expert) * chosen + 0.5);
             }
         }
     return n;

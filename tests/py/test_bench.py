@@ -255,7 +255,8 @@ def check_depth():
 def check_parallel():
     """--parallel N: decode tests run N sequences side by side (the server's
     step with N streams); t/s counts every sequence's tokens, prefill tests
-    are unchanged, and no GB/s (a token's bytes are not a step's)."""
+    are unchanged, and GB/s is a step's bytes per step (a tied dense model:
+    one token's bytes, read once for all N)."""
     p = bench("-m", SMOL, "-p", "8", "-n", "4", "-d", "0,20", "-r", "2", "-t", "1", "--parallel", "3", "-o", "json")
     if not check(p.returncode == 0, f"--parallel run failed: {p.stderr[-400:]}"):
         return
@@ -266,11 +267,60 @@ def check_parallel():
         n_tok = o["n_prompt"] or o["n_gen"] * o["n_parallel"]
         check(all(close(t, 1e9 * n_tok / n, 1e-5) for t, n in zip(o["samples_ts"], o["samples_ns"]))
               and o["avg_ts"] > 0, f"--parallel: samples_ts counts every sequence's tokens: {o}")
-        check(("gbps" in o) == False, f"--parallel: no gbps on {o['n_prompt']}/{o['n_gen']}")
+        if o["n_gen"]:
+            check(o.get("step_bytes") == o["decode_bytes"], f"--parallel: a tied dense model's step bytes {o}")
+            check("gbps" in o and close(o["gbps"], o["decode_bytes"] * o["avg_ts"] / 3 / 1e9, 1e-4),
+                  f"--parallel: gbps = step bytes x steps/s: {o}")
+        else:
+            check("gbps" not in o and "step_bytes" not in o, f"--parallel: a prefill row {o}")
     p = bench("-m", SMOL, "-p", "0", "-n", "2", "-r", "1", "-t", "1", "-np", "2", "--no-warmup")
     row = [ln for ln in p.stdout.splitlines() if "tg2 x2" in ln]
-    check(p.returncode == 0 and len(row) == 1 and row[0].rstrip().endswith("|          |"),
-          f"--parallel markdown row 'tg2 x2', no GB/s: {p.stdout!r} {p.stderr[-200:]!r}")
+    cell = row[0].rstrip().rstrip("|").split("|")[-1].strip() if len(row) == 1 else ""
+    check(p.returncode == 0 and len(row) == 1 and float(cell or 0) > 0,
+          f"--parallel markdown row 'tg2 x2' with its GB/s: {p.stdout!r} {p.stderr[-200:]!r}")
+
+
+def check_step_bytes_moe():
+    """A mixture's step of N sequences reads each expert with the probability
+    that one of the N tokens chose it, 1 - (1 - k/n)^N (routing taken as
+    uniform), the rest once and the embedding row N times: computed here
+    from the file's tensors, against bench's step_bytes, and the bound it
+    prints."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "moe.gguf")
+        mk = subprocess.run([sys.executable, MKMODEL, "qwen3moe", path, "--untied", "--no-vocab"],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+        if not check(mk.returncode == 0, f"mkmodel qwen3moe failed: {mk.stderr[-300:]}"):
+            return
+        r = gguf.GGUFReader(path)
+        field = lambda k: int(r.fields[k].parts[-1][0])  # noqa: E731
+        ne, k = field("qwen3moe.expert_count"), field("qwen3moe.expert_used_count")
+        table = tensor_table(path)
+        n_vocab = [shape[1] for name, shape, _ in table if name == "token_embd.weight"][0]
+        for n_par in (1, 4, 16):
+            chosen = ne * (1 - (1 - k / ne) ** n_par)
+            want, n_exps = 0, 0
+            for name, shape, nb in table:
+                if name == "token_embd.weight":
+                    want += n_par * (nb // n_vocab)
+                elif "_exps" in name:
+                    want += (k * (nb // ne)) if n_par == 1 else int((nb // ne) * chosen + 0.5)
+                    n_exps += 1
+                else:
+                    want += nb
+            p = bench("-m", path, "-p", "0", "-n", "1", "-r", "1", "--no-warmup", "-t", "1", "--parallel", str(n_par),
+                      "-o", "json")
+            if not check(p.returncode == 0, f"moe --parallel {n_par}: {p.stderr[-300:]}"):
+                continue
+            o = json.loads(p.stdout)[0]
+            got = o.get("step_bytes", o["decode_bytes"])
+            check(abs(got - want) <= n_exps, f"moe --parallel {n_par}: step bytes {got} != {want}")
+            if n_par == 1:
+                check(o["decode_bytes"] == want and "step_bytes" not in o, f"moe: decode bytes {o}")
+            else:
+                bound = f"at most {n_par * o['decode_bytes'] / got:.2f}x"
+                check(bound in p.stderr and (n_par * o["decode_bytes"] / got) < n_par,
+                      f"moe --parallel {n_par}: the printed bound ({bound}): {p.stderr[-300:]}")
 
 
 def check_errors():
@@ -299,6 +349,7 @@ def main():
         check_memory()
         check_depth()
         check_parallel()
+        check_step_bytes_moe()
         check_errors()
     return summary()
 
