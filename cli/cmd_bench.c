@@ -65,7 +65,11 @@ static const char BENCH_HELP[] =
     "\n"
     "Decode rows also give GB/s: the bytes of weights one token reads (every layer,\n"
     "the output matrix, one embedding row) times tokens/s; compare it with\n"
-    "--memory's DRAM figure to see how close decode is to the memory bound.\n"
+    "--memory's DRAM figure to see how close decode is to the memory bound. With\n"
+    "--parallel N it is a step's bytes times steps/s: the dense weights once, an\n"
+    "expert as often as one of the N tokens chose it (routing taken as uniform),\n"
+    "and for a mixture of experts stderr says what those bytes allow N streams to\n"
+    "gain over one at the same GB/s.\n"
     "Results go to stdout, progress to stderr.\n";
 
 /* ---- options ---- */
