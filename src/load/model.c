@@ -1092,17 +1092,16 @@ size_t tl_model_step_bytes(const tl_model *m, int n_seq) {
                 continue;
             }
             const tl_block *B = &m->layers[i].block[b];
+            const tl_moe_block *E = &B->u.moe;
             tl_w ws[TL_BLOCK_MAX_W];
             const int nw = tl_block_weights(B, 0, ws);
-            /* experts some token of the step chose, of n_expert */
-            double chosen = 0;
-            if (B->kind == TL_BLOCK_MOE && B->u.moe.n_expert > 0) {
-                const int ne = B->u.moe.n_expert;
-                chosen = n_seq == 1 ? B->u.moe.n_used : ne * (1.0 - pow(1.0 - (double)B->u.moe.n_used / ne, n_seq));
-            }
+            /* of several sequences' tokens, the experts some one chose (one
+             * token: exactly n_used, counted in integers below) */
+            const double chosen = B->kind == TL_BLOCK_MOE && n_seq > 1
+                                      ? E->n_expert * (1.0 - pow(1.0 - (double)E->n_used / E->n_expert, n_seq))
+                                      : 0;
             for (int k = 0; k < nw; k++) {
                 /* a token reads only its chosen experts' slices */
-                const tl_moe_block *E = &B->u.moe;
                 const int exps = B->kind == TL_BLOCK_MOE && (ws[k] == E->gate || ws[k] == E->up || ws[k] == E->down ||
                                                              ws[k] == E->gate_up ||
                                                              ws[k] == E->gate_b || ws[k] == E->up_b || ws[k] == E->down_b);
