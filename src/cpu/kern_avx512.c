@@ -385,7 +385,7 @@ void tl_r8q6_gemm_zmm(int64_t n, const void *w, size_t ws, int nr, const void *a
 
 void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
                      size_t ys) {
-    r8k_gemm(q5, n, w, ws, nr, a, as, nt, y, ys);
+    r8k_gemm(q5, 1, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode) {

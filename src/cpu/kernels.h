@@ -56,6 +56,7 @@ typedef struct tl_kernels {
     tl_cpu_level level;
     tl_num_mode mode;
     const char *name;                     /* "scalar", "avx2", "avx512", "avx512-vnni", "avx512-bf16", "amx" */
+    int hw_stream;                        /* decode tiles leave streaming to the CPU's prefetchers (dispatch.c) */
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT]; /* indexed by weight type; NULL: unsupported */
     /* the exact mode's dot for experts (ggml's mul_mat_id) where it is not
      * vec_dot's order (F32: ggml_vec_dot_f32, not tinyBLAS); else NULL */

@@ -57,6 +57,11 @@ _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below m
 #else
 #define R8_PF(p) _mm_prefetch((const char *)(p), R8_HINT)
 #endif
+/* r8k_tile (Q4_K/Q5_K, decode) can go without: on an AMD EPYC (Zen 4) it
+ * read a DRAM-sized matrix ~1.5x faster with none (its bytes are read in
+ * address order, which the core's own prefetchers follow) than with these.
+ * Q6_K's tile reads three places of a superblock at once and needs them
+ * (2.5x slower without). r8_fill picks by the CPU (kernels.h's hw_stream). */
 
 enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0, R_LUT };
 /* The table formats share one compiled tile (R_LUT) and differ by a run-time
@@ -453,7 +458,7 @@ R8_GEMM_LUT(r8_gemm_iq4_xs, LK_XS)
 #define R8K_SB 148
 #define R8K5_SB 180
 
-AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
+AI void r8k_tile(int q5, int pf, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as,
                  float *y, size_t ys) {
     const int64_t nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m16 = _mm256_set1_epi8(0x10);
@@ -467,7 +472,8 @@ AI void r8k_tile(int q5, int M, int N, int64_t n, const uint8_t *w, size_t gs, i
         UNROLL
         for (int g = 0; g < M; g++) {
             const uint8_t *o = w + (size_t)g * gs + (size_t)b * 8 * sb;
-            for (size_t p = 0; p < 8 * sb; p += 64) R8_PF(o + R8_PREFETCH + p);
+            if (pf)
+                for (size_t p = 0; p < 8 * sb; p += 64) R8_PF(o + R8_PREFETCH + p);
             __m256i isum[4], imin[4];
             UNROLL
             for (int t = 0; t < N; t++) {
@@ -625,7 +631,7 @@ AI void r8kz_tile(int q5, int N, int64_t n, const uint8_t *w, size_t gs, int nr,
 }
 #endif
 
-AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+AI void r8k_gemm(int q5, int pf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                           size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
@@ -648,24 +654,25 @@ AI void r8k_gemm(int q5, int64_t n, const void *vw, size_t ws, int nr, const voi
 #endif
         for (; g < ng; g++) {
             switch (tn) {
-            case 1: r8k_tile(q5, 1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 2: r8k_tile(q5, 1, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            case 3: r8k_tile(q5, 1, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
-            default: r8k_tile(q5, 1, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 1: r8k_tile(q5, pf, 1, 1, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 2: r8k_tile(q5, pf, 1, 2, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            case 3: r8k_tile(q5, pf, 1, 3, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
+            default: r8k_tile(q5, pf, 1, 4, n, w + g * gs, gs, nr - 8 * g, at, as, yt + 8 * g, ys); break;
             }
         }
     }
 }
 
-static void r8k_gemm_q4_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
-                          size_t ys) {
-    r8k_gemm(0, n, w, ws, nr, a, as, nt, y, ys);
-}
-
-static void r8k_gemm_q5_K(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
-                          size_t ys) {
-    r8k_gemm(1, n, w, ws, nr, a, as, nt, y, ys);
-}
+/* pf: R8_PF ahead of each group's stream in r8k_tile */
+#define R8K_GEMM(NAME, Q5, PF)                                                                                      \
+    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,  \
+                     size_t ys) {                                                                               \
+        r8k_gemm(Q5, PF, n, w, ws, nr, a, as, nt, y, ys);                                                     \
+    }
+R8K_GEMM(r8k_gemm_q4_K, 0, 1)
+R8K_GEMM(r8k_gemm_q5_K, 1, 1)
+R8K_GEMM(r8k_gemm_q4_K_hw, 0, 0)
+R8K_GEMM(r8k_gemm_q5_K_hw, 1, 0)
 
 /* ---- Q6_K on r8 rows (cpu/r8.c): unsigned 6-bit quants rebuilt from the
  * interleaved ql and qh, exact dots per 16-element sub-block times the int8
@@ -1102,8 +1109,8 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_IQ4_NL] = r8_gemm_iq4_nl;
     k->gemm[TL_MXFP4] = r8_gemm_mxfp4;
     k->gemm[TL_IQ4_XS] = r8_gemm_iq4_xs;
-    k->gemm[TL_Q4_K] = r8k_gemm_q4_K;
-    k->gemm[TL_Q5_K] = r8k_gemm_q5_K;
+    k->gemm[TL_Q4_K] = k->hw_stream ? r8k_gemm_q4_K_hw : r8k_gemm_q4_K;
+    k->gemm[TL_Q5_K] = k->hw_stream ? r8k_gemm_q5_K_hw : r8k_gemm_q5_K;
     k->gemm[TL_Q6_K] = r8q6_gemm;
     k->gemm[TL_F16] = r8h_gemm_f16;
     k->gemm[TL_BF16] = r8h_gemm_bf16;

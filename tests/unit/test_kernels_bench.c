@@ -1006,6 +1006,15 @@ int main(void) {
         if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kf, TL_NUM_FAST);
         else tl_kernels_fill_avx512(&kf, level >= TL_CPU_AVX512VNNI, TL_NUM_FAST);
         if (level != TL_CPU_AVX512) check_r8(&kf, &rfast, &r); /* AVX-512 without VNNI keeps AVX2's */
+        if (level != TL_CPU_AVX512) { /* the tiles without software prefetches (AMD's choice) */
+            tl_kernels kh = k;
+            kh.hw_stream = 1;
+            if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kh, TL_NUM_FAST);
+            else tl_kernels_fill_avx512(&kh, 1, TL_NUM_FAST);
+            kh.name = level == TL_CPU_AVX2 ? "avx2 hw-stream" : "avx512-vnni hw-stream";
+            CHECK(kh.gemm[TL_Q4_K] != kf.gemm[TL_Q4_K], "%s: a Q4_K gemm of its own", kh.name);
+            check_r8(&kh, &rfast, &r);
+        }
         check_attn(&kf, &r);
         check_attn_q(&kf, &r);
         if (!getenv("TL_ASAN"))
