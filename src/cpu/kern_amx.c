@@ -115,7 +115,7 @@ AI void make_b6(const uint8_t *o0, const uint8_t *o1, uint8_t (*bh)[16][64], uin
             scales6(o0, o1, 8 * h + 2 * x, &ev[0], &od[0], &s32[0]);
             scales6(o0, o1, 8 * h + 2 * x + 1, &ev[1], &od[1], &s32[1]);
             for (int k = 0; k < 8; k++) {
-                const size_t lat = 144 + 32 * (8 * (size_t)(2 * h + xi) + (size_t)k), hat = 144 + 1024 + 32 * (8 * (size_t)h + (size_t)k);
+                const size_t lat = tl_r8q6_ql(2 * h + xi, k), hat = tl_r8q6_qh(h, k);
                 __m512i v = rz_load2(o0 + lat, o1 + lat);
                 if (x >= 2) v = _mm512_srli_epi16(v, 4);
                 const __m512i qh = _mm512_and_si512(_mm512_srl_epi16(rz_load2(o0 + hat, o1 + hat), _mm_cvtsi32_si128(2 * x)), m3);

@@ -120,6 +120,13 @@ void tl_kernels_fill_r8_ref(tl_kernels *k);
 size_t tl_r8k_row_bytes(tl_type type, int64_t n);
 int tl_r8k_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
 int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_t n);
+/* Where a Q6_K superblock of 8 r8 rows keeps its quants (after d and the
+ * scales, 144 bytes): 32 bytes (4 of each row) of ql chunk c (0..3) or qh
+ * chunk h (0..1) at column k (0..7). For each h and k in turn: ql chunks 2h
+ * and 2h + 1, then qh chunk h, the order the decode tile reads them, so a
+ * group's bytes are read in address order (cpu/r8_tile.h). */
+static inline size_t tl_r8q6_ql(int c, int k) { return 144 + 96 * (size_t)(8 * (c >> 1) + k) + 32 * (size_t)(c & 1); }
+static inline size_t tl_r8q6_qh(int h, int k) { return 144 + 96 * (size_t)(8 * h + k) + 64; }
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
 /* The AVX-512 VNNI tiles of Q4_K (q5 0) or Q5_K (1), and Q6_K, on r8k rows:
  * what the AMX gemm (cpu/kern_amx.c) leaves to them, a few tokens or an odd group. */

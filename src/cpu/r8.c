@@ -366,8 +366,9 @@ static void r8k_ref_q5_K(int64_t n, const void *w, size_t ws, int nr, const void
 
 /* ---- Q6_K in the r8 layout ----
  * Per group and superblock: d[8] (f16), the 16 int8 scales as sc[s][r], then
- * ql as 4 chunks x 8 groups of 32 bytes (row r's ql[32c+4k..+3] at 4r), then
- * qh as 2 chunks x 8 groups. 210 bytes per row and superblock, as in GGUF.
+ * ql's 4 chunks and qh's 2 in 32-byte pieces (row r's ql[32c+4k..+3] at 4r of
+ * piece (c, k), where tl_r8q6_ql puts it; qh likewise). 210 bytes per row and
+ * superblock, as in GGUF.
  * Element 128h + 32x + l (l < 32) is ql chunk 2h + (x & 1), low nibble for
  * x < 2, high for x >= 2, with qh chunk h's bits 2x..2x+1 as bits 4-5. Per row:
  *
@@ -377,8 +378,8 @@ static void r8k_ref_q5_K(int64_t n, const void *w, size_t ws, int nr, const void
 
 static int q6_u(const uint8_t *o, int r, int e) {
     const int h = e / 128, x = (e % 128) / 32, l = e % 32;
-    const uint8_t ql = o[144 + 32 * (8 * (2 * h + (x & 1)) + l / 4) + 4 * r + l % 4];
-    const uint8_t qh = o[144 + 1024 + 32 * (8 * h + l / 4) + 4 * r + l % 4];
+    const uint8_t ql = o[tl_r8q6_ql(2 * h + (x & 1), l / 4) + 4 * r + l % 4];
+    const uint8_t qh = o[tl_r8q6_qh(h, l / 4) + 4 * r + l % 4];
     return (x < 2 ? ql & 15 : ql >> 4) | (((qh >> (2 * x)) & 3) << 4);
 }
 
@@ -396,10 +397,10 @@ int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_
                 memcpy(o + 2 * r, &x->d, 2);
                 for (int j = 0; j < 16; j++) o[16 + 8 * j + r] = (uint8_t)x->scales[j];
                 for (int c = 0; c < 4; c++)
-                    for (int k = 0; k < 8; k++) memcpy(o + 144 + 32 * (8 * c + k) + 4 * r, x->ql + 32 * c + 4 * k, 4);
+                    for (int k = 0; k < 8; k++) memcpy(o + tl_r8q6_ql(c, k) + 4 * r, x->ql + 32 * c + 4 * k, 4);
                 for (int c = 0; c < 2; c++)
                     for (int k = 0; k < 8; k++)
-                        memcpy(o + 144 + 1024 + 32 * (8 * c + k) + 4 * r, x->qh + 32 * c + 4 * k, 4);
+                        memcpy(o + tl_r8q6_qh(c, k) + 4 * r, x->qh + 32 * c + 4 * k, 4);
             }
         }
     return 0;

@@ -688,7 +688,7 @@ AI __m256i q6_run8(__m256i L, __m256i H, int x, __m256i m4, __m256i m30) {
     return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
 }
 
-AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
+AI void r8q6_tile(int pf, int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
     const int64_t nb = n / QK_K;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4];
@@ -696,7 +696,8 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
     for (int t = 0; t < N; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = w + (size_t)b * 8 * R8Q6_SB;
-        for (int p = 0; p < 8 * R8Q6_SB; p += 64) R8_PF(o + R8_PREFETCH + p);
+        if (pf)
+            for (int p = 0; p < 8 * R8Q6_SB; p += 64) R8_PF(o + R8_PREFETCH + p);
         __m256i isum[4];
         UNROLL
         for (int t = 0; t < N; t++) {
@@ -723,9 +724,9 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
                     UNROLL
                     for (int kk = 0; kk < 4; kk++) {
                         const int k = 4 * half + kk;
-                        const __m256i L0 = load32(o + 144 + 32 * (8 * (2 * h) + k));
-                        const __m256i L1 = load32(o + 144 + 32 * (8 * (2 * h + 1) + k));
-                        const __m256i H = load32(o + 144 + 1024 + 32 * (8 * h + k));
+                        const __m256i L0 = load32(o + tl_r8q6_ql(2 * h, k));
+                        const __m256i L1 = load32(o + tl_r8q6_ql(2 * h + 1, k));
+                        const __m256i H = load32(o + tl_r8q6_qh(h, k));
                         UNROLL
                         for (int x = 0; x < 4; x++) {
                             const __m256i L = x & 1 ? L1 : L0;
@@ -762,8 +763,8 @@ AI void r8q6_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, 
                     UNROLL
                     for (int kk = 0; kk < 4; kk++) {
                         const int k = 4 * half + kk;
-                        const __m256i L = load32(o + 144 + 32 * (8 * (2 * h + (x & 1)) + k));
-                        const __m256i H = load32(o + 144 + 1024 + 32 * (8 * h + k));
+                        const __m256i L = load32(o + tl_r8q6_ql(2 * h + (x & 1), k));
+                        const __m256i H = load32(o + tl_r8q6_qh(h, k));
                         const __m256i u = q6_run8(L, H, x, m4, m30);
                         UNROLL
                         for (int t = 0; t < N; t++) {
@@ -853,7 +854,7 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
                 UNROLL
                 for (int kk = 0; kk < 4; kk++) {
                     const int k = 4 * half + kk;
-                    const size_t lo0 = 144 + 32 * (8 * (2 * h) + k), lo1 = lo0 + 32 * 8, hi_at = 144 + 1024 + 32 * (8 * h + k);
+                    const size_t lo0 = tl_r8q6_ql(2 * h, k), lo1 = tl_r8q6_ql(2 * h + 1, k), hi_at = tl_r8q6_qh(h, k);
                     const __m512i L0 = rz_load2(o0 + lo0, o1 + lo0), L1 = rz_load2(o0 + lo1, o1 + lo1);
                     const __m512i H = rz_load2(o0 + hi_at, o1 + hi_at);
                     UNROLL
@@ -891,7 +892,7 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
 }
 #endif
 
-static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+AI void r8q6_gemm_pf(int pf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                       size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
@@ -918,13 +919,23 @@ static void r8q6_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *
             const uint8_t *wg = w + g * gs, *at = a + (size_t)t0 * as;
             float *yt = y + (size_t)t0 * ys + 8 * g;
             switch (tn) {
-            case 1: r8q6_tile(1, n, wg, nr - 8 * g, at, as, yt, ys); break;
-            case 2: r8q6_tile(2, n, wg, nr - 8 * g, at, as, yt, ys); break;
-            case 3: r8q6_tile(3, n, wg, nr - 8 * g, at, as, yt, ys); break;
-            default: r8q6_tile(4, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            case 1: r8q6_tile(pf, 1, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            case 2: r8q6_tile(pf, 2, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            case 3: r8q6_tile(pf, 3, n, wg, nr - 8 * g, at, as, yt, ys); break;
+            default: r8q6_tile(pf, 4, n, wg, nr - 8 * g, at, as, yt, ys); break;
             }
         }
     }
+}
+
+static void r8q6_gemm(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                      size_t ys) {
+    r8q6_gemm_pf(1, n, w, ws, nr, a, as, nt, y, ys);
+}
+
+static void r8q6_gemm_hw(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
+                         size_t ys) {
+    r8q6_gemm_pf(0, n, w, ws, nr, a, as, nt, y, ys);
 }
 
 /* ---- F16 on r8h rows (cpu/r8.c): element j of a group is 8 rows' values,
@@ -1111,7 +1122,7 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_IQ4_XS] = r8_gemm_iq4_xs;
     k->gemm[TL_Q4_K] = k->hw_stream ? r8k_gemm_q4_K_hw : r8k_gemm_q4_K;
     k->gemm[TL_Q5_K] = k->hw_stream ? r8k_gemm_q5_K_hw : r8k_gemm_q5_K;
-    k->gemm[TL_Q6_K] = r8q6_gemm;
+    k->gemm[TL_Q6_K] = k->hw_stream ? r8q6_gemm_hw : r8q6_gemm;
     k->gemm[TL_F16] = r8h_gemm_f16;
     k->gemm[TL_BF16] = r8h_gemm_bf16;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
