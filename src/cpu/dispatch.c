@@ -57,9 +57,9 @@ tl_cpu_level tl_cpu_detect(void) {
     return amx && amx_permitted(xcr0) ? TL_CPU_AMX : TL_CPU_AVX512BF16;
 }
 
-/* Whether the decode tiles of the K-quants stream without software
- * prefetches (cpu/r8_tile.h: measured on AMD Zen 4; Intel keeps them). The
- * prefetches change no result, only speed; TL_SW_PREFETCH=1 or 0 overrides. */
+/* Whether the fast mode's decode tiles stream without software prefetches
+ * (cpu/r8_tile.h: measured on AMD Zen 4; Intel keeps them). The prefetches
+ * change no result, only speed; TL_SW_PREFETCH=1 or 0 overrides. */
 static int hw_stream(void) {
     const char *want = getenv("TL_SW_PREFETCH");
     if (want && (!strcmp(want, "0") || !strcmp(want, "1"))) return want[0] == '0';

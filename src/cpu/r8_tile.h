@@ -57,11 +57,11 @@ _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below m
 #else
 #define R8_PF(p) _mm_prefetch((const char *)(p), R8_HINT)
 #endif
-/* r8k_tile (Q4_K/Q5_K, decode) can go without: on an AMD EPYC (Zen 4) it
- * read a DRAM-sized matrix ~1.5x faster with none (its bytes are read in
- * address order, which the core's own prefetchers follow) than with these.
- * Q6_K's tile reads three places of a superblock at once and needs them
- * (2.5x slower without). r8_fill picks by the CPU (kernels.h's hw_stream). */
+/* The decode tiles (one group, a few tokens) can go without: their bytes are
+ * read in address order, which the core's own prefetchers follow. On an AMD
+ * EPYC (Zen 4; two cores each decoding a DRAM-sized matrix) leaving them out
+ * read Q4_K ~1.6x, Q8_0 1.15x, Q6_K 1.1x, Q4_1 1.08x as fast, Q4_0 the same.
+ * r8_fill picks by the CPU (kernels.h's hw_stream); Intel keeps them. */
 
 enum { R_Q4_0, R_Q4_1, R_Q5_0, R_Q5_1, R_Q8_0, R_LUT };
 /* The table formats share one compiled tile (R_LUT) and differ by a run-time
@@ -189,7 +189,7 @@ AI void r8_store8(float *y, __m256 v, int nr) {
 /* M groups x N tokens; rows past nr (a padded last group) are not stored. The
  * block's vectors are made one at a time and used by every token, so the
  * registers hold the M x N integer and float sums and little else. */
-AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
+AI void r8_tile(int f, int pf, int M, int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a,
                 size_t as, float *y, size_t ys, int lk) {
     const int64_t nb = n / 32;
     const __m256i tab = r_table(f, lk);
@@ -204,11 +204,13 @@ AI void r8_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, int
         UNROLL
         for (int g = 0; g < M; g++) {
             const uint8_t *blk = w + (size_t)g * gs + r_boff(f, lk, b);
-            R8_PF(blk + R8_PREFETCH);
-            R8_PF(blk + R8_PREFETCH + 64);
-            R8_PF(blk + R8_PREFETCH + 128);
-            if (r_blk(f, lk) > 192) R8_PF(blk + R8_PREFETCH + 192);
-            if (r_blk(f, lk) > 256) R8_PF(blk + R8_PREFETCH + 256);
+            if (pf) {
+                R8_PF(blk + R8_PREFETCH);
+                R8_PF(blk + R8_PREFETCH + 64);
+                R8_PF(blk + R8_PREFETCH + 128);
+                if (r_blk(f, lk) > 192) R8_PF(blk + R8_PREFETCH + 192);
+                if (r_blk(f, lk) > 256) R8_PF(blk + R8_PREFETCH + 256);
+            }
             UNROLL8
             for (int t = 0; t < N; t++) {
                 const int32_t *sum = (const int32_t *)(const void *)(a + (size_t)t * as + n + 8 * (size_t)nb);
@@ -370,21 +372,21 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
 
 /* Token counts 1..R8_PN, each its own unrolled tile; only those instances are made. */
 #if R8_PN >= 8
-#define R8_T78(M, ...) case 7: r8_tile(f, M, 7, __VA_ARGS__); break; case 8: r8_tile(f, M, 8, __VA_ARGS__); break;
+#define R8_T78(M, ...) case 7: r8_tile(f, pf, M, 7, __VA_ARGS__); break; case 8: r8_tile(f, pf, M, 8, __VA_ARGS__); break;
 #else
 #define R8_T78(M, ...)
 #endif
 #if R8_PN >= 6
-#define R8_T56(M, ...) case 5: r8_tile(f, M, 5, __VA_ARGS__); break; case 6: r8_tile(f, M, 6, __VA_ARGS__); break;
+#define R8_T56(M, ...) case 5: r8_tile(f, pf, M, 5, __VA_ARGS__); break; case 6: r8_tile(f, pf, M, 6, __VA_ARGS__); break;
 #else
 #define R8_T56(M, ...)
 #endif
 #define R8_TOKENS(M, TN, ...)                       \
     switch (TN) {                                   \
-    case 1: r8_tile(f, M, 1, __VA_ARGS__); break;   \
-    case 2: r8_tile(f, M, 2, __VA_ARGS__); break;   \
-    case 3: r8_tile(f, M, 3, __VA_ARGS__); break;   \
-    case 4: r8_tile(f, M, 4, __VA_ARGS__); break;   \
+    case 1: r8_tile(f, pf, M, 1, __VA_ARGS__); break;   \
+    case 2: r8_tile(f, pf, M, 2, __VA_ARGS__); break;   \
+    case 3: r8_tile(f, pf, M, 3, __VA_ARGS__); break;   \
+    case 4: r8_tile(f, pf, M, 4, __VA_ARGS__); break;   \
     R8_T56(M, __VA_ARGS__)                          \
     R8_T78(M, __VA_ARGS__)                          \
     default: break;                                 \
@@ -401,7 +403,7 @@ AI void r8z_tile(int f, int M, int N, int64_t n, const uint8_t *w, size_t gs, in
 #endif
 
 /* nr rows (from a group boundary) x nt tokens. */
-AI void r8_gemm(int f, int lk, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
+AI void r8_gemm(int f, int lk, int pf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt,
                 float *y, size_t ys) {
     const uint8_t *w = vw, *a = va;
     const size_t gs = 8 * ws;
@@ -428,29 +430,40 @@ AI void r8_gemm(int f, int lk, int64_t n, const void *vw, size_t ws, int nr, con
     }
 }
 
-#define R8_GEMM(NAME, F)                                                                              \
+/* PF: software prefetches in the decode tile (see R8_PREFETCH); the _hw
+ * twins leave the stream to the CPU (kernels.h's hw_stream) */
+#define R8_GEMM(NAME, F, PF)                                                                          \
     static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
                      float *y, size_t ys) {                                                           \
-        r8_gemm(F, 0, n, w, ws, nr, a, as, nt, y, ys);                                                \
+        r8_gemm(F, 0, PF, n, w, ws, nr, a, as, nt, y, ys);                                            \
     }
-R8_GEMM(r8_gemm_q4_0, R_Q4_0)
-R8_GEMM(r8_gemm_q4_1, R_Q4_1)
-R8_GEMM(r8_gemm_q5_0, R_Q5_0)
-R8_GEMM(r8_gemm_q5_1, R_Q5_1)
-R8_GEMM(r8_gemm_q8_0, R_Q8_0)
+R8_GEMM(r8_gemm_q4_0, R_Q4_0, 1)
+R8_GEMM(r8_gemm_q4_1, R_Q4_1, 1)
+R8_GEMM(r8_gemm_q5_0, R_Q5_0, 1)
+R8_GEMM(r8_gemm_q5_1, R_Q5_1, 1)
+R8_GEMM(r8_gemm_q8_0, R_Q8_0, 1)
+R8_GEMM(r8_gemm_q4_0_hw, R_Q4_0, 0)
+R8_GEMM(r8_gemm_q4_1_hw, R_Q4_1, 0)
+R8_GEMM(r8_gemm_q5_0_hw, R_Q5_0, 0)
+R8_GEMM(r8_gemm_q5_1_hw, R_Q5_1, 0)
+R8_GEMM(r8_gemm_q8_0_hw, R_Q8_0, 0)
 /* the table formats: one compiled gemm, the kind passed at run time */
-__attribute__((noinline)) static void r8_gemm_lut(int lk, int64_t n, const void *w, size_t ws, int nr, const void *a,
-                                                  size_t as, int nt, float *y, size_t ys) {
-    r8_gemm(R_LUT, lk, n, w, ws, nr, a, as, nt, y, ys);
+__attribute__((noinline)) static void r8_gemm_lut(int lk, int pf, int64_t n, const void *w, size_t ws, int nr,
+                                                  const void *a, size_t as, int nt, float *y, size_t ys) {
+    if (pf) r8_gemm(R_LUT, lk, 1, n, w, ws, nr, a, as, nt, y, ys);
+    else r8_gemm(R_LUT, lk, 0, n, w, ws, nr, a, as, nt, y, ys);
 }
-#define R8_GEMM_LUT(NAME, LK)                                                                        \
+#define R8_GEMM_LUT(NAME, LK, PF)                                                                    \
     static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
                      float *y, size_t ys) {                                                           \
-        r8_gemm_lut(LK, n, w, ws, nr, a, as, nt, y, ys);                                              \
+        r8_gemm_lut(LK, PF, n, w, ws, nr, a, as, nt, y, ys);                                          \
     }
-R8_GEMM_LUT(r8_gemm_iq4_nl, LK_NL)
-R8_GEMM_LUT(r8_gemm_mxfp4, LK_MX)
-R8_GEMM_LUT(r8_gemm_iq4_xs, LK_XS)
+R8_GEMM_LUT(r8_gemm_iq4_nl, LK_NL, 1)
+R8_GEMM_LUT(r8_gemm_mxfp4, LK_MX, 1)
+R8_GEMM_LUT(r8_gemm_iq4_xs, LK_XS, 1)
+R8_GEMM_LUT(r8_gemm_iq4_nl_hw, LK_NL, 0)
+R8_GEMM_LUT(r8_gemm_mxfp4_hw, LK_MX, 0)
+R8_GEMM_LUT(r8_gemm_iq4_xs_hw, LK_XS, 0)
 
 /* ---- Q4_K and Q5_K on r8k rows (cpu/r8.c): per superblock and sub-block j
  * the 8 rows' exact dots, times their scales (vpmulld), the mins against the
@@ -1112,14 +1125,15 @@ static void r8h_gemm_bf16(int64_t n, const void *vw, size_t ws, int nr, const vo
 }
 
 static void r8_fill(tl_kernels *k) {
-    k->gemm[TL_Q4_0] = r8_gemm_q4_0;
-    k->gemm[TL_Q4_1] = r8_gemm_q4_1;
-    k->gemm[TL_Q5_0] = r8_gemm_q5_0;
-    k->gemm[TL_Q5_1] = r8_gemm_q5_1;
-    k->gemm[TL_Q8_0] = r8_gemm_q8_0;
-    k->gemm[TL_IQ4_NL] = r8_gemm_iq4_nl;
-    k->gemm[TL_MXFP4] = r8_gemm_mxfp4;
-    k->gemm[TL_IQ4_XS] = r8_gemm_iq4_xs;
+    const int hw = k->hw_stream;
+    k->gemm[TL_Q4_0] = hw ? r8_gemm_q4_0_hw : r8_gemm_q4_0;
+    k->gemm[TL_Q4_1] = hw ? r8_gemm_q4_1_hw : r8_gemm_q4_1;
+    k->gemm[TL_Q5_0] = hw ? r8_gemm_q5_0_hw : r8_gemm_q5_0;
+    k->gemm[TL_Q5_1] = hw ? r8_gemm_q5_1_hw : r8_gemm_q5_1;
+    k->gemm[TL_Q8_0] = hw ? r8_gemm_q8_0_hw : r8_gemm_q8_0;
+    k->gemm[TL_IQ4_NL] = hw ? r8_gemm_iq4_nl_hw : r8_gemm_iq4_nl;
+    k->gemm[TL_MXFP4] = hw ? r8_gemm_mxfp4_hw : r8_gemm_mxfp4;
+    k->gemm[TL_IQ4_XS] = hw ? r8_gemm_iq4_xs_hw : r8_gemm_iq4_xs;
     k->gemm[TL_Q4_K] = k->hw_stream ? r8k_gemm_q4_K_hw : r8k_gemm_q4_K;
     k->gemm[TL_Q5_K] = k->hw_stream ? r8k_gemm_q5_K_hw : r8k_gemm_q5_K;
     k->gemm[TL_Q6_K] = k->hw_stream ? r8q6_gemm_hw : r8q6_gemm;

@@ -1012,7 +1012,9 @@ int main(void) {
             if (level == TL_CPU_AVX2) tl_kernels_fill_avx2(&kh, TL_NUM_FAST);
             else tl_kernels_fill_avx512(&kh, 1, TL_NUM_FAST);
             kh.name = level == TL_CPU_AVX2 ? "avx2 hw-stream" : "avx512-vnni hw-stream";
-            CHECK(kh.gemm[TL_Q4_K] != kf.gemm[TL_Q4_K], "%s: a Q4_K gemm of its own", kh.name);
+            CHECK(kh.gemm[TL_Q4_K] != kf.gemm[TL_Q4_K] && kh.gemm[TL_Q6_K] != kf.gemm[TL_Q6_K] &&
+                      kh.gemm[TL_Q8_0] != kf.gemm[TL_Q8_0] && kh.gemm[TL_MXFP4] != kf.gemm[TL_MXFP4],
+                  "%s: gemms of its own", kh.name);
             check_r8(&kh, &rfast, &r);
         }
         check_attn(&kf, &r);
