@@ -430,40 +430,33 @@ AI void r8_gemm(int f, int lk, int pf, int64_t n, const void *vw, size_t ws, int
     }
 }
 
-/* PF: software prefetches in the decode tile (see R8_PREFETCH); the _hw
- * twins leave the stream to the CPU (kernels.h's hw_stream) */
-#define R8_GEMM(NAME, F, PF)                                                                          \
+/* A format's gemm, tl_gemm_fn's signature, as twins: NAME with the decode
+ * tile's software prefetches (pf 1, see R8_PREFETCH), NAME_hw without, which
+ * leaves the stream to the CPU (kernels.h's hw_stream; r8_fill picks). FN
+ * takes its leading arguments, then pf, then the gemm's. */
+#define R8_GEMM_SIG(NAME)                                                                             \
     static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
-                     float *y, size_t ys) {                                                           \
-        r8_gemm(F, 0, PF, n, w, ws, nr, a, as, nt, y, ys);                                            \
-    }
-R8_GEMM(r8_gemm_q4_0, R_Q4_0, 1)
-R8_GEMM(r8_gemm_q4_1, R_Q4_1, 1)
-R8_GEMM(r8_gemm_q5_0, R_Q5_0, 1)
-R8_GEMM(r8_gemm_q5_1, R_Q5_1, 1)
-R8_GEMM(r8_gemm_q8_0, R_Q8_0, 1)
-R8_GEMM(r8_gemm_q4_0_hw, R_Q4_0, 0)
-R8_GEMM(r8_gemm_q4_1_hw, R_Q4_1, 0)
-R8_GEMM(r8_gemm_q5_0_hw, R_Q5_0, 0)
-R8_GEMM(r8_gemm_q5_1_hw, R_Q5_1, 0)
-R8_GEMM(r8_gemm_q8_0_hw, R_Q8_0, 0)
-/* the table formats: one compiled gemm, the kind passed at run time */
+                     float *y, size_t ys)
+#define R8_GEMM_ARGS n, w, ws, nr, a, as, nt, y, ys
+#define R8_TWINS(NAME, FN, ...)                                                                       \
+    R8_GEMM_SIG(NAME) { FN(__VA_ARGS__, 1, R8_GEMM_ARGS); }                                           \
+    R8_GEMM_SIG(NAME##_hw) { FN(__VA_ARGS__, 0, R8_GEMM_ARGS); }
+#define R8_PICK(k, NAME) ((k)->hw_stream ? NAME##_hw : NAME)
+R8_TWINS(r8_gemm_q4_0, r8_gemm, R_Q4_0, 0)
+R8_TWINS(r8_gemm_q4_1, r8_gemm, R_Q4_1, 0)
+R8_TWINS(r8_gemm_q5_0, r8_gemm, R_Q5_0, 0)
+R8_TWINS(r8_gemm_q5_1, r8_gemm, R_Q5_1, 0)
+R8_TWINS(r8_gemm_q8_0, r8_gemm, R_Q8_0, 0)
+/* the table formats: one compiled gemm, the kind passed at run time; pf is
+ * split here so that each copy's tile sees it as a constant */
 __attribute__((noinline)) static void r8_gemm_lut(int lk, int pf, int64_t n, const void *w, size_t ws, int nr,
                                                   const void *a, size_t as, int nt, float *y, size_t ys) {
     if (pf) r8_gemm(R_LUT, lk, 1, n, w, ws, nr, a, as, nt, y, ys);
     else r8_gemm(R_LUT, lk, 0, n, w, ws, nr, a, as, nt, y, ys);
 }
-#define R8_GEMM_LUT(NAME, LK, PF)                                                                    \
-    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt,   \
-                     float *y, size_t ys) {                                                           \
-        r8_gemm_lut(LK, PF, n, w, ws, nr, a, as, nt, y, ys);                                          \
-    }
-R8_GEMM_LUT(r8_gemm_iq4_nl, LK_NL, 1)
-R8_GEMM_LUT(r8_gemm_mxfp4, LK_MX, 1)
-R8_GEMM_LUT(r8_gemm_iq4_xs, LK_XS, 1)
-R8_GEMM_LUT(r8_gemm_iq4_nl_hw, LK_NL, 0)
-R8_GEMM_LUT(r8_gemm_mxfp4_hw, LK_MX, 0)
-R8_GEMM_LUT(r8_gemm_iq4_xs_hw, LK_XS, 0)
+R8_TWINS(r8_gemm_iq4_nl, r8_gemm_lut, LK_NL)
+R8_TWINS(r8_gemm_mxfp4, r8_gemm_lut, LK_MX)
+R8_TWINS(r8_gemm_iq4_xs, r8_gemm_lut, LK_XS)
 
 /* ---- Q4_K and Q5_K on r8k rows (cpu/r8.c): per superblock and sub-block j
  * the 8 rows' exact dots, times their scales (vpmulld), the mins against the
@@ -676,16 +669,8 @@ AI void r8k_gemm(int q5, int pf, int64_t n, const void *vw, size_t ws, int nr, c
     }
 }
 
-/* pf: R8_PF ahead of each group's stream in r8k_tile */
-#define R8K_GEMM(NAME, Q5, PF)                                                                                      \
-    static void NAME(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,  \
-                     size_t ys) {                                                                               \
-        r8k_gemm(Q5, PF, n, w, ws, nr, a, as, nt, y, ys);                                                     \
-    }
-R8K_GEMM(r8k_gemm_q4_K, 0, 1)
-R8K_GEMM(r8k_gemm_q5_K, 1, 1)
-R8K_GEMM(r8k_gemm_q4_K_hw, 0, 0)
-R8K_GEMM(r8k_gemm_q5_K_hw, 1, 0)
+R8_TWINS(r8k_gemm_q4_K, r8k_gemm, 0)
+R8_TWINS(r8k_gemm_q5_K, r8k_gemm, 1)
 
 /* ---- Q6_K on r8 rows (cpu/r8.c): unsigned 6-bit quants rebuilt from the
  * interleaved ql and qh, exact dots per 16-element sub-block times the int8
@@ -941,15 +926,8 @@ AI void r8q6_gemm_pf(int pf, int64_t n, const void *vw, size_t ws, int nr, const
     }
 }
 
-static void r8q6_gemm(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
-                      size_t ys) {
-    r8q6_gemm_pf(1, n, w, ws, nr, a, as, nt, y, ys);
-}
-
-static void r8q6_gemm_hw(int64_t n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *y,
-                         size_t ys) {
-    r8q6_gemm_pf(0, n, w, ws, nr, a, as, nt, y, ys);
-}
+R8_GEMM_SIG(r8q6_gemm) { r8q6_gemm_pf(1, R8_GEMM_ARGS); }
+R8_GEMM_SIG(r8q6_gemm_hw) { r8q6_gemm_pf(0, R8_GEMM_ARGS); }
 
 /* ---- F16 on r8h rows (cpu/r8.c): element j of a group is 8 rows' values,
  * widened exactly, times the token's f32 x_j broadcast, one fma chain per
@@ -1125,18 +1103,17 @@ static void r8h_gemm_bf16(int64_t n, const void *vw, size_t ws, int nr, const vo
 }
 
 static void r8_fill(tl_kernels *k) {
-    const int hw = k->hw_stream;
-    k->gemm[TL_Q4_0] = hw ? r8_gemm_q4_0_hw : r8_gemm_q4_0;
-    k->gemm[TL_Q4_1] = hw ? r8_gemm_q4_1_hw : r8_gemm_q4_1;
-    k->gemm[TL_Q5_0] = hw ? r8_gemm_q5_0_hw : r8_gemm_q5_0;
-    k->gemm[TL_Q5_1] = hw ? r8_gemm_q5_1_hw : r8_gemm_q5_1;
-    k->gemm[TL_Q8_0] = hw ? r8_gemm_q8_0_hw : r8_gemm_q8_0;
-    k->gemm[TL_IQ4_NL] = hw ? r8_gemm_iq4_nl_hw : r8_gemm_iq4_nl;
-    k->gemm[TL_MXFP4] = hw ? r8_gemm_mxfp4_hw : r8_gemm_mxfp4;
-    k->gemm[TL_IQ4_XS] = hw ? r8_gemm_iq4_xs_hw : r8_gemm_iq4_xs;
-    k->gemm[TL_Q4_K] = k->hw_stream ? r8k_gemm_q4_K_hw : r8k_gemm_q4_K;
-    k->gemm[TL_Q5_K] = k->hw_stream ? r8k_gemm_q5_K_hw : r8k_gemm_q5_K;
-    k->gemm[TL_Q6_K] = k->hw_stream ? r8q6_gemm_hw : r8q6_gemm;
+    k->gemm[TL_Q4_0] = R8_PICK(k, r8_gemm_q4_0);
+    k->gemm[TL_Q4_1] = R8_PICK(k, r8_gemm_q4_1);
+    k->gemm[TL_Q5_0] = R8_PICK(k, r8_gemm_q5_0);
+    k->gemm[TL_Q5_1] = R8_PICK(k, r8_gemm_q5_1);
+    k->gemm[TL_Q8_0] = R8_PICK(k, r8_gemm_q8_0);
+    k->gemm[TL_IQ4_NL] = R8_PICK(k, r8_gemm_iq4_nl);
+    k->gemm[TL_MXFP4] = R8_PICK(k, r8_gemm_mxfp4);
+    k->gemm[TL_IQ4_XS] = R8_PICK(k, r8_gemm_iq4_xs);
+    k->gemm[TL_Q4_K] = R8_PICK(k, r8k_gemm_q4_K);
+    k->gemm[TL_Q5_K] = R8_PICK(k, r8k_gemm_q5_K);
+    k->gemm[TL_Q6_K] = R8_PICK(k, r8q6_gemm);
     k->gemm[TL_F16] = r8h_gemm_f16;
     k->gemm[TL_BF16] = r8h_gemm_bf16;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
