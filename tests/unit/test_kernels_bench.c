@@ -1022,6 +1022,18 @@ int main(void) {
         if (!getenv("TL_ASAN"))
             for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) bench_type(&k, &ref, wtypes[ti], &r);
     }
+    if (top >= TL_CPU_AVX2) { /* TL_SW_PREFETCH, as spelled in the docs, overrides the vendor's choice */
+        const char *was = getenv("TL_SW_PREFETCH");
+        tl_kernels sw, hw;
+        setenv("TL_SW_PREFETCH", "1", 1);
+        tl_kernels_init(&sw, TL_CPU_AVX2, TL_NUM_FAST);
+        setenv("TL_SW_PREFETCH", "0", 1);
+        tl_kernels_init(&hw, TL_CPU_AVX2, TL_NUM_FAST);
+        CHECK(!sw.hw_stream && hw.hw_stream && sw.gemm[TL_Q8_0] != hw.gemm[TL_Q8_0], "TL_SW_PREFETCH=1/0: hw_stream %d/%d",
+              sw.hw_stream, hw.hw_stream);
+        if (was) setenv("TL_SW_PREFETCH", was, 1);
+        else unsetenv("TL_SW_PREFETCH");
+    }
     if (top < TL_CPU_AVX2) printf("no AVX2 on this CPU: nothing to test beyond the reference\n");
     return tl_test_summary();
 }
