@@ -56,6 +56,14 @@ typedef struct gdn_fns {
     /* acc[t][:] = fma(x[t][a], S[a][:], acc[t][:]) for a = 0..d-1, t < nt: S^T x
      * for nt vectors in one pass over S (d x d); acc starts at zero */
     void (*sdot)(int d, const float *S, int nt, const float *const *x, float *acc);
+    /* The block's end state: Sn[a][:] = g * S[a][:], then
+     * Sn[a][:] = fma(c[e][a], dv[e][:], Sn[a][:]) for e = 0..ne-1 in order
+     * (c: ne rows of d); each element of Sn read and written once */
+    void (*rank)(int d, float g, const float *S, int ne, const float *c, const float *const *dv, float *Sn);
+    /* The causal convolution's row: y[ch] = sum over taps j in order of
+     * in[j][ch] * wt[j][ch], each product rounded (no fma) as ggml_ssm_conv
+     * sums; a NULL in[j] (before the sequence's start) reads zeros */
+    void (*conv)(int cd, int K, const float *const *in, const float *wt, float *y);
 } gdn_fns;
 
 static void axpy_ref(int n, float a, const float *x, float *y) {
@@ -76,7 +84,41 @@ static void sdot_ref(int d, const float *S, int nt, const float *const *x, float
         for (int t = 0; t < nt; t++) axpy_ref(d, x[t][a], S + (size_t)a * d, acc + (size_t)t * d);
 }
 
+static void rank_ref(int d, float g, const float *S, int ne, const float *c, const float *const *dv, float *Sn) {
+    for (int a = 0; a < d; a++) {
+        float *y = Sn + (size_t)a * d;
+        scale_ref(d, g, S + (size_t)a * d, y);
+        for (int e = 0; e < ne; e++) axpy_ref(d, c[(size_t)e * d + a], dv[e], y);
+    }
+}
+
+static void conv_ref(int cd, int K, const float *const *in, const float *wt, float *y) {
+    for (int ch = 0; ch < cd; ch++) {
+        float s = 0.0f;
+        for (int j = 0; j < K; j++) s += (in[j] ? in[j][ch] : 0.0f) * wt[(size_t)j * cd + ch];
+        y[ch] = s;
+    }
+}
+
 #ifdef GDN_X86
+__attribute__((target("avx2"))) static void conv_avx2(int cd, int K, const float *const *in, const float *wt,
+                                                      float *y) {
+    int ch = 0;
+    for (; ch + 8 <= cd; ch += 8) {
+        __m256 s = _mm256_setzero_ps();
+        for (int j = 0; j < K; j++) {
+            const __m256 x = in[j] ? _mm256_loadu_ps(in[j] + ch) : _mm256_setzero_ps();
+            s = _mm256_add_ps(s, _mm256_mul_ps(x, _mm256_loadu_ps(wt + (size_t)j * cd + ch)));
+        }
+        _mm256_storeu_ps(y + ch, s);
+    }
+    for (; ch < cd; ch++) {
+        float s = 0.0f;
+        for (int j = 0; j < K; j++) s += (in[j] ? in[j][ch] : 0.0f) * wt[(size_t)j * cd + ch];
+        y[ch] = s;
+    }
+}
+
 __attribute__((target("avx2,fma"))) static void axpy_avx2(int n, float a, const float *x, float *y) {
     const __m256 va = _mm256_set1_ps(a);
     for (int i = 0; i < n; i += 8)
@@ -94,27 +136,90 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(int n, const float *x,
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-/* Four tokens at a time share each load of S's row; a row of 8 floats at a
- * time keeps the accumulators in registers. */
-__attribute__((target("avx2,fma"))) static void sdot_avx2(int d, const float *S, int nt, const float *const *x,
-                                                            float *acc) {
-    for (int j = 0; j < d; j += 8)
-        for (int t0 = 0; t0 < nt; t0 += 4) {
-            const int m = nt - t0 < 4 ? nt - t0 : 4;
-            __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0;
-            for (int a = 0; a < d; a++) {
-                const __m256 s = _mm256_loadu_ps(S + (size_t)a * d + j);
-                r0 = _mm256_fmadd_ps(_mm256_set1_ps(x[t0][a]), s, r0);
-                if (m > 1) r1 = _mm256_fmadd_ps(_mm256_set1_ps(x[t0 + 1][a]), s, r1);
-                if (m > 2) r2 = _mm256_fmadd_ps(_mm256_set1_ps(x[t0 + 2][a]), s, r2);
-                if (m > 3) r3 = _mm256_fmadd_ps(_mm256_set1_ps(x[t0 + 3][a]), s, r3);
-            }
-            _mm256_storeu_ps(acc + (size_t)t0 * d + j, r0);
-            if (m > 1) _mm256_storeu_ps(acc + (size_t)(t0 + 1) * d + j, r1);
-            if (m > 2) _mm256_storeu_ps(acc + (size_t)(t0 + 2) * d + j, r2);
-            if (m > 3) _mm256_storeu_ps(acc + (size_t)(t0 + 3) * d + j, r3);
-        }
-}
+/* S^T x and the rank update are small matrix products with every output
+ * element one fma chain in a fixed order, so any register tiling gives the
+ * scalar steps' bits. A tile holds M vectors (tokens, or rows of Sn) by W
+ * column registers: each load of S (or of a delta row) serves M fmas and
+ * each broadcast W, which keeps the loop on the fma pipes. */
+#define GDN_UNROLL _Pragma("GCC unroll 4")
+#define GDN_SDOT_TILE(NAME, TGT, VEC, LANES, ZERO, LOAD, STORE, FMA, SET1)                                   \
+    __attribute__((target(TGT), always_inline)) static inline void NAME(int d, const float *S, int j,           \
+                                                                        const float *const *x, int m, int w,     \
+                                                                        float *acc) {                            \
+        VEC r[4][4];                                                                                           \
+        GDN_UNROLL for (int t = 0; t < 4; t++)                                                                            \
+            GDN_UNROLL for (int u = 0; u < 4; u++) r[t][u] = ZERO;                                                        \
+        for (int a = 0; a < d; a++) {                                                                          \
+            const float *s = S + (size_t)a * d + j;                                                            \
+            VEC v[4];                                                                                          \
+            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(s + u * LANES);                                            \
+            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                      \
+                const VEC b = SET1(x[t][a]);                                                                   \
+                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
+            GDN_UNROLL for (int u = 0; u < w; u++) STORE(acc + (size_t)t * d + j + u * LANES, r[t][u]);                   \
+    }
+
+/* Rows a0..a0+m-1 of Sn, columns j..j+w*LANES-1. */
+#define GDN_RANK_TILE(NAME, TGT, VEC, LANES, LOAD, STORE, FMA, SET1, MUL)                                      \
+    __attribute__((target(TGT), always_inline)) static inline void NAME(                                       \
+        int d, float g, const float *S, int ne, const float *c, const float *const *dv, float *Sn, int a0, int j, \
+        int m, int w) {                                                                                        \
+        VEC r[4][4];                                                                                           \
+        const VEC vg = SET1(g);                                                                                \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
+            GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = MUL(vg, LOAD(S + (size_t)(a0 + t) * d + j + u * LANES));     \
+        for (int e = 0; e < ne; e++) {                                                                         \
+            VEC v[4];                                                                                          \
+            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(dv[e] + j + u * LANES);                                    \
+            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                      \
+                const VEC b = SET1(c[(size_t)e * d + a0 + t]);                                                 \
+                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
+            GDN_UNROLL for (int u = 0; u < w; u++) STORE(Sn + (size_t)(a0 + t) * d + j + u * LANES, r[t][u]);            \
+    }
+
+GDN_SDOT_TILE(sdot_tile_avx2, "avx2,fma", __m256, 8, _mm256_setzero_ps(), _mm256_loadu_ps, _mm256_storeu_ps,
+              _mm256_fmadd_ps, _mm256_set1_ps)
+GDN_RANK_TILE(rank_tile_avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps,
+              _mm256_set1_ps, _mm256_mul_ps)
+GDN_SDOT_TILE(sdot_tile_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_loadu_ps, _mm512_storeu_ps,
+              _mm512_fmadd_ps, _mm512_set1_ps)
+GDN_RANK_TILE(rank_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps,
+              _mm512_set1_ps, _mm512_mul_ps)
+
+/* The tile shapes by the registers a level has: AVX2's 16 hold 4 x 2
+ * accumulators, AVX-512's 32 hold 4 x 4. Constant m and w let the compiler
+ * keep the tile in registers; d is a multiple of 8 (of 16 for AVX-512). */
+#define GDN_DRIVERS(SDOT, RANK, TILE_S, TILE_R, LANES, W, TGT)                                                   \
+    __attribute__((target(TGT))) static void SDOT(int d, const float *S, int nt, const float *const *x,        \
+                                                  float *acc) {                                                \
+        int j = 0;                                                                                             \
+        for (; j + W * LANES <= d; j += W * LANES) {                                                           \
+            int t = 0;                                                                                         \
+            for (; t + 4 <= nt; t += 4) TILE_S(d, S, j, x + t, 4, W, acc + (size_t)t * d);                      \
+            for (; t < nt; t++) TILE_S(d, S, j, x + t, 1, W, acc + (size_t)t * d);                              \
+        }                                                                                                      \
+        for (; j < d; j += LANES)                                                                              \
+            for (int t = 0; t < nt; t++) TILE_S(d, S, j, x + t, 1, 1, acc + (size_t)t * d);                     \
+    }                                                                                                          \
+    __attribute__((target(TGT))) static void RANK(int d, float g, const float *S, int ne, const float *c,      \
+                                                  const float *const *dv, float *Sn) {                         \
+        for (int a = 0; a + 4 <= d; a += 4) {                                                                  \
+            int j = 0;                                                                                         \
+            for (; j + W * LANES <= d; j += W * LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, W);              \
+            for (; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, 1);                               \
+        }                                                                                                      \
+        for (int a = d / 4 * 4; a < d; a++)                                                                    \
+            for (int j = 0; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 1, 1);                      \
+    }
+
+GDN_DRIVERS(sdot_avx2, rank_avx2, sdot_tile_avx2, rank_tile_avx2, 8, 2, "avx2,fma")
+GDN_DRIVERS(sdot_avx512, rank_avx512, sdot_tile_avx512, rank_tile_avx512, 16, 4, "avx512f")
 #endif
 
 /* One ring entry's fields, in floats from its start (NONE: not kept). */
@@ -138,6 +243,7 @@ struct tl_gdn {
     float *q, *k, *v, *g, *b;  /* after the convolution: q, k normalised; decay g, strength beta */
     float *d, *G, *o;          /* fast form's delta and cumulative decay; the output */
     float *ones;               /* silu(x) = swiglu(x, 1) */
+    float *conv_wt;            /* [n_rec][d_conv][conv_dim]: each layer's taps, channel-minor for vector loads */
     float *scr;                /* per thread */
     size_t scr_n;
     /* the call's runs: a sequence's tokens in position order */
@@ -164,7 +270,7 @@ int tl_gdn_pos(const tl_cpu *c, int seq) { return c->gdn->pos[seq]; }
 void tl_gdn_free(tl_gdn *g) {
     if (!g) return;
     tl_big_free(g->mem);
-    float *bufs[] = {g->qkv, g->z, g->br, g->ar, g->q, g->k, g->v, g->g, g->b, g->d, g->G, g->o, g->ones, g->scr};
+    float *bufs[] = {g->qkv, g->z, g->br, g->ar, g->q, g->k, g->v, g->g, g->b, g->d, g->G, g->o, g->ones, g->scr, g->conv_wt};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tl_cpu_free_buf(bufs[i]);
     int *ib[] = {g->pos, g->lo, g->tidx, g->run_seq, g->run_t0, g->run_n, g->run_p0, g->tok_run};
     for (size_t i = 0; i < sizeof ib / sizeof *ib; i++) tl_cpu_free_buf(ib[i]);
@@ -204,9 +310,13 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
     g->ring = 2 * BLK + g->d_conv - 1;
     /* the state after the last token: exact mode's alone */
     g->lay = (g->exact ? 3 : 2) * g->s_floats + (size_t)g->ring * g->e.size;
-    g->f = (gdn_fns){axpy_ref, scale_ref, dot_ref, sdot_ref};
+    g->f = (gdn_fns){axpy_ref, scale_ref, dot_ref, sdot_ref, rank_ref, conv_ref};
 #ifdef GDN_X86
-    if (c->kern.level >= TL_CPU_AVX2) g->f = (gdn_fns){axpy_avx2, scale_avx2, dot_avx2, sdot_avx2};
+    if (c->kern.level >= TL_CPU_AVX2) g->f = (gdn_fns){axpy_avx2, scale_avx2, dot_avx2, sdot_avx2, rank_avx2, conv_avx2};
+    if (c->kern.level >= TL_CPU_AVX512 && g->ds % 16 == 0) {
+        g->f.sdot = sdot_avx512;
+        g->f.rank = rank_avx512;
+    }
 #endif
     g->dot_ggml = c->kern.vec_dot_id[TL_F32];
     const size_t nb = (size_t)c->n_batch;
@@ -229,9 +339,11 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
     g->G = tl_cpu_calloc(nb * g->n_vh, sizeof(float), &fail);
     g->o = tl_cpu_calloc(nb * g->vd, sizeof(float), &fail);
     g->ones = tl_cpu_calloc((size_t)(g->conv_dim > g->vd ? g->conv_dim : g->vd), sizeof(float), &fail);
+    g->conv_wt = tl_cpu_calloc((size_t)g->n_rec * g->d_conv * g->conv_dim, sizeof(float), &fail);
     /* per thread: the convolution's row (or the gate's silu); or S^T k and
-     * S^T q of a block's tokens and a row each of delta's and o's sums */
-    g->scr_n = (size_t)g->conv_dim + 2 * BLK * (size_t)g->ds + 2 * (size_t)g->ds + 64;
+     * S^T q of a block's tokens, a row each of delta's and o's sums, and the
+     * end state's weighted keys */
+    g->scr_n = (size_t)g->conv_dim + 3 * BLK * (size_t)g->ds + 2 * (size_t)g->ds + 64;
     g->scr_n = (g->scr_n + 15) & ~(size_t)15;
     g->scr = tl_cpu_calloc((size_t)nt * g->scr_n, sizeof(float), &fail);
     g->tidx = tl_cpu_calloc(nb, sizeof(int), &fail);
@@ -245,6 +357,15 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for the recurrent states of %d sequences", n_seq);
     }
     for (int i = 0; i < (g->conv_dim > g->vd ? g->conv_dim : g->vd); i++) g->ones[i] = 1.0f;
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int b = 0; b < c->m->layers[l].n_block; b++) {
+            const tl_block *B = &c->m->layers[l].block[b];
+            if (B->kind != TL_BLOCK_GDN) continue;
+            const float *w = B->u.gdn.conv->data;
+            float *wt = g->conv_wt + (size_t)B->u.gdn.rec_layer * g->d_conv * g->conv_dim;
+            for (int ch = 0; ch < g->conv_dim; ch++)
+                for (int j = 0; j < g->d_conv; j++) wt[(size_t)j * g->conv_dim + ch] = w[(size_t)ch * g->d_conv + j];
+        }
     c->gdn = g;
     return TL_OK;
 }
@@ -310,18 +431,13 @@ static void conv_tokens(tl_cpu *c, int t0, int t1, int ith, void *arg) {
     float *row = g->scr + (size_t)ith * g->scr_n;
     const float eps = c->m->hp.norm_eps;
     const int il = G->rec_layer, K = g->d_conv, cd = g->conv_dim;
-    const float *w = G->conv->data, *dtb = G->dt_bias->data, *A = G->a->data;
+    const float *wt = g->conv_wt + (size_t)il * K * cd, *dtb = G->dt_bias->data, *A = G->a->data;
     for (int i = t0; i < t1; i++) {
         const int t = g->tidx[i], r = g->tok_run[t], p = c->tpos[t];
         float *lay = lay_of(g, c->tseq[t], il);
         const float *in[16];
         for (int j = 0; j < K; j++) in[j] = conv_row(g, lay, r, p - (K - 1) + j);
-        for (int ch = 0; ch < cd; ch++) {
-            float s = 0.0f;
-            /* ggml_ssm_conv: a float sum, each product rounded (no fma) */
-            for (int j = 0; j < K; j++) s += (in[j] ? in[j][ch] : 0.0f) * w[(size_t)ch * K + j];
-            row[ch] = s;
-        }
+        g->f.conv(cd, K, in, wt, row);
         c->kern.math.swiglu(cd, row, row, g->ones);
         for (int h = 0; h < g->n_kh; h++) {
             l2norm(g->q + (size_t)t * g->kd + h * g->ds, row + h * g->ds, g->ds, eps);
@@ -360,7 +476,7 @@ static void fast_head(tl_gdn *g, float *lay, int r, int h, float *scr) {
     const int ds = g->ds, kh = h % g->n_kh, p_end = g->run_p0[r] + g->run_n[r];
     const float scale = 1.0f / sqrtf((float)ds);
     const size_t hs = (size_t)h * ds * ds;
-    float *sk = scr, *sq = NULL, *acc = scr + 2 * (size_t)BLK * ds, *acc2 = acc + ds;
+    float *sk = scr, *sq = NULL, *acc = scr + 2 * (size_t)BLK * ds, *acc2 = acc + ds, *cw = acc2 + ds;
     for (int p = g->run_p0[r]; p < p_end;) {
         const int B = p / BLK * BLK, e_end = B + BLK < p_end ? B + BLK : p_end, nt = e_end - p;
         const float *S = slot_of(g, lay, B) + hs;
@@ -394,13 +510,15 @@ static void fast_head(tl_gdn *g, float *lay, int r, int h, float *scr) {
         }
         if (e_end == B + BLK) { /* the block is whole: the state at its end */
             float *Sn = slot_of(g, lay, B + BLK) + hs;
-            const float Gl = hist_at(g, lay, r, B + BLK - 1, h).G, gl = expf(Gl);
-            g->f.scale(ds * ds, gl, S, Sn);
-            for (int e = B; e < B + BLK; e++) {
-                const hist he = hist_at(g, lay, r, e, h);
+            const float Gl = hist_at(g, lay, r, B + BLK - 1, h).G;
+            const float *dv[BLK];
+            for (int e = 0; e < BLK; e++) {
+                const hist he = hist_at(g, lay, r, B + e, h);
                 const float w = expf(Gl - he.G);
-                for (int a = 0; a < ds; a++) g->f.axpy(ds, w * he.k[a], he.d, Sn + (size_t)a * ds);
+                for (int a = 0; a < ds; a++) cw[(size_t)e * ds + a] = w * he.k[a];
+                dv[e] = he.d;
             }
+            g->f.rank(ds, expf(Gl), S, BLK, cw, dv, Sn);
         }
         p = e_end;
     }
