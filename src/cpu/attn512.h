@@ -239,6 +239,90 @@ AI void attn512_scores_int_call(const tl_attn_rows *a, int R, const float *const
     }
 }
 
+/* attn512_scores_int for two blocks (kt0, kt1) at once: each broadcast of a
+ * row's four q8 serves both blocks' vpdpbusd, and the two blocks' chains are
+ * independent, so one chain per row and block (16 registers at 8 rows)
+ * replaces the two per row the one-block form needs against vpdpbusd's
+ * latency. The group's float step goes through out (the float accumulators
+ * would not fit beside the integer chains); every score gets the same
+ * integer sums and the same fmas in the same order as attn512_scores_int. */
+AI void attn512_scores_int2(const tl_attn_rows *a, int R, const float *const *q, const uint8_t *kt0,
+                            const uint8_t *kt1, float *out0, float *out1) {
+    const int ng = a->hd / 32, q8 = a->k_fmt == TL_ATTN_Q8_0;
+    const size_t gb = (size_t)16 * (q8 ? 34 : 18);
+    const int bias = q8 ? 128 : 8;
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(out0 + 16 * r, _mm512_setzero_ps());
+        _mm512_storeu_ps(out1 + 16 * r, _mm512_setzero_ps());
+    }
+    for (int g = 0; g < ng; g++) {
+        const uint8_t *gp0 = kt0 + (size_t)g * gb, *gp1 = kt1 + (size_t)g * gb, *qs0 = gp0 + 32, *qs1 = gp1 + 32;
+        __m512i is0[8], is1[8];
+        const int8_t *qv[8];
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            int32_t sum;
+            memcpy(&sum, (const uint8_t *)(const void *)(q[r] + ng) + 4 * (size_t)g, 4);
+            is0[r] = is1[r] = _mm512_set1_epi32(-bias * sum);
+            qv[r] = (const int8_t *)(const void *)(q[r] + 2 * ng) + 32 * g;
+        }
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++) {
+            __m512i k0, k1;
+            if (q8) {
+                const __m512i f = _mm512_set1_epi8((char)0x80);
+                k0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs0 + 64 * j)), f);
+                k1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs1 + 64 * j)), f);
+            } else { /* run j < 4: low nibbles of the bytes of run j, else high of run j - 4 */
+                const __m512i m4 = _mm512_set1_epi8(15);
+                const __m512i b0 = _mm512_loadu_si512((const void *)(qs0 + 64 * (j & 3)));
+                const __m512i b1 = _mm512_loadu_si512((const void *)(qs1 + 64 * (j & 3)));
+                k0 = _mm512_and_si512(j < 4 ? b0 : _mm512_srli_epi16(b0, 4), m4);
+                k1 = _mm512_and_si512(j < 4 ? b1 : _mm512_srli_epi16(b1, 4), m4);
+            }
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < R; r++) {
+                const __m512i w = _mm512_set1_epi32(attn512_q4(qv[r] + 4 * j));
+                is0[r] = _mm512_dpbusd_epi32(is0[r], k0, w);
+                is1[r] = _mm512_dpbusd_epi32(is1[r], k1, w);
+            }
+        }
+        const __m512 dk0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp0));
+        const __m512 dk1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)gp1));
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < R; r++) {
+            const __m512 qg = _mm512_set1_ps(q[r][g]);
+            _mm512_storeu_ps(out0 + 16 * r, _mm512_fmadd_ps(_mm512_cvtepi32_ps(is0[r]), _mm512_mul_ps(qg, dk0),
+                                                            _mm512_loadu_ps(out0 + 16 * r)));
+            _mm512_storeu_ps(out1 + 16 * r, _mm512_fmadd_ps(_mm512_cvtepi32_ps(is1[r]), _mm512_mul_ps(qg, dk1),
+                                                            _mm512_loadu_ps(out1 + 16 * r)));
+        }
+    }
+}
+
+#define ATTN512_SCORES_INT2(R)                                                                                    \
+    __attribute__((noinline)) static void attn512_scores_int2_##R(const tl_attn_rows *a, const float *const *q,  \
+                                                                  const uint8_t *kt0, const uint8_t *kt1,        \
+                                                                  float *out0, float *out1) {                    \
+        attn512_scores_int2(a, R, q, kt0, kt1, out0, out1);                                                       \
+    }
+ATTN512_SCORES_INT2(1)
+ATTN512_SCORES_INT2(2)
+ATTN512_SCORES_INT2(3)
+ATTN512_SCORES_INT2(4)
+ATTN512_SCORES_INT2(5)
+ATTN512_SCORES_INT2(6)
+ATTN512_SCORES_INT2(7)
+ATTN512_SCORES_INT2(8)
+#undef ATTN512_SCORES_INT2
+
+typedef void (*attn512_scores_int2_fn)(const tl_attn_rows *, const float *const *, const uint8_t *, const uint8_t *,
+                                       float *, float *);
+static const attn512_scores_int2_fn attn512_scores_int2_by_r[8] = {
+    attn512_scores_int2_1, attn512_scores_int2_2, attn512_scores_int2_3, attn512_scores_int2_4,
+    attn512_scores_int2_5, attn512_scores_int2_6, attn512_scores_int2_7, attn512_scores_int2_8};
+
 /* R rows' score chains into out[r*16..], each accumulator a variable of its
  * own and stored right after the loop: live across the softmax's calls, GCC
  * kept them on the stack inside the loop. */
@@ -515,7 +599,11 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
     float sc[TL_ATTN_NB][8 * 16], al[TL_ATTN_NB][8];
     int k = 0;
     if (tl_attn_kint(a)) {
-        for (; k < nb; k++) attn512_scores_int_call(a, R, q, kt + (size_t)k * 16 * hd, sc[k]);
+        const uint8_t *kb = (const uint8_t *)(const void *)kt;
+        const size_t bb = (size_t)16 * hd * sizeof(float); /* the widened blocks' stride */
+        for (; k + 1 < nb; k += 2)
+            attn512_scores_int2_by_r[R - 1](a, q, kb + (size_t)k * bb, kb + (size_t)(k + 1) * bb, sc[k], sc[k + 1]);
+        if (k < nb) attn512_scores_int_call(a, R, q, kt + (size_t)k * 16 * hd, sc[k]);
     } else {
         for (; k + 1 < nb; k += 2)
             attn512_scores2_call(hd, R, q, kt + (size_t)k * 16 * hd, kt + (size_t)(k + 1) * 16 * hd, sc[k], sc[k + 1]);

@@ -826,7 +826,9 @@ static void check_attn_q(const tl_kernels *k, rng *r) {
                                    /* runs of whole blocks with a Q8_0 K (the multi-block path): 1 to 8 rows, a window */
                                    {64, 3, 33, 401, 0, TL_Q8_0, TL_Q8_0},  {256, 2, 9, 333, 0, TL_Q8_0, TL_Q8_0},
                                    {96, 5, 7, 47, 20, TL_Q8_0, TL_F16},    {64, 1, 40, 500, 0, TL_Q8_0, TL_Q8_0},
-                                   {128, 7, 5, 260, 0, TL_Q8_0, TL_Q4_0}};
+                                   {128, 7, 5, 260, 0, TL_Q8_0, TL_Q4_0},
+                                   /* the multi-block path with a Q4_0 K (blocks two at a time, and a last odd one) */
+                                   {64, 3, 33, 401, 0, TL_Q4_0, TL_Q4_0},  {96, 2, 20, 250, 0, TL_Q4_0, TL_Q8_0}};
     enum { BS = 16, NB = 48 }; /* positions up to 767 */
     tl_mathfn m;
     tl_mathfn_bind(&m, 0, 1);
