@@ -151,7 +151,8 @@ size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n) {
 void tl_kern_act_make(const tl_kernels *k, tl_type t, const float *x, void *row, int64_t n) {
     const tl_type vt = tl_type_info(t)->vec_dot_type;
     if (r8(k, t)) {
-        tl_r8_act_make(k->quantize[TL_Q8_1], x, row, n);
+        if (k->r8_act) k->r8_act(x, row, n);
+        else tl_r8_act_make(k->quantize[TL_Q8_1], x, row, n);
         return;
     }
     if (r8h(k, t)) {

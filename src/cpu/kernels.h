@@ -68,6 +68,9 @@ typedef struct tl_kernels {
                      float *y, size_t y_stride);
     tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
+    /* tl_r8_act_make's row in one pass (the same bytes); NULL: tl_r8_act_make
+     * over quantize[TL_Q8_1] */
+    void (*r8_act)(const float *x, void *row, int64_t n);
     /* f16 x f16 dot with f32 accumulation (attention scores against an f16 K cache) */
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
     /* the same for four rows x, x + x_stride, ... against one y; may be NULL */
