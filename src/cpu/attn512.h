@@ -556,7 +556,8 @@ AI void attn512_scores2_call(int hd, int R, const float *const *q, const float *
  * calls of attn512_pv, without o's trips through memory). p[k] holds block
  * k's weights, row r at p[k] + 16r; al[k][r] its alphas. */
 AI void attn512_pv_multi(int hd, int R, int W, int c0, int r0, float *const *o, const float (*al)[8],
-                         const float (*p)[8 * 16], int nb, const float *vf) {
+                         const unsigned char *one, const float (*p)[8 * 16], int nb, const float *vf) {
+    const unsigned rows = ((1u << R) - 1) << r0;
     for (; c0 + W <= hd; c0 += W) {
         __m512 acc[4][4];
         UNROLL
@@ -564,12 +565,15 @@ AI void attn512_pv_multi(int hd, int R, int W, int c0, int r0, float *const *o, 
             UNROLL
             for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
         for (int k = 0; k < nb; k++) {
-            UNROLL
-            for (int r = 0; r < R; r++) {
-                const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
+            /* o * 1 is o, bit for bit: past a context's first blocks a
+             * row's maximum seldom moves and its alpha is exactly 1 */
+            if ((one[k] & rows) != rows)
                 UNROLL
-                for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_mul_ps(acc[r][i], alv);
-            }
+                for (int r = 0; r < R; r++) {
+                    const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
+                    UNROLL
+                    for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_mul_ps(acc[r][i], alv);
+                }
             const float *vk = vf + (size_t)k * 16 * hd + c0;
             for (int j = 0; j < 16; j++) {
                 __m512 v[4];
@@ -597,6 +601,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
                         float *const *l, int nb, const float *kt, const float *vf) {
     const int hd = a->hd;
     float sc[TL_ATTN_NB][8 * 16], al[TL_ATTN_NB][8];
+    unsigned char one[TL_ATTN_NB]; /* block k: bit r when row r's alpha is 1 */
     int k = 0;
     if (tl_attn_kint(a)) {
         const uint8_t *kb = (const uint8_t *)(const void *)kt;
@@ -633,6 +638,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         const __m256 alv = _mm256_mask_blend_ps(
             first, _mm512_castps512_ps256(attn512_exp(_mm512_castps256_ps512(dm))), _mm256_setzero_ps());
         _mm256_storeu_ps(al[k], alv);
+        one[k] = (unsigned char)_mm256_cmp_ps_mask(alv, _mm256_set1_ps(1.0f), _CMP_EQ_OQ);
         float mn[8];
         _mm256_storeu_ps(mn, mv);
         _Pragma("GCC unroll 8")
@@ -655,8 +661,8 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         const int rn = R - r0 < 4 ? R - r0 : 4;
 #define PV_PASSES(RN)                                                                   \
     do {                                                                                \
-        attn512_pv_multi(hd, RN, 64, 0, r0, o, al, sc, nb, vf);                         \
-        attn512_pv_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, sc, nb, vf);              \
+        attn512_pv_multi(hd, RN, 64, 0, r0, o, al, one, sc, nb, vf);                    \
+        attn512_pv_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, sc, nb, vf);         \
     } while (0)
         switch (rn) {
         case 1: PV_PASSES(1); break;
