@@ -142,45 +142,45 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(int n, const float *x,
  * column registers: each load of S (or of a delta row) serves M fmas and
  * each broadcast W, which keeps the loop on the fma pipes. */
 #define GDN_UNROLL _Pragma("GCC unroll 4")
-#define GDN_SDOT_TILE(NAME, TGT, VEC, LANES, ZERO, LOAD, STORE, FMA, SET1)                                   \
-    __attribute__((target(TGT), always_inline)) static inline void NAME(int d, const float *S, int j,           \
-                                                                        const float *const *x, int m, int w,     \
-                                                                        float *acc) {                            \
-        VEC r[4][4];                                                                                           \
-        GDN_UNROLL for (int t = 0; t < 4; t++)                                                                            \
-            GDN_UNROLL for (int u = 0; u < 4; u++) r[t][u] = ZERO;                                                        \
-        for (int a = 0; a < d; a++) {                                                                          \
-            const float *s = S + (size_t)a * d + j;                                                            \
-            VEC v[4];                                                                                          \
-            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(s + u * LANES);                                            \
-            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                      \
-                const VEC b = SET1(x[t][a]);                                                                   \
-                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                                   \
-            }                                                                                                  \
-        }                                                                                                      \
-        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
-            GDN_UNROLL for (int u = 0; u < w; u++) STORE(acc + (size_t)t * d + j + u * LANES, r[t][u]);                   \
+#define GDN_SDOT_TILE(NAME, TGT, VEC, LANES, ZERO, LOAD, STORE, FMA, SET1)                                            \
+    __attribute__((target(TGT), always_inline)) static inline void NAME(int d, const float *S, int j,                 \
+                                                                        const float *const *x, int m, int w,          \
+                                                                        float *acc) {                                 \
+        VEC r[4][4];                                                                                                  \
+        GDN_UNROLL for (int t = 0; t < 4; t++)                                                                        \
+            GDN_UNROLL for (int u = 0; u < 4; u++) r[t][u] = ZERO;                                                    \
+        for (int a = 0; a < d; a++) {                                                                                 \
+            const float *s = S + (size_t)a * d + j;                                                                   \
+            VEC v[4];                                                                                                 \
+            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(s + u * LANES);                                        \
+            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                  \
+                const VEC b = SET1(x[t][a]);                                                                          \
+                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                               \
+            }                                                                                                         \
+        }                                                                                                             \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                        \
+            GDN_UNROLL for (int u = 0; u < w; u++) STORE(acc + (size_t)t * d + j + u * LANES, r[t][u]);               \
     }
 
 /* Rows a0..a0+m-1 of Sn, columns j..j+w*LANES-1. */
-#define GDN_RANK_TILE(NAME, TGT, VEC, LANES, LOAD, STORE, FMA, SET1, MUL)                                      \
-    __attribute__((target(TGT), always_inline)) static inline void NAME(                                       \
-        int d, float g, const float *S, int ne, const float *c, const float *const *dv, float *Sn, int a0, int j, \
-        int m, int w) {                                                                                        \
-        VEC r[4][4];                                                                                           \
-        const VEC vg = SET1(g);                                                                                \
-        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
-            GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = MUL(vg, LOAD(S + (size_t)(a0 + t) * d + j + u * LANES));     \
-        for (int e = 0; e < ne; e++) {                                                                         \
-            VEC v[4];                                                                                          \
-            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(dv[e] + j + u * LANES);                                    \
-            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                      \
-                const VEC b = SET1(c[(size_t)e * d + a0 + t]);                                                 \
-                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                                   \
-            }                                                                                                  \
-        }                                                                                                      \
-        GDN_UNROLL for (int t = 0; t < m; t++)                                                                            \
-            GDN_UNROLL for (int u = 0; u < w; u++) STORE(Sn + (size_t)(a0 + t) * d + j + u * LANES, r[t][u]);            \
+#define GDN_RANK_TILE(NAME, TGT, VEC, LANES, LOAD, STORE, FMA, SET1, MUL)                                             \
+    __attribute__((target(TGT), always_inline)) static inline void NAME(                                              \
+        int d, float g, const float *S, int ne, const float *c, const float *const *dv, float *Sn, int a0, int j,     \
+        int m, int w) {                                                                                               \
+        VEC r[4][4];                                                                                                  \
+        const VEC vg = SET1(g);                                                                                       \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                        \
+            GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = MUL(vg, LOAD(S + (size_t)(a0 + t) * d + j + u * LANES)); \
+        for (int e = 0; e < ne; e++) {                                                                                \
+            VEC v[4];                                                                                                 \
+            GDN_UNROLL for (int u = 0; u < w; u++) v[u] = LOAD(dv[e] + j + u * LANES);                                \
+            GDN_UNROLL for (int t = 0; t < m; t++) {                                                                  \
+                const VEC b = SET1(c[(size_t)e * d + a0 + t]);                                                        \
+                GDN_UNROLL for (int u = 0; u < w; u++) r[t][u] = FMA(b, v[u], r[t][u]);                               \
+            }                                                                                                         \
+        }                                                                                                             \
+        GDN_UNROLL for (int t = 0; t < m; t++)                                                                        \
+            GDN_UNROLL for (int u = 0; u < w; u++) STORE(Sn + (size_t)(a0 + t) * d + j + u * LANES, r[t][u]);         \
     }
 
 GDN_SDOT_TILE(sdot_tile_avx2, "avx2,fma", __m256, 8, _mm256_setzero_ps(), _mm256_loadu_ps, _mm256_storeu_ps,
@@ -195,27 +195,30 @@ GDN_RANK_TILE(rank_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_s
 /* The tile shapes by the registers a level has: AVX2's 16 hold 4 x 2
  * accumulators, AVX-512's 32 hold 4 x 4. Constant m and w let the compiler
  * keep the tile in registers; d is a multiple of 8 (of 16 for AVX-512). */
-#define GDN_DRIVERS(SDOT, RANK, TILE_S, TILE_R, LANES, W, TGT)                                                   \
-    __attribute__((target(TGT))) static void SDOT(int d, const float *S, int nt, const float *const *x,        \
-                                                  float *acc) {                                                \
-        int j = 0;                                                                                             \
-        for (; j + W * LANES <= d; j += W * LANES) {                                                           \
-            int t = 0;                                                                                         \
-            for (; t + 4 <= nt; t += 4) TILE_S(d, S, j, x + t, 4, W, acc + (size_t)t * d);                      \
-            for (; t < nt; t++) TILE_S(d, S, j, x + t, 1, W, acc + (size_t)t * d);                              \
-        }                                                                                                      \
-        for (; j < d; j += LANES)                                                                              \
-            for (int t = 0; t < nt; t++) TILE_S(d, S, j, x + t, 1, 1, acc + (size_t)t * d);                     \
-    }                                                                                                          \
-    __attribute__((target(TGT))) static void RANK(int d, float g, const float *S, int ne, const float *c,      \
-                                                  const float *const *dv, float *Sn) {                         \
-        for (int a = 0; a + 4 <= d; a += 4) {                                                                  \
-            int j = 0;                                                                                         \
-            for (; j + W * LANES <= d; j += W * LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, W);              \
-            for (; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, 1);                               \
-        }                                                                                                      \
-        for (int a = d / 4 * 4; a < d; a++)                                                                    \
-            for (int j = 0; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 1, 1);                      \
+#define GDN_DRIVERS(SDOT, RANK, TILE_S, TILE_R, LANES, W, TGT)                                                        \
+    __attribute__((target(TGT))) static void SDOT(int d, const float *S, int nt, const float *const *x,               \
+                                                  float *acc) {                                                       \
+        int j = 0;                                                                                                    \
+        for (; j + W * LANES <= d; j += W * LANES) {                                                                  \
+            int t = 0;                                                                                                \
+            for (; t + 4 <= nt; t += 4) TILE_S(d, S, j, x + t, 4, W, acc + (size_t)t * d);                            \
+            /* the rest in one tile: a decoded token's k and q share one read of S */                                 \
+            if (nt - t == 3) TILE_S(d, S, j, x + t, 3, W, acc + (size_t)t * d);                                       \
+            if (nt - t == 2) TILE_S(d, S, j, x + t, 2, W, acc + (size_t)t * d);                                       \
+            if (nt - t == 1) TILE_S(d, S, j, x + t, 1, W, acc + (size_t)t * d);                                       \
+        }                                                                                                             \
+        for (; j < d; j += LANES)                                                                                     \
+            for (int t = 0; t < nt; t++) TILE_S(d, S, j, x + t, 1, 1, acc + (size_t)t * d);                           \
+    }                                                                                                                 \
+    __attribute__((target(TGT))) static void RANK(int d, float g, const float *S, int ne, const float *c,             \
+                                                  const float *const *dv, float *Sn) {                                \
+        for (int a = 0; a + 4 <= d; a += 4) {                                                                         \
+            int j = 0;                                                                                                \
+            for (; j + W * LANES <= d; j += W * LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, W);                    \
+            for (; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 4, 1);                                     \
+        }                                                                                                             \
+        for (int a = d / 4 * 4; a < d; a++)                                                                           \
+            for (int j = 0; j < d; j += LANES) TILE_R(d, g, S, ne, c, dv, Sn, a, j, 1, 1);                            \
     }
 
 GDN_DRIVERS(sdot_avx2, rank_avx2, sdot_tile_avx2, rank_tile_avx2, 8, 2, "avx2,fma")
@@ -270,7 +273,8 @@ int tl_gdn_pos(const tl_cpu *c, int seq) { return c->gdn->pos[seq]; }
 void tl_gdn_free(tl_gdn *g) {
     if (!g) return;
     tl_big_free(g->mem);
-    float *bufs[] = {g->qkv, g->z, g->br, g->ar, g->q, g->k, g->v, g->g, g->b, g->d, g->G, g->o, g->ones, g->scr, g->conv_wt};
+    float *bufs[] = {g->qkv, g->z, g->br, g->ar, g->q,    g->k,   g->v,
+                     g->g,   g->b, g->d,  g->G,  g->o, g->ones, g->scr, g->conv_wt};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) tl_cpu_free_buf(bufs[i]);
     int *ib[] = {g->pos, g->lo, g->tidx, g->run_seq, g->run_t0, g->run_n, g->run_p0, g->tok_run};
     for (size_t i = 0; i < sizeof ib / sizeof *ib; i++) tl_cpu_free_buf(ib[i]);
@@ -312,7 +316,8 @@ int tl_gdn_new(tl_cpu *c, int n_seq, tl_error *err) {
     g->lay = (g->exact ? 3 : 2) * g->s_floats + (size_t)g->ring * g->e.size;
     g->f = (gdn_fns){axpy_ref, scale_ref, dot_ref, sdot_ref, rank_ref, conv_ref};
 #ifdef GDN_X86
-    if (c->kern.level >= TL_CPU_AVX2) g->f = (gdn_fns){axpy_avx2, scale_avx2, dot_avx2, sdot_avx2, rank_avx2, conv_avx2};
+    if (c->kern.level >= TL_CPU_AVX2)
+        g->f = (gdn_fns){axpy_avx2, scale_avx2, dot_avx2, sdot_avx2, rank_avx2, conv_avx2};
     if (c->kern.level >= TL_CPU_AVX512 && g->ds % 16 == 0) {
         g->f.sdot = sdot_avx512;
         g->f.rank = rank_avx512;
