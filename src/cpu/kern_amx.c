@@ -292,4 +292,6 @@ void tl_kernels_fill_amx(tl_kernels *k, tl_num_mode mode) {
     k->gemm[TL_Q4_K] = amx_gemm_q4_K;
     k->gemm[TL_Q5_K] = amx_gemm_q5_K;
     k->gemm[TL_Q6_K] = amx_gemm_q6_K;
+    k->unpack[TL_Q6_K] = NULL; /* the AMX gemm makes its own planes */
+    k->wgemm[TL_Q6_K] = NULL;
 }

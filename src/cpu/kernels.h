@@ -67,6 +67,12 @@ typedef struct tl_kernels {
     void (*tile_f32)(int64_t n, const float *w, size_t w_stride, int nr, const float *a, size_t a_stride, int nt,
                      float *y, size_t y_stride);
     tl_widen_fn widen[TL_TYPE_COUNT];     /* packed rows -> packed Q8_0 rows; may be NULL */
+    /* The fast mode's prompts: a row tile's packed rows unpacked once
+     * (unpack, into tl_kern_unpacked_bytes) for a gemm that then reads them
+     * for every token (wgemm, the same bits as gemm); NULL where gemm
+     * unpacks as it goes */
+    tl_widen_fn unpack[TL_TYPE_COUNT];
+    tl_gemm_fn wgemm[TL_TYPE_COUNT];
     tl_quantize_fn quantize[TL_TYPE_COUNT]; /* indexed by activation type */
     /* tl_r8_act_make's row in one pass (the same bytes); NULL: tl_r8_act_make
      * over quantize[TL_Q8_1] */
@@ -130,6 +136,15 @@ int tl_r8q6_pack(tl_type type, const void *src, void *dst, int64_t nrows, int64_
  * group's bytes are read in address order (cpu/r8_tile.h). */
 static inline size_t tl_r8q6_ql(int c, int k) { return 144 + 96 * (size_t)(8 * (c >> 1) + k) + 32 * (size_t)(c & 1); }
 static inline size_t tl_r8q6_qh(int h, int k) { return 144 + 96 * (size_t)(8 * h + k) + 64; }
+/* Q6_K's unpacked copy (kernels.h unpack/wgemm, AVX-512 VNNI): per pair of
+ * 8-row groups and superblock, the 16 rows' d as f32 (64 bytes), 16
+ * sub-blocks x 16 rows of int32 scales (1024), 8 x 16 int16 pairs of them
+ * (sub-blocks 2j, 2j+1: 512), then element runs of 4 x 16 rows as unsigned
+ * 6-bit bytes in element order (4096). */
+#define TL_R8Q6W_SB 5696
+static inline size_t tl_r8q6w_bytes(int64_t nrows, int64_t n) {
+    return (size_t)((nrows + 15) / 16) * (size_t)(n / 256) * TL_R8Q6W_SB;
+}
 void tl_kernels_fill_r8k_ref(tl_kernels *k);
 /* The AVX-512 VNNI tiles of Q4_K (q5 0) or Q5_K (1), and Q6_K, on r8k rows:
  * what the AMX gemm (cpu/kern_amx.c) leaves to them, a few tokens or an odd group. */

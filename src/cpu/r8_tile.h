@@ -890,6 +890,117 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
 }
 #endif
 
+#if R8_ZMM
+/* Q6_K for prompts through its unpacked copy (TL_R8Q6W_SB): the r8q6z
+ * tile's unpacking (about one vector op per vpdpbusd at 4 tokens) done
+ * once per row tile instead of once per 4 tokens. The integer sums are the
+ * same exact integers and the float steps per lane r8q6_tile's, so the bits
+ * are the gemm's. */
+static void r8q6w_unpack(const void *vw, size_t ws, int nr, int64_t n, void *out) {
+    const uint8_t *w = vw;
+    const size_t gs = 8 * ws;
+    const int64_t nb = n / QK_K;
+    const int ng = (nr + 7) / 8;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    for (int g = 0; g < ng; g += 2) {
+        /* an odd last group pairs with itself; its second half is never stored */
+        const uint8_t *g0 = w + (size_t)g * gs, *g1 = g + 1 < ng ? g0 + gs : g0;
+        uint8_t *q = (uint8_t *)out + (size_t)(g / 2) * (size_t)nb * TL_R8Q6W_SB;
+        for (int64_t b = 0; b < nb; b++, q += TL_R8Q6W_SB) {
+            const uint8_t *o0 = g0 + (size_t)b * 8 * R8Q6_SB, *o1 = g1 + (size_t)b * 8 * R8Q6_SB;
+            _mm512_storeu_ps(q, rz_halves(o0, o1, 0));
+            for (int sb = 0; sb < 16; sb++)
+                _mm512_storeu_si512(q + 64 + 64 * sb, rz_bytes8(o0 + 16 + 8 * sb, o1 + 16 + 8 * sb));
+            for (int j = 0; j < 8; j++)
+                _mm512_storeu_si512(q + 1088 + 64 * j, rz_pairs16(o0 + 16 + 16 * j, o1 + 16 + 16 * j));
+            uint8_t *qq = q + 1600;
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 8; k++) {
+                    const size_t lo0 = tl_r8q6_ql(2 * h, k), lo1 = tl_r8q6_ql(2 * h + 1, k), hi_at = tl_r8q6_qh(h, k);
+                    const __m512i L0 = rz_load2(o0 + lo0, o1 + lo0), L1 = rz_load2(o0 + lo1, o1 + lo1);
+                    const __m512i H = rz_load2(o0 + hi_at, o1 + hi_at);
+                    UNROLL
+                    for (int x = 0; x < 4; x++) /* elements 128h + 32x + 4k .. +3 */
+                        _mm512_storeu_si512(qq + (size_t)(32 * h + 8 * x + k) * 64, q6_run16(x & 1 ? L1 : L0, H, x, m4, m30));
+                }
+        }
+    }
+}
+
+/* 16 rows (one pair of the unpacked copy) x N tokens. */
+AI void r8q6w_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a, size_t as, float *y, size_t ys) {
+    const int64_t nb = n / QK_K;
+    __m512 acc[4];
+    UNROLL
+    for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = w + (size_t)b * TL_R8Q6W_SB, *sc = q + 64, *scp = q + 1088, *qq = q + 1600;
+        __m512i isum[4];
+        UNROLL
+        for (int t = 0; t < N; t++) { /* the offset: -32 * sum_s sc_s * bsum_s, by sub-block pairs */
+            const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
+            __m512i bias = _mm512_setzero_si512();
+            UNROLL8
+            for (int j = 0; j < 8; j++) {
+                int32_t pr;
+                memcpy(&pr, bs + 2 * j, 4);
+                bias = _mm512_dpwssd_epi32(bias, _mm512_loadu_si512((const void *)(scp + 64 * j)), _mm512_set1_epi32(pr));
+            }
+            isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
+        }
+        for (int s = 0; s < 16; s++) {
+            __m512i d[4];
+            UNROLL
+            for (int t = 0; t < N; t++) d[t] = _mm512_setzero_si512();
+            UNROLL
+            for (int kk = 0; kk < 4; kk++) {
+                const __m512i u = _mm512_loadu_si512((const void *)(qq + (size_t)(4 * s + kk) * 64));
+                UNROLL
+                for (int t = 0; t < N; t++) {
+                    int32_t av;
+                    memcpy(&av, ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->qs + 16 * s + 4 * kk, 4);
+                    d[t] = _mm512_dpbusd_epi32(d[t], u, _mm512_set1_epi32(av));
+                }
+            }
+            const __m512i scv = _mm512_loadu_si512((const void *)(sc + 64 * s));
+            UNROLL
+            for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[t], scv));
+        }
+        const __m512 dw = _mm512_loadu_ps((const float *)(const void *)q);
+        UNROLL
+        for (int t = 0; t < N; t++) {
+            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys, acc[t], nr);
+}
+
+/* The gemm over r8q6w_unpack's copy of nr rows (ws: unused, the copy's
+ * layout follows from n). */
+static void r8q6w_gemm(int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
+                       size_t ys) {
+    (void)ws;
+    const uint8_t *w = vw, *a = va;
+    const size_t ps = (size_t)(n / QK_K) * TL_R8Q6W_SB;
+    const int np = (nr + 15) / 16;
+    for (int t0 = 0; t0 < nt; t0 += 4) {
+        const int tn = nt - t0 < 4 ? nt - t0 : 4;
+        for (int p = 0; p < np; p++) {
+            const uint8_t *wp = w + p * ps, *at = a + (size_t)t0 * as;
+            float *yt = y + (size_t)t0 * ys + 16 * p;
+            switch (tn) {
+            case 1: r8q6w_tile(1, n, wp, nr - 16 * p, at, as, yt, ys); break;
+            case 2: r8q6w_tile(2, n, wp, nr - 16 * p, at, as, yt, ys); break;
+            case 3: r8q6w_tile(3, n, wp, nr - 16 * p, at, as, yt, ys); break;
+            default: r8q6w_tile(4, n, wp, nr - 16 * p, at, as, yt, ys); break;
+            }
+        }
+    }
+}
+#endif
+
 AI void r8q6_gemm_pf(int pf, int64_t n, const void *vw, size_t ws, int nr, const void *va, size_t as, int nt, float *y,
                       size_t ys) {
     const uint8_t *w = vw, *a = va;
@@ -1117,6 +1228,10 @@ static void r8_fill(tl_kernels *k) {
     k->gemm[TL_F16] = r8h_gemm_f16;
     k->gemm[TL_BF16] = r8h_gemm_bf16;
     k->widen[TL_Q4_0] = k->widen[TL_Q5_0] = NULL;
+#if R8_ZMM
+    k->unpack[TL_Q6_K] = r8q6w_unpack;
+    k->wgemm[TL_Q6_K] = r8q6w_gemm;
+#endif
 }
 
 #endif

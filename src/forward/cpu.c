@@ -43,6 +43,9 @@ typedef struct mm_job {
 } mm_job;
 
 #define MM_ROW_TILE 32
+/* Tokens from which a row tile's rows are unpacked once (kernels.h
+ * unpack) rather than by the gemm for every 4 tokens */
+#define UNPACK_MIN_TOKENS 16
 
 /* nr rows of a weight matrix of type tt from wr (row stride rb: the
  * packed layout's with use_gemm, else the file's) against nt activation rows
@@ -57,6 +60,9 @@ static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8
     if (gemm && widen) {
         widen(wr, rb, nr, cols, wide);
         k->gemm[TL_Q8_0](cols, wide, tl_row_size(TL_Q8_0, cols), nr, xa, xa_row, nt, y, y_stride);
+    } else if (gemm && wide && nt >= UNPACK_MIN_TOKENS && k->unpack[tt]) {
+        k->unpack[tt](wr, rb, nr, cols, wide);
+        k->wgemm[tt](cols, wide, 0, nr, xa, xa_row, nt, y, y_stride);
     } else if (gemm) {
         gemm(cols, wr, rb, nr, xa, xa_row, nt, y, y_stride);
     } else if (tt == TL_F32 && !dot_as && k->tile_f32 && rb % sizeof(float) == 0 && xa_row % sizeof(float) == 0) {
@@ -1732,6 +1738,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
     if (hp->n_embd > widest) widest = hp->n_embd;
     if (hp->n_ff_exp > widest) widest = hp->n_ff_exp;
+    if (hp->n_rec_layer > 0 && hp->ssm_n_vh * hp->ssm_d_state > widest) widest = hp->ssm_n_vh * hp->ssm_d_state; /* ssm_out */
     size_t xa_row = tl_row_size(TL_F32, widest); /* f32 is the widest activation format */
     if (!fail) {
         c->K.mem = tl_big_alloc(kn ? kn : 1);
@@ -1785,6 +1792,8 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->xa = tl_cpu_calloc((size_t)nb, xa_row, &fail);
     c->scores = tl_cpu_calloc((size_t)nt * c->n_ctx, sizeof(float), &fail);
     c->wide_size = MM_ROW_TILE * tl_row_size(TL_Q8_0, ((widest + 31) / 32) * 32);
+    const size_t unpacked = tl_r8q6w_bytes(MM_ROW_TILE, ((widest + QK_K - 1) / QK_K) * QK_K);
+    if (c->wide_size < unpacked) c->wide_size = unpacked;
     c->wide = tl_cpu_calloc((size_t)nt, c->wide_size, &fail);
     c->vacc = tl_cpu_calloc((size_t)nt * 9 * hp->head_dim_max, sizeof(float), &fail);
     const int n_ones = hp->head_dim_max > hp->n_embd ? hp->head_dim_max : hp->n_embd;

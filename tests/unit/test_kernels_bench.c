@@ -480,6 +480,21 @@ static void check_r8q6_case(const tl_kernels *k, const tl_kernels *ref, int64_t 
         }
         CHECK(same_as_ref(k, ref, t, n, wp, pb, nr, a, ab, nt, y, yr, ys), "%s r8 Q6_K n=%lld %dx%d: not the reference's bits",
               k->name, (long long)n, nr, nt);
+        /* the prompts' path through the unpacked copy (kernels.h unpack, wgemm): the reference's bits too */
+        uint8_t *u = k->unpack[t] ? malloc(tl_r8q6w_bytes(nr, n)) : NULL;
+        if (u) {
+            float *yu = malloc(sizeof(float) * ys * (size_t)nt);
+            CHECK(yu != NULL, "alloc");
+            if (yu) {
+                for (size_t i = 0; i < ys * (size_t)nt; i++) yu[i] = -7.0f;
+                k->unpack[t](wp, pb, nr, n, u);
+                k->wgemm[t](n, u, 0, nr, a, ab, nt, yu, ys);
+                CHECK(memcmp(yu, yr, sizeof(float) * ys * (size_t)nt) == 0,
+                      "%s r8 Q6_K unpacked n=%lld %dx%d: not the reference's bits", k->name, (long long)n, nr, nt);
+            }
+            free(yu);
+        }
+        free(u);
         int bad = 0;
         for (int ti = 0; ti < nt; ti++) {
             const block_q8_K *q8 = (const block_q8_K *)(const void *)(a + (size_t)ti * ab);
@@ -681,7 +696,8 @@ static void check_r8(const tl_kernels *k, const tl_kernels *ref, rng *r) {
             check_r8h_case(k, ref, bf ? TL_BF16 : TL_F16, 75, hshapes[sh][0], hshapes[sh][1], 0, r); /* odd */
             if (bf) check_r8h_case(k, ref, TL_BF16, 96, hshapes[sh][0], hshapes[sh][1], 1, r);
         }
-    static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}, {13, 3}, {24, 3}, {21, 6}, {32, 2}, {24, 1}, {40, 1}};
+    static const int qshapes[][2] = {{8, 1}, {13, 1}, {8, 2}, {16, 4}, {3, 5}, {13, 3}, {24, 3}, {21, 6}, {32, 2}, {24, 1}, {40, 1},
+                                     {32, 17}, {24, 18}, {8, 16}};
     for (size_t sh = 0; sh < sizeof qshapes / sizeof *qshapes; sh++) {
         check_r8q6_case(k, ref, 256, qshapes[sh][0], qshapes[sh][1], r);
         check_r8q6_case(k, ref, 2048, qshapes[sh][0], qshapes[sh][1], r);
