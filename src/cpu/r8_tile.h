@@ -808,6 +808,34 @@ AI __m512i q6_run16(__m512i L, __m512i H, int x, __m512i m4, __m512i m30) {
     return _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
 }
 
+/* The offset -32 * sum_s sc_s * bsum_s of superblock b for N tokens, by
+ * sub-block pairs (scp[j]: the int16 pairs of sub-blocks 2j and 2j+1). The
+ * r8q6z and r8q6w tiles both start their integer sums here, so their bits
+ * are one. */
+AI void q6z_bias(int N, const __m512i scp[8], const uint8_t *a, size_t as, int64_t b, __m512i isum[4]) {
+    UNROLL
+    for (int t = 0; t < N; t++) {
+        const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
+        __m512i bias = _mm512_setzero_si512();
+        UNROLL8
+        for (int j = 0; j < 8; j++) {
+            int32_t pr;
+            memcpy(&pr, bs + 2 * j, 4);
+            bias = _mm512_dpwssd_epi32(bias, scp[j], _mm512_set1_epi32(pr));
+        }
+        isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
+    }
+}
+
+/* The float step of superblock b (r8q6_tile's per lane): acc += isum * (dw * da). */
+AI void q6z_acc(int N, __m512 dw, const __m512i isum[4], const uint8_t *a, size_t as, int64_t b, __m512 acc[4]) {
+    UNROLL
+    for (int t = 0; t < N; t++) {
+        const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[t]);
+    }
+}
+
 AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const uint8_t *a, size_t as, float *y,
                    size_t ys) {
     const int64_t nb = n / QK_K;
@@ -827,18 +855,7 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
             __m512i scp[8];
             UNROLL8
             for (int j = 0; j < 8; j++) scp[j] = rz_pairs16(o0 + 16 + 16 * j, o1 + 16 + 16 * j);
-            UNROLL
-            for (int t = 0; t < N; t++) {
-                const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
-                __m512i bias = _mm512_setzero_si512();
-                UNROLL8
-                for (int j = 0; j < 8; j++) {
-                    int32_t pr;
-                    memcpy(&pr, bs + 2 * j, 4);
-                    bias = _mm512_dpwssd_epi32(bias, scp[j], _mm512_set1_epi32(pr));
-                }
-                isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
-            }
+            q6z_bias(N, scp, a, as, b, isum);
         }
         /* The four 32-element runs x of a half share their loads: the high
          * bits H serve all four, each low-bit vector two (x and x + 2). */
@@ -878,12 +895,7 @@ AI void r8q6z_tile(int N, int64_t n, const uint8_t *w, size_t gs, int nr, const 
                     for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[x][t], sc));
                 }
             }
-        const __m512 dw = rz_halves(o0, o1, 0);
-        UNROLL
-        for (int t = 0; t < N; t++) {
-            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[t]);
-        }
+        q6z_acc(N, rz_halves(o0, o1, 0), isum, a, as, b, acc);
     }
     UNROLL
     for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys, acc[t], nr);
@@ -935,19 +947,10 @@ AI void r8q6w_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a,
     for (int t = 0; t < N; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = w + (size_t)b * TL_R8Q6W_SB, *sc = q + 64, *scp = q + 1088, *qq = q + 1600;
-        __m512i isum[4];
-        UNROLL
-        for (int t = 0; t < N; t++) { /* the offset: -32 * sum_s sc_s * bsum_s, by sub-block pairs */
-            const int16_t *bs = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->bsums;
-            __m512i bias = _mm512_setzero_si512();
-            UNROLL8
-            for (int j = 0; j < 8; j++) {
-                int32_t pr;
-                memcpy(&pr, bs + 2 * j, 4);
-                bias = _mm512_dpwssd_epi32(bias, _mm512_loadu_si512((const void *)(scp + 64 * j)), _mm512_set1_epi32(pr));
-            }
-            isum[t] = _mm512_mullo_epi32(bias, _mm512_set1_epi32(-32));
-        }
+        __m512i isum[4], pairs[8];
+        UNROLL8
+        for (int j = 0; j < 8; j++) pairs[j] = _mm512_loadu_si512((const void *)(scp + 64 * j));
+        q6z_bias(N, pairs, a, as, b, isum);
         for (int s = 0; s < 16; s++) {
             __m512i d[4];
             UNROLL
@@ -966,12 +969,7 @@ AI void r8q6w_tile(int N, int64_t n, const uint8_t *w, int nr, const uint8_t *a,
             UNROLL
             for (int t = 0; t < N; t++) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(d[t], scv));
         }
-        const __m512 dw = _mm512_loadu_ps((const float *)(const void *)q);
-        UNROLL
-        for (int t = 0; t < N; t++) {
-            const float da = ((const block_q8_K *)(const void *)(a + (size_t)t * as) + b)->d;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[t]);
-        }
+        q6z_acc(N, _mm512_loadu_ps((const float *)(const void *)q), isum, a, as, b, acc);
     }
     UNROLL
     for (int t = 0; t < N; t++) r8_store16(y + (size_t)t * ys, acc[t], nr);
