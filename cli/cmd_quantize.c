@@ -25,22 +25,24 @@
 static const char QUANTIZE_HELP[] =
     "usage: tokenloop quantize [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
     "\n"
-    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K IQ4_NL IQ4_XS F16 BF16 F32,\n"
-    "              or MXFP4_MOE\n"
-    "              (mixture-of-experts tensors MXFP4, the rest Q8_0, as llama.cpp's)\n"
-    "  --pure      every quantizable tensor gets TYPE (no Q6_K output matrix,\n"
-    "              no Q4_K mixture); shapes a type cannot hold still fall back\n"
+    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q6_K\n"
+    "              IQ4_NL IQ4_XS F16 BF16 F32, or MXFP4_MOE (mixture-of-experts\n"
+    "              tensors MXFP4, the rest Q8_0, as llama.cpp's)\n"
+    "  --pure      every quantizable tensor gets TYPE's base type (no Q6_K\n"
+    "              output matrix, no _S/_M mixture); shapes a type cannot hold\n"
+    "              still fall back\n"
     "  -t, --threads N  threads (default: all online CPUs)\n"
     "\n"
     "Chooses tensor types as llama.cpp's llama-quantize does: 2-D weights are\n"
     "converted (norms and 1-D tensors are copied), the output matrix (or the\n"
-    "tied token embedding) gets Q6_K unless TYPE is Q8_0/F16/BF16/F32, Q4_K\n"
-    "means llama.cpp's Q4_K_S, and rows a type cannot hold fall back to a\n"
+    "tied token embedding) gets Q6_K unless TYPE is Q8_0/F16/BF16/F32, the _M\n"
+    "mixes give some attn_v and ffn_down tensors more bits (Q4_K and Q5_K\n"
+    "alone mean the _S mixes), and rows a type cannot hold fall back to a\n"
     "32-element type or F16. Already quantized inputs are dequantized first.\n"
     "OUT is written to OUT.tmp and renamed when complete. An importance matrix\n"
     "(llama-quantize's --imatrix) is out of scope: no type here needs one.\n";
 
-/* TYPE names and llama.cpp's LLAMA_FTYPE for each (K-quants: the _S mix). */
+/* TYPE names and llama.cpp's LLAMA_FTYPE for each (Q4_K, Q5_K: the _S mixes). */
 static const struct qtype_entry {
     const char *name;
     tl_type type;
@@ -48,12 +50,15 @@ static const struct qtype_entry {
 } QTYPES[] = {
     {"F32", TL_F32, 0},   {"F16", TL_F16, 1},   {"Q4_0", TL_Q4_0, 2}, {"Q4_1", TL_Q4_1, 3},
     {"Q8_0", TL_Q8_0, 7}, {"Q5_0", TL_Q5_0, 8}, {"Q5_1", TL_Q5_1, 9}, {"Q4_K", TL_Q4_K, 14},
-    {"Q5_K", TL_Q5_K, 16}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
+    {"Q4_K_S", TL_Q4_K, 14}, {"Q4_K_M", TL_Q4_K, 15}, {"Q5_K", TL_Q5_K, 16}, {"Q5_K_S", TL_Q5_K, 16},
+    {"Q5_K_M", TL_Q5_K, 17}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
     {"MXFP4_MOE", TL_MXFP4, 38}, {"IQ4_NL", TL_IQ4_NL, 25}, {"IQ4_XS", TL_IQ4_XS, 30},
 };
 #define FTYPE_IQ4_NL 25
 #define FTYPE_IQ4_XS 30
 #define FTYPE_Q4_K_S 14
+#define FTYPE_Q4_K_M 15
+#define FTYPE_Q5_K_M 17
 #define FTYPE_MXFP4_MOE 38
 
 typedef enum category {
@@ -120,13 +125,20 @@ typedef struct mix_state {
     int tied;      /* no output.weight: token_embd is the output matrix */
     int n_layer;
     int n_gqa;     /* query heads per KV head (1 if the metadata does not say) */
-    int n_expert;  /* 8: Mixtral's rules */
+    int n_expert;  /* 8: Mixtral's rules; above 1, ffn_down's layer is read from its name */
+    int is_70b;    /* llama.cpp's LLM_TYPE_70B (80 layers of llama with grouped KV heads, or of qwen2) */
+    int n_attn_v;  /* the attn_v-like tensors of the file */
     int i_attn_v, i_ffn_down;
 } mix_state;
 
+/* llama.cpp's use_more_bits: the first and last eighth of n, and every
+ * third index between. */
+static int more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
 /* llama_tensor_get_type_impl for our ftypes: the output matrix gets Q6_K
  * (Q8_0 if its rows do not fit the target's blocks); Q4_K_S also raises the
- * first 4 attn_v and the first n_layer/8 ffn_down to Q5_K. */
+ * first 4 attn_v and the first n_layer/8 ffn_down to Q5_K; Q4_K_M and Q5_K_M
+ * raise the attn_v and ffn_down that more_bits picks to Q6_K. */
 static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t ftype) {
     category c = get_category(p->name);
     if (ftype == FTYPE_MXFP4_MOE) /* experts (3-D) MXFP4, everything else Q8_0 */
@@ -136,18 +148,25 @@ static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t fty
         return t == TL_Q8_0 ? t : TL_Q6_K;
     }
     const int iq4 = ftype == FTYPE_IQ4_NL || ftype == FTYPE_IQ4_XS;
+    const int km = ftype == FTYPE_Q4_K_M || ftype == FTYPE_Q5_K_M;
     if (c == CAT_ATTN_V) {
         if (iq4 && s->n_gqa >= 4) t = TL_Q5_K;
+        else if (km && more_bits(s->i_attn_v, s->n_attn_v)) t = TL_Q6_K;
         else if (ftype == FTYPE_Q4_K_S && s->i_attn_v < 4) t = TL_Q5_K;
+        if (s->is_70b && t == TL_Q4_K) t = TL_Q5_K; /* 8 query heads share each attn_v row */
         if (s->n_expert == 8) t = TL_Q8_0;
         s->i_attn_v++;
     } else if (c == CAT_ATTN_K) {
         if (s->n_expert == 8) t = TL_Q8_0;
     } else if (c == CAT_ATTN_OUT) {
-        if (s->n_expert == 8 && (iq4 || ftype == FTYPE_Q4_K_S)) t = TL_Q5_K;
+        if (s->n_expert == 8 && (iq4 || ftype == FTYPE_Q4_K_S || ftype == FTYPE_Q4_K_M)) t = TL_Q5_K;
     } else if (c == CAT_FFN_DOWN) {
-        if (ftype == FTYPE_Q4_K_S && s->i_ffn_down < s->n_layer / 8) t = TL_Q5_K;
-        else if (iq4 && s->i_ffn_down < s->n_layer / 8) t = TL_Q5_K; /* no importance matrix */
+        /* a mixture's experts are not in layer order among the ffn_down
+         * tensors: llama.cpp takes the layer from the name there */
+        const int i = s->n_expert > 1 ? p->layer : s->i_ffn_down, n = s->n_layer;
+        if (km && more_bits(i, n)) t = TL_Q6_K;
+        else if (iq4 && i < n / 8) t = TL_Q5_K; /* no importance matrix */
+        else if (ftype == FTYPE_Q4_K_S && i < n / 8) t = TL_Q5_K;
         s->i_ffn_down++;
     }
     return t;
@@ -199,6 +218,7 @@ static int make_plan(const tl_gguf *g, const qopts *o, plan_item **out, tl_error
         snprintf(p->name, sizeof p->name, "%.*s", (int)p->t->name.len, p->t->name.ptr);
         p->layer = parse_layer(p->name);
         if (!strcmp(p->name, "output.weight")) s.tied = 0;
+        if (get_category(p->name) == CAT_ATTN_V) s.n_attn_v++;
         if (p->layer + 1 > s.n_layer) s.n_layer = p->layer + 1;
     }
     int64_t n_layer;
@@ -216,6 +236,7 @@ static int make_plan(const tl_gguf *g, const qopts *o, plan_item **out, tl_error
         s.n_gqa = nh > 0 && nkv > 0 ? (int)(nh / nkv) : 1;
         snprintf(key, sizeof key, "%.*s.expert_count", (int)(a.len < 64 ? a.len : 64), a.ptr);
         if (tl_gguf_get_int(g, key, &ne) == 1 && ne > 0 && ne < (1 << 20)) s.n_expert = (int)ne;
+        if (s.n_layer == 80 && ((tl_str_eq(a, "llama") && nh != nkv) || tl_str_eq(a, "qwen2"))) s.is_70b = 1;
     }
     qsort(items, g->n_tensors, sizeof *items, cmp_item);
     for (uint64_t i = 0; i < g->n_tensors; i++) items[i].dst = choose_type(&s, &items[i], o);
@@ -441,7 +462,10 @@ int cmd_quantize(int argc, char **argv) {
     for (size_t i = 0; i < sizeof QTYPES / sizeof QTYPES[0]; i++)
         if (!strcasecmp(type_name, QTYPES[i].name)) o.target = &QTYPES[i];
     if (!o.target) {
-        cli_error("unknown type '%s' (one of Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K F16 BF16 F32)", type_name);
+        char names[256] = "";
+        for (size_t i = 0; i < sizeof QTYPES / sizeof QTYPES[0]; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? " " : "", QTYPES[i].name);
+        cli_error("unknown type '%s' (one of %s)", type_name, names);
         return 1;
     }
     if (!o.n_threads) {

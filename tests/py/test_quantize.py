@@ -32,7 +32,8 @@ TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop"))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # LLAMA_FTYPE per target (K-quants: the _S mix), from llama.cpp's llama.h.
 FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-         "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32}
+         "Q4_K": 14, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K": 16, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
+         "IQ4_XS": 30, "BF16": 32}
 GGUF_CAN_QUANTIZE = {QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
 # Relative RMS error bounds for values of N(0, s) rows (measured errors are
 # about 2/3 of these): the types gguf cannot quantize are checked this way.
@@ -330,6 +331,127 @@ def test_synthetic(tmp):
         compare(mid, out, "Q8_0", synth_expect(KEEP + table), "requantize Q4_K -> Q8_0")
 
 
+# ---- the _S/_M mixes against llama-quantize's own choices ---------------------------
+#
+# Files whose shapes make every mix rule visible (rows of 256, so K-quants need
+# no fallback): a dense llama with grouped KV heads, Mixtral's 8 experts, a
+# qwen2moe with a shared expert (two ffn_down per layer, so the counter and the
+# layer differ), and an 80-layer llama with grouped KV heads (llama.cpp's 70B
+# rule). tests/oracle/make_fixtures_quantize.py ran llama-quantize on them:
+# the fixture holds each tensor's type and a sha256 of its bytes.
+
+MIX_FIXTURE = os.path.join(ROOT, "tests", "oracle", "fixtures", "quantize_mix.json")
+MIX_KINDS = {
+    # kind: (arch, layers, experts, used, shared expert width)
+    "dense": ("llama", 16, 0, 0, 0),
+    "mixtral": ("llama", 8, 8, 2, 0),
+    "qwen2moe": ("qwen2moe", 16, 4, 2, 256),
+    "llama80": ("llama", 80, 0, 0, 0),
+}
+MIX_TYPES = ["Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "IQ4_XS"]
+
+
+def write_mix(path, kind):
+    arch, n_layer, n_exp, n_used, ff_sh = MIX_KINDS[kind]
+    d, n_head, n_kv, ff, vocab = 256, 8, 2, 256, 256
+    rng = np.random.default_rng(11)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(512)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(d // n_head)
+    w.add_file_type(1)
+    if n_exp:
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(n_used)
+        if arch == "qwen2moe":
+            w.add_expert_feed_forward_length(ff)
+            w.add_expert_shared_feed_forward_length(ff_sh)
+    mat = lambda *shape: (rng.standard_normal(shape) * 0.05).astype(np.float16)  # noqa: E731
+    w.add_tensor("token_embd.weight", mat(vocab, d))
+    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    w.add_tensor("output.weight", mat(vocab, d))
+    kv = d // n_head * n_kv
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(d, dtype=np.float32))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(d, dtype=np.float32))
+        for n, r, c in (("attn_q", d, d), ("attn_k", kv, d), ("attn_v", kv, d), ("attn_output", d, d)):
+            w.add_tensor(b + n + ".weight", mat(r, c))
+        if kind == "llama80":  # the rule reads attn_v alone: the rest kept small
+            w.add_tensor(b + "ffn_down.weight", mat(d, ff))
+            continue
+        if not n_exp:
+            for n, r, c in (("ffn_gate", ff, d), ("ffn_up", ff, d), ("ffn_down", d, ff)):
+                w.add_tensor(b + n + ".weight", mat(r, c))
+            continue
+        w.add_tensor(b + "ffn_gate_inp.weight", (rng.standard_normal((n_exp, d)) * 0.05).astype(np.float32))
+        for n, r, c in (("ffn_gate_exps", ff, d), ("ffn_up_exps", ff, d), ("ffn_down_exps", d, ff)):
+            w.add_tensor(b + n + ".weight", mat(n_exp, r, c))
+        if ff_sh:
+            w.add_tensor(b + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.05).astype(np.float32))
+            for n, r, c in (("ffn_gate_shexp", ff_sh, d), ("ffn_up_shexp", ff_sh, d), ("ffn_down_shexp", d, ff_sh)):
+                w.add_tensor(b + n + ".weight", mat(r, c))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tensor_digests(path):
+    """A GGUF file's tensor types {name: type name} and one sha256 over all
+    tensors' bytes in name order."""
+    import hashlib
+    _, tensors = read_gguf(path)
+    h = hashlib.sha256()
+    for t in sorted(tensors, key=lambda t: t.name):
+        h.update(t.name.encode() + b"\0" + np.ascontiguousarray(t.data).tobytes())
+    return {"types": {t.name: t.tensor_type.name for t in tensors}, "sha256": h.hexdigest()}
+
+
+def mix_cases():
+    """(kind, type) pairs: the 80-layer file only for the types its rule touches."""
+    return [(k, q) for k in MIX_KINDS for q in MIX_TYPES if k != "llama80" or q in ("Q4_K_M", "Q4_K_S")]
+
+
+def test_mixes(tmp):
+    import json
+    try:
+        with open(MIX_FIXTURE) as f:
+            fix = json.load(f)
+    except OSError as e:
+        check(False, f"{MIX_FIXTURE}: {e}")
+        return
+    made = {}
+    for kind, qtype in mix_cases():
+        src = os.path.join(tmp, f"mix-{kind}.gguf")
+        if kind not in made:
+            write_mix(src, kind)
+            made[kind] = src
+        key = f"{kind} {qtype}"
+        want = fix["files"].get(key)
+        if not check(want is not None, f"{key}: not in {MIX_FIXTURE}"):
+            continue
+        out = os.path.join(tmp, "mix-out.gguf")
+        if not quantize(src, out, qtype):
+            continue
+        got = tensor_digests(out)
+        gt, wt = got["types"], want["types"]
+        check(set(gt) == set(wt), f"{key}: tensor names differ from llama-quantize's")
+        bad = [n for n in wt if n in gt and gt[n] != wt[n]]
+        check(not bad, f"{key}: types differ from llama-quantize's: " +
+              ", ".join(f"{n} {gt[n]} (want {wt[n]})" for n in bad[:6]))
+        if not bad:
+            check(got["sha256"] == want["sha256"], f"{key}: the tensors' bytes differ from llama-quantize's")
+        os.remove(out)
+    for src in made.values():
+        os.remove(src)
+
+
 # ---- errors ---------------------------------------------------------------------
 
 def expect_failure(args, out, needle, what):
@@ -369,6 +491,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="tl-quantize-")
     try:
         test_synthetic(tmp)
+        test_mixes(tmp)
         test_errors(tmp)
         test_smollm(tmp)
     finally:
