@@ -25,9 +25,10 @@
 static const char QUANTIZE_HELP[] =
     "usage: tokenloop quantize [--pure] [-t N] IN.gguf OUT.gguf TYPE\n"
     "\n"
-    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K_M Q4_K_S Q5_K_M Q5_K_S Q6_K\n"
-    "              IQ4_NL IQ4_XS F16 BF16 F32, or MXFP4_MOE (mixture-of-experts\n"
-    "              tensors MXFP4, the rest Q8_0, as llama.cpp's)\n"
+    "  TYPE        Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S\n"
+    "              Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS F16 BF16 F32, or\n"
+    "              MXFP4_MOE (mixture-of-experts tensors MXFP4, the rest Q8_0);\n"
+    "              Q3_K, Q4_K and Q5_K are llama-quantize's aliases of the _M mixes\n"
     "  --pure      every quantizable tensor gets TYPE's base type (no Q6_K\n"
     "              output matrix, no _S/_M mixture); shapes a type cannot hold\n"
     "              still fall back\n"
@@ -35,27 +36,33 @@ static const char QUANTIZE_HELP[] =
     "\n"
     "Chooses tensor types as llama.cpp's llama-quantize does: 2-D weights are\n"
     "converted (norms and 1-D tensors are copied), the output matrix (or the\n"
-    "tied token embedding) gets Q6_K unless TYPE is Q8_0/F16/BF16/F32, the _M\n"
-    "mixes give some attn_v and ffn_down tensors more bits (Q4_K and Q5_K\n"
-    "alone mean the _S mixes), and rows a type cannot hold fall back to a\n"
+    "tied token embedding) gets Q6_K unless TYPE is Q8_0/F16/BF16/F32, the\n"
+    "mixes give attn_v, ffn_down and attn_output tensors more bits as\n"
+    "llama-quantize's do, and rows a type cannot hold fall back to a\n"
     "32-element type or F16. Already quantized inputs are dequantized first.\n"
     "OUT is written to OUT.tmp and renamed when complete. An importance matrix\n"
     "(llama-quantize's --imatrix) is out of scope: no type here needs one.\n";
 
-/* TYPE names and llama.cpp's LLAMA_FTYPE for each (Q4_K, Q5_K: the _S mixes). */
+/* TYPE names and llama.cpp's LLAMA_FTYPE for each (Q3_K, Q4_K, Q5_K: the _M
+ * mixes, llama-quantize's aliases). */
 static const struct qtype_entry {
     const char *name;
     tl_type type;
     uint32_t ftype;
 } QTYPES[] = {
     {"F32", TL_F32, 0},   {"F16", TL_F16, 1},   {"Q4_0", TL_Q4_0, 2}, {"Q4_1", TL_Q4_1, 3},
-    {"Q8_0", TL_Q8_0, 7}, {"Q5_0", TL_Q5_0, 8}, {"Q5_1", TL_Q5_1, 9}, {"Q4_K", TL_Q4_K, 14},
-    {"Q4_K_S", TL_Q4_K, 14}, {"Q4_K_M", TL_Q4_K, 15}, {"Q5_K", TL_Q5_K, 16}, {"Q5_K_S", TL_Q5_K, 16},
-    {"Q5_K_M", TL_Q5_K, 17}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
+    {"Q8_0", TL_Q8_0, 7}, {"Q5_0", TL_Q5_0, 8}, {"Q5_1", TL_Q5_1, 9}, {"Q2_K", TL_Q2_K, 10},
+    {"Q3_K", TL_Q3_K, 12}, {"Q3_K_S", TL_Q3_K, 11}, {"Q3_K_M", TL_Q3_K, 12}, {"Q3_K_L", TL_Q3_K, 13},
+    {"Q4_K", TL_Q4_K, 15}, {"Q4_K_S", TL_Q4_K, 14}, {"Q4_K_M", TL_Q4_K, 15}, {"Q5_K", TL_Q5_K, 17},
+    {"Q5_K_S", TL_Q5_K, 16}, {"Q5_K_M", TL_Q5_K, 17}, {"Q6_K", TL_Q6_K, 18}, {"BF16", TL_BF16, 32},
     {"MXFP4_MOE", TL_MXFP4, 38}, {"IQ4_NL", TL_IQ4_NL, 25}, {"IQ4_XS", TL_IQ4_XS, 30},
 };
 #define FTYPE_IQ4_NL 25
 #define FTYPE_IQ4_XS 30
+#define FTYPE_Q2_K 10
+#define FTYPE_Q3_K_S 11
+#define FTYPE_Q3_K_M 12
+#define FTYPE_Q3_K_L 13
 #define FTYPE_Q4_K_S 14
 #define FTYPE_Q4_K_M 15
 #define FTYPE_Q5_K_M 17
@@ -135,10 +142,10 @@ typedef struct mix_state {
  * third index between. */
 static int more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-/* llama_tensor_get_type_impl for our ftypes: the output matrix gets Q6_K
- * (Q8_0 if its rows do not fit the target's blocks); Q4_K_S also raises the
- * first 4 attn_v and the first n_layer/8 ffn_down to Q5_K; Q4_K_M and Q5_K_M
- * raise the attn_v and ffn_down that more_bits picks to Q6_K. */
+/* llama_tensor_get_type_impl for our ftypes (no Falcon rules): the output
+ * matrix gets Q6_K (Q8_0 if its rows do not fit the target's blocks); the
+ * mixes raise attn_v, ffn_down and attn_output as below; an 8-expert model
+ * keeps attn_k/attn_v in Q8_0. */
 static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t ftype) {
     category c = get_category(p->name);
     if (ftype == FTYPE_MXFP4_MOE) /* experts (3-D) MXFP4, everything else Q8_0 */
@@ -150,21 +157,37 @@ static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t fty
     const int iq4 = ftype == FTYPE_IQ4_NL || ftype == FTYPE_IQ4_XS;
     const int km = ftype == FTYPE_Q4_K_M || ftype == FTYPE_Q5_K_M;
     if (c == CAT_ATTN_V) {
-        if (iq4 && s->n_gqa >= 4) t = TL_Q5_K;
+        if (ftype == FTYPE_Q2_K) t = s->n_gqa >= 4 ? TL_Q4_K : TL_Q3_K;
+        else if (ftype == FTYPE_Q3_K_M) t = s->i_attn_v < 2 ? TL_Q5_K : TL_Q4_K;
+        else if (ftype == FTYPE_Q3_K_L) t = TL_Q5_K;
+        else if (iq4 && s->n_gqa >= 4) t = TL_Q5_K;
         else if (km && more_bits(s->i_attn_v, s->n_attn_v)) t = TL_Q6_K;
         else if (ftype == FTYPE_Q4_K_S && s->i_attn_v < 4) t = TL_Q5_K;
-        if (s->is_70b && t == TL_Q4_K) t = TL_Q5_K; /* 8 query heads share each attn_v row */
+        if (s->is_70b && (t == TL_Q3_K || t == TL_Q4_K)) t = TL_Q5_K; /* 8 query heads share each attn_v row */
         if (s->n_expert == 8) t = TL_Q8_0;
         s->i_attn_v++;
     } else if (c == CAT_ATTN_K) {
         if (s->n_expert == 8) t = TL_Q8_0;
     } else if (c == CAT_ATTN_OUT) {
-        if (s->n_expert == 8 && (iq4 || ftype == FTYPE_Q4_K_S || ftype == FTYPE_Q4_K_M)) t = TL_Q5_K;
+        if (s->n_expert == 8) {
+            if (iq4 || ftype == FTYPE_Q2_K || ftype == FTYPE_Q3_K_S || ftype == FTYPE_Q3_K_M ||
+                ftype == FTYPE_Q4_K_S || ftype == FTYPE_Q4_K_M)
+                t = TL_Q5_K;
+        } else if (ftype == FTYPE_Q2_K) {
+            t = TL_Q3_K;
+        } else if (ftype == FTYPE_Q3_K_M) {
+            t = TL_Q4_K;
+        } else if (ftype == FTYPE_Q3_K_L) {
+            t = TL_Q5_K;
+        }
     } else if (c == CAT_FFN_DOWN) {
         /* a mixture's experts are not in layer order among the ffn_down
          * tensors: llama.cpp takes the layer from the name there */
         const int i = s->n_expert > 1 ? p->layer : s->i_ffn_down, n = s->n_layer;
-        if (km && more_bits(i, n)) t = TL_Q6_K;
+        if (ftype == FTYPE_Q2_K) t = TL_Q3_K;
+        else if (ftype == FTYPE_Q3_K_M) t = i < n / 16 ? TL_Q5_K : TL_Q4_K;
+        else if (ftype == FTYPE_Q3_K_L) t = TL_Q5_K;
+        else if (km && more_bits(i, n)) t = TL_Q6_K;
         else if (iq4 && i < n / 8) t = TL_Q5_K; /* no importance matrix */
         else if (ftype == FTYPE_Q4_K_S && i < n / 8) t = TL_Q5_K;
         s->i_ffn_down++;
@@ -176,6 +199,8 @@ static tl_type mixture(mix_state *s, const plan_item *p, tl_type t, uint32_t fty
 static tl_type fallback(tl_type t, int64_t ncols) {
     if (ncols % blck(t) == 0) return t;
     switch (t) {
+    case TL_Q2_K:
+    case TL_Q3_K: t = TL_Q4_0; break;
     case TL_Q4_K: t = TL_Q5_0; break;
     case TL_Q5_K: t = TL_Q5_1; break;
     case TL_Q6_K: t = TL_Q8_0; break;

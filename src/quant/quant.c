@@ -653,10 +653,11 @@ int tl_quantize_row_act(tl_type type, const float *src, void *dst, int64_t n) {
 
 /* Asymmetric fit of n values to 0..nmax with a scale and a min (ggml's
  * make_qkx2_quants): starts from the min/max grid, then tries nstep+1 grid
- * stretches and keeps the weighted least-squares fit with least error.
+ * stretches and keeps the weighted least-squares fit with least error, the
+ * error summed as w * |diff| with mad (Q2_K), else w * diff^2.
  * Returns the scale; *neg_min gets -min (>= 0). */
 static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                           float rmin, float rdelta, int nstep) {
+                           float rmin, float rdelta, int nstep, int mad) {
     uint8_t Laux[32];
     float mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
@@ -675,7 +676,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     for (int i = 0; i < n; i++) {
         L[i] = (uint8_t)imax(0, imin(nmax, nearest_int(iscale * (x[i] - mn))));
         float diff = scale * L[i] + mn - x[i];
-        best_err += w[i] * (diff * diff);
+        best_err += w[i] * (mad ? fabsf(diff) : diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (mx - mn);
@@ -698,7 +699,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
         float err = 0;
         for (int i = 0; i < n; i++) {
             float diff = this_scale * Laux[i] + this_min - x[i];
-            err += w[i] * (diff * diff);
+            err += w[i] * (mad ? fabsf(diff) : diff * diff);
         }
         if (err < best_err) {
             memcpy(L, Laux, (size_t)n);
@@ -750,6 +751,139 @@ static float fit_scale_sym(int n, int nmax, const float *x, int8_t *L) {
     return scale;
 }
 
+/* Symmetric fit of n values to -nmax..nmax-1 for Q3_K (ggml's make_q3_quants
+ * with its rmse search): from the nmax/max grid, up to 5 passes that move one
+ * quant at a time to the value that most improves the x^2-weighted
+ * least-squares fit. L gets the quants + nmax; returns the fitted scale. */
+static float fit_scale_q3(int n, int nmax, const float *x, int8_t *L) {
+    const float max = signed_absmax(x, n);
+    if (fabsf(max) < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[i])));
+        L[i] = (int8_t)l;
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int pass = 0; pass < 5; pass++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (!(slx > 0)) continue;
+            float sl2 = suml2 - w * L[i] * L[i];
+            const int l = imax(-nmax, imin(nmax - 1, nearest_int(x[i] * sl2 / slx)));
+            if (l == L[i]) continue;
+            slx += w * x[i] * l;
+            sl2 += w * l * l;
+            if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = (int8_t)l;
+                sumlx = slx;
+                suml2 = sl2;
+                changed++;
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Packs four 2-bit quants of each 128 into Q2_K/Q3_K's qs (element j + 32 s
+ * of a 128 in bits 2s of byte j). */
+static void pack_q2(const uint8_t L[QK_K], uint8_t qs[QK_K / 4]) {
+    for (int j = 0; j < QK_K; j += 128)
+        for (int l = 0; l < 32; l++)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+/* Q2_K: per 16 values an asymmetric 2-bit fit weighted by |x| against the
+ * absolute error; the 16 scales and mins to 4 bits against the block's
+ * largest, then the values re-fitted to the rounded ones. */
+static void q_q2_K(const float *x, block_q2_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    float w[16], scales[16], mins[16];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; j++) {
+            for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
+            scales[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, 1);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        y[i].d = f2h(0.f);
+        y[i].dmin = f2h(0.f);
+        if (max_scale > 0) {
+            const float iscale = 15.f / max_scale;
+            for (int j = 0; j < 16; j++) y[i].scales[j] = (uint8_t)nearest_int(iscale * scales[j]);
+            y[i].d = f2h(max_scale / 15.f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.f / max_min;
+            for (int j = 0; j < 16; j++) y[i].scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+            y[i].dmin = f2h(max_min / 15.f);
+        }
+        for (int j = 0; j < 16; j++) {
+            const float d = h2f(y[i].d) * (y[i].scales[j] & 0xF);
+            if (d == 0.0f) continue;
+            const float dm = h2f(y[i].dmin) * (y[i].scales[j] >> 4);
+            for (int l = 0; l < 16; l++) L[16 * j + l] = (uint8_t)imax(0, imin(3, nearest_int((x[16 * j + l] + dm) / d)));
+        }
+        pack_q2(L, y[i].qs);
+    }
+}
+
+/* Q3_K: per 16 values a symmetric 3-bit fit (fit_scale_q3); the 16 scales to
+ * 6 bits against the largest in magnitude (low nibbles in bytes 0-7, high
+ * pairs in 8-11), the values re-fitted; the third bit of each quant in hmask
+ * (bit j/32 of byte j%32). */
+static void q_q3_K(const float *x, block_q3_K *y, int64_t nb) {
+    int8_t L[QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; j++) {
+            scales[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
+            if (fabsf(scales[j]) > amax) {
+                amax = fabsf(scales[j]);
+                max_scale = scales[j];
+            }
+        }
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        y[i].d = f2h(0.f);
+        if (max_scale != 0.0f) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; j++) {
+                const int l = imax(-32, imin(31, nearest_int(iscale * scales[j]))) + 32;
+                if (j < 8) y[i].scales[j] = (uint8_t)(l & 0xF);
+                else y[i].scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+                y[i].scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+            }
+            y[i].d = f2h(1 / iscale);
+        }
+        for (int j = 0; j < 16; j++) {
+            const int lo = j < 8 ? y[i].scales[j] & 0xF : y[i].scales[j - 8] >> 4;
+            const int sc = (lo | (((y[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+            const float d = h2f(y[i].d) * sc;
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; l++) L[16 * j + l] = (int8_t)(imax(-4, imin(3, nearest_int(x[16 * j + l] / d))) + 4);
+        }
+        memset(y[i].hmask, 0, sizeof y[i].hmask);
+        uint8_t U[QK_K];
+        for (int j = 0; j < QK_K; j++) {
+            U[j] = (uint8_t)(L[j] & 3);
+            if (L[j] > 3) y[i].hmask[j % 32] |= (uint8_t)(1 << (j / 32));
+        }
+        pack_q2(U, y[i].qs);
+    }
+}
+
 /* Packs 8 six-bit scales and mins into Q4_K/Q5_K's 12 bytes. */
 static void pack_scale_min_k4(const uint8_t ls[8], const uint8_t lm[8], uint8_t out[12]) {
     for (int j = 0; j < 8; j++) {
@@ -778,7 +912,7 @@ static void qk_fit_block(const float *x, int nmax, float rmin, int nstep, uint8_
         for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
         const float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-        scales[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep);
+        scales[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], rmin, 0.1f, nstep, 0);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -874,6 +1008,8 @@ int tl_quantize_row(tl_type type, const float *src, void *dst, int64_t n) {
     case TL_Q5_0: q_q5_0(src, dst, nb); return 0;
     case TL_Q5_1: q_q5_1(src, dst, nb); return 0;
     case TL_Q8_0: q_q8_0_ref(src, dst, nb); return 0;
+    case TL_Q2_K: q_q2_K(src, dst, nb); return 0;
+    case TL_Q3_K: q_q3_K(src, dst, nb); return 0;
     case TL_Q4_K: q_q4_K(src, dst, nb); return 0;
     case TL_Q5_K: q_q5_K(src, dst, nb); return 0;
     case TL_Q6_K: q_q6_K(src, dst, nb); return 0;

@@ -31,9 +31,9 @@ except ImportError as e:  # no silent skip: a missing package is a failure
 TL_BIN = os.environ.get("TL_BIN", os.path.join(ROOT, "build", "tokenloop"))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # LLAMA_FTYPE per target (K-quants: the _S mix), from llama.cpp's llama.h.
-FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-         "Q4_K": 14, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K": 16, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
-         "IQ4_XS": 30, "BF16": 32}
+FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+         "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17,
+         "Q6_K": 18, "IQ4_XS": 30, "BF16": 32}
 GGUF_CAN_QUANTIZE = {QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
 # Relative RMS error bounds for values of N(0, s) rows (measured errors are
 # about 2/3 of these): the types gguf cannot quantize are checked this way.
@@ -202,7 +202,7 @@ BLOCK = {QT.F32: 1, QT.F16: 1, QT.BF16: 1, QT.Q4_0: 32, QT.Q4_1: 32, QT.Q5_0: 32
 
 def smol_expect(qtype, pure):
     """SmolLM2: tied (no output.weight), 576 wide (no multiple of 256), 30 layers."""
-    target = QT[qtype]
+    target = QT[qtype[:4] if qtype[1:3] in ("4_", "5_") and qtype.endswith(("_S", "_M")) else qtype]
 
     def expect(name, t):
         dims = [d for d in t.shape if d > 1]
@@ -214,7 +214,7 @@ def smol_expect(qtype, pure):
         new = target
         if not pure and name == "token_embd.weight":
             new = QT.Q8_0 if ncols % BLOCK[target] else (target if target == QT.Q8_0 else QT.Q6_K)
-        if not pure and qtype == "Q4_K":  # Q4_K_S: first 4 attn_v, first 30/8 ffn_down
+        if not pure and qtype == "Q4_K_S":  # first 4 attn_v, first 30/8 ffn_down
             layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
             if name.endswith("attn_v.weight") and layer < 4:
                 new = QT.Q5_K
@@ -232,7 +232,7 @@ def test_smollm(tmp):
     if not os.path.isfile(SMOL):
         check(False, f"{SMOL} missing (run scripts/fetch-models.sh)")
         return
-    cases = [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q4_K", False), ("Q6_K", True),
+    cases = [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q4_K_S", False), ("Q6_K", True),
              ("F16", False), ("bf16", False)]
     for qtype, pure in cases:
         out = os.path.join(tmp, f"smol-{qtype}{'-pure' if pure else ''}.gguf")
@@ -308,10 +308,10 @@ def test_synthetic(tmp):
         (tied, "Q4_0", True, [("extra.narrow.weight", QT.F16), ("*", QT.Q4_0)]),
         (untied, "Q4_0", False, [("output.weight", QT.Q6_K), ("extra.narrow.weight", QT.F16), ("*", QT.Q4_0)]),
         (tied, "Q8_0", False, [("extra.narrow.weight", QT.F16), ("*", QT.Q8_0)]),
-        (tied, "Q4_K", False, [("token_embd.weight", QT.Q6_K), ("extra.narrow.weight", QT.F16),
+        (tied, "Q4_K_S", False, [("token_embd.weight", QT.Q6_K), ("extra.narrow.weight", QT.F16),
                                ("extra.mid.weight", QT.Q5_0)] + q4k_mix + [("*", QT.Q4_K)]),
-        (untied, "Q4_K", True, [("extra.narrow.weight", QT.F16), ("extra.mid.weight", QT.Q5_0), ("*", QT.Q4_K)]),
-        (tied, "Q5_K", True, [("extra.narrow.weight", QT.F16), ("extra.mid.weight", QT.Q5_1), ("*", QT.Q5_K)]),
+        (untied, "Q4_K_M", True, [("extra.narrow.weight", QT.F16), ("extra.mid.weight", QT.Q5_0), ("*", QT.Q4_K)]),
+        (tied, "Q5_K_S", True, [("extra.narrow.weight", QT.F16), ("extra.mid.weight", QT.Q5_1), ("*", QT.Q5_K)]),
         (untied, "Q6_K", False, [("extra.narrow.weight", QT.F16), ("extra.mid.weight", QT.Q8_0), ("*", QT.Q6_K)]),
         (tied, "F16", False, [("*", QT.F16)]),
         (untied, "BF16", True, [("*", QT.BF16)]),
@@ -326,7 +326,7 @@ def test_synthetic(tmp):
     # Requantizing a quantized file: from the Q4_K file to Q8_0 (dequantize, quantize).
     mid = os.path.join(tmp, "synth-q4k.gguf")
     out = os.path.join(tmp, "synth-q8.gguf")
-    if quantize(tied, mid, "Q4_K", True) and quantize(mid, out, "Q8_0", True):
+    if quantize(tied, mid, "Q4_K_S", True) and quantize(mid, out, "Q8_0", True):
         table = [("extra.narrow.weight", QT.F16), ("*", QT.Q8_0)]  # F16 already: copied
         compare(mid, out, "Q8_0", synth_expect(KEEP + table), "requantize Q4_K -> Q8_0")
 
@@ -348,7 +348,9 @@ MIX_KINDS = {
     "qwen2moe": ("qwen2moe", 16, 4, 2, 256),
     "llama80": ("llama", 80, 0, 0, 0),
 }
-MIX_TYPES = ["Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "IQ4_XS"]
+MIX_TYPES = ["Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S", "IQ4_XS"]
+# llama-quantize's aliases: the _M mixes
+MIX_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 
 
 def write_mix(path, kind):
@@ -380,11 +382,11 @@ def write_mix(path, kind):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", np.ones(d, dtype=np.float32))
         w.add_tensor(b + "ffn_norm.weight", np.ones(d, dtype=np.float32))
+        if kind == "llama80":  # the rule reads attn_v alone: the rest left out
+            w.add_tensor(b + "attn_v.weight", mat(kv, d))
+            continue
         for n, r, c in (("attn_q", d, d), ("attn_k", kv, d), ("attn_v", kv, d), ("attn_output", d, d)):
             w.add_tensor(b + n + ".weight", mat(r, c))
-        if kind == "llama80":  # the rule reads attn_v alone: the rest kept small
-            w.add_tensor(b + "ffn_down.weight", mat(d, ff))
-            continue
         if not n_exp:
             for n, r, c in (("ffn_gate", ff, d), ("ffn_up", ff, d), ("ffn_down", d, ff)):
                 w.add_tensor(b + n + ".weight", mat(r, c))
@@ -415,7 +417,8 @@ def tensor_digests(path):
 
 def mix_cases():
     """(kind, type) pairs: the 80-layer file only for the types its rule touches."""
-    return [(k, q) for k in MIX_KINDS for q in MIX_TYPES if k != "llama80" or q in ("Q4_K_M", "Q4_K_S")]
+    return [(k, q) for k in MIX_KINDS for q in MIX_TYPES
+            if k != "llama80" or q in ("Q3_K_S", "Q3_K_M", "Q4_K_M")]
 
 
 def test_mixes(tmp):
@@ -448,6 +451,16 @@ def test_mixes(tmp):
         if not bad:
             check(got["sha256"] == want["sha256"], f"{key}: the tensors' bytes differ from llama-quantize's")
         os.remove(out)
+    # the aliases write what their _M mix writes, with its file type
+    src = made.get("dense")
+    for alias, full in MIX_ALIASES.items():
+        out = os.path.join(tmp, "mix-alias.gguf")
+        want = fix["files"].get(f"dense {full}")
+        if src and want and quantize(src, out, alias):
+            check(tensor_digests(out) == want, f"{alias}: not llama-quantize's {full}")
+            check(read_gguf(out)[0].get("general.file_type") == (4, FTYPE[full].to_bytes(4, "little")),
+                  f"{alias}: general.file_type is not {full}'s")
+            os.remove(out)
     for src in made.values():
         os.remove(src)
 
