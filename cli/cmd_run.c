@@ -286,7 +286,9 @@ static void show_probs(const out_state *os, const tl_gen_event *ev) {
 static int on_token(const tl_gen_event *ev, void *user) {
     out_state *os = user;
     if (os->o->print_ids) {
-        if (ev->token >= 0 && !tl_token_is_eog(os->m, ev->token))
+        /* an end token that ends the answer is not part of it; under
+         * --ignore-eos it is a token like any other, fed back and printed */
+        if (ev->token >= 0 && (os->o->ignore_eos || !tl_token_is_eog(os->m, ev->token)))
             printf("%s%d", os->n_ids++ ? "," : "[", ev->token);
         return 0;
     }

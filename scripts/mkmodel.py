@@ -346,6 +346,28 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
             put(b + "ffn_down.weight", g.mat(D, FF))
     put("output_norm.weight", g.vec(D, 1.0, 0.2))
     put("output.weight", g.mat(n_vocab, D))
+    # multi-token prediction blocks (--mtp) after the model: drawn last, so the
+    # model's own weights are those of the same seed without them
+    for i in range(L, L + args.mtp):
+        b = f"blk.{i}."
+        put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "attn_q.weight", g.mat(2 * nh * hd, D))
+        put(b + "attn_k.weight", g.mat(nkv * hd, D))
+        put(b + "attn_v.weight", g.mat(nkv * hd, D))
+        put(b + "attn_q_norm.weight", g.vec(hd, 1.0, 0.2))
+        put(b + "attn_k_norm.weight", g.vec(hd, 1.0, 0.2))
+        put(b + "attn_output.weight", g.mat(D, nh * hd))
+        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
+        if moe:
+            put_experts(put, g, b, moe)
+        else:
+            put(b + "ffn_gate.weight", g.mat(FF, D))
+            put(b + "ffn_up.weight", g.mat(FF, D))
+            put(b + "ffn_down.weight", g.mat(D, FF))
+        put(b + "nextn.eh_proj.weight", g.mat(D, 2 * D))
+        put(b + "nextn.enorm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "nextn.hnorm.weight", g.vec(D, 1.0, 0.2))
+        put(b + "nextn.shared_head_norm.weight", g.vec(D, 1.0, 0.2))
 
 
 def build_gemma4(args, w, spec, g, put, n_vocab):
@@ -526,8 +548,10 @@ def build(args):
     w.add_file_type(FILE_TYPE[args.type])
     w.add_context_length(args.ctx)
     w.add_embedding_length(D)
-    w.add_block_count(L)
     hybrid = args.arch in ("qwen35", "qwen35moe")
+    w.add_block_count(L + (args.mtp if hybrid else 0))
+    if hybrid and args.mtp:
+        w.add_uint32(f"{spec['arch']}.nextn_predict_layers", args.mtp)
     gemma4 = spec["arch"] == "gemma4"
     if not gemma4:  # per layer (build_gemma4)
         w.add_feed_forward_length(FF)
@@ -914,6 +938,9 @@ def main():
                     help="write <arch>.rope.scaling.type and its keys (tokenloop refuses longrope)")
     ap.add_argument("--rope-factor", type=float, default=4.0, help="rope.scaling.factor (default 4)")
     ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
+    ap.add_argument("--mtp", type=int, default=0,
+                    help="qwen35/qwen35moe: this many multi-token prediction blocks after the layers "
+                         "(<arch>.nextn_predict_layers), as Qwen3.5's files carry")
     ap.add_argument("--ctx", type=int, default=4096, help="context_length, the training context (default 4096)")
     ap.add_argument("--n-head", type=int, help="query heads (default 4: heads of 32); 2 gives heads of 64, 1 of 128 "
                     "(the KV heads: at most as many, default 2)")

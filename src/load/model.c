@@ -232,6 +232,15 @@ static int read_hparams(tl_model *m, tl_error *err) {
         (st = hp_int(m, "attention.sliding_window", 0, 0, &hp->n_swa, err)) ||
         (st = hp_float(m, "final_logit_softcapping", 0, 0.0, &hp->logit_softcap, err)))
         return st;
+    /* The last nextn_predict_layers blocks predict further tokens (Qwen3.5's
+     * multi-token prediction, for a draft that reads the model's own hidden
+     * state); the model is the blocks before them, as llama.cpp's n_layer(). */
+    int n_nextn = 0;
+    if ((st = hp_int(m, "nextn_predict_layers", 0, 0, &n_nextn, err))) return st;
+    if (n_nextn < 0 || n_nextn >= hp->n_layer)
+        return tl_fail(err, TL_ERR_FORMAT, "metadata %s.nextn_predict_layers = %d leaves no layer of %d", m->arch->name,
+                       n_nextn, hp->n_layer);
+    hp->n_layer -= n_nextn;
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->n_ff <= 0 || hp->n_head % hp->n_head_kv != 0)
         return tl_fail(err, TL_ERR_FORMAT,
@@ -863,6 +872,9 @@ static int bind_weights(tl_model *m, tl_error *err) {
     if (m->arch->hybrid || m->arch->arch == TL_ARCH_GEMMA4) {
         for (int i = 0; i < hp->n_layer && m->arch->hybrid; i++)
             if ((st = bind_hybrid_layer(m, i, err))) return st;
+        if (m->arch->hybrid && hp->n_rec_layer == hp->n_layer) /* llama.cpp cannot run one either */
+            return tl_fail(err, TL_ERR_UNSUPPORTED, "%s with no attention layer (all %d layers recurrent) is not supported",
+                           m->arch->name, hp->n_layer);
         if (!m->arch->hybrid && (st = bind_gemma4(m, err))) return st;
         return finish_shapes(m, err);
     }

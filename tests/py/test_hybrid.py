@@ -14,6 +14,9 @@ server, at temperature 0, in both numerics modes:
 - with --cache-dir, a restarted server serves the prompt from disk (its KV
   blocks and the state at their last boundary, under DIR/states) as cold;
 - the trace and /metrics report the state.
+A qwen35 and a qwen35moe file carrying a multi-token prediction block after
+their layers (nextn_predict_layers, as Qwen3.5's files do) run as the same
+files without it: llama.cpp leaves that block to its draft, and so do we.
 And Gemma 4 (a random gemma4 with per-layer inputs and layers that read an
 earlier layer's KV cache, and a gemma4moe): a cached prompt and a speculative
 run answer as cold.
@@ -136,7 +139,36 @@ def run_gemma4(arch, numerics):
         spec.stop()
 
 
+def run_mtp(tmp):
+    """An MTP block after the layers changes no logit (both modes)."""
+    ids = ",".join(str(i) for i in (1, 15043, 3186, 29892, 445, 338, 263, 1243, 310, 278, 6055, 29889) * 6)
+    for arch in ("qwen35", "qwen35moe"):
+        files = {}
+        for mtp in (0, 1):
+            path = os.path.join(tmp, f"{arch}_mtp{mtp}.gguf")
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), arch, path, "--seed", "43",
+                                "--mtp", str(mtp)], capture_output=True, text=True)
+            if check(p.returncode == 0, f"mkmodel.py {arch} --mtp {mtp}: {p.stderr[-300:]}"):
+                files[mtp] = path
+        if len(files) < 2:
+            continue
+        for numerics in ("fast", "exact"):
+            out = {}
+            for mtp, path in files.items():
+                o = os.path.join(tmp, f"logits{mtp}.bin")
+                r = subprocess.run([tlserver.TL_BIN, "logits", "-m", path, "--ids", ids, "-o", o, "--numerics", numerics],
+                                   capture_output=True, text=True)
+                if check(r.returncode == 0, f"{arch} mtp {mtp} [{numerics}]: logits: {r.stderr.strip()[-300:]}"):
+                    with open(o, "rb") as f:
+                        out[mtp] = f.read()
+            if len(out) == 2:
+                check(len(out[0]) > 0 and out[0] == out[1],
+                      f"{arch} [{numerics}]: the file with an MTP block gives other logits than without it")
+
+
 def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        run_mtp(tmp)
     for arch, path in GEMMA4.items():
         p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), arch, path, "--seed", "42",
                             "--type", "q8_0"], capture_output=True, text=True)
