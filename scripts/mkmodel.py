@@ -536,6 +536,11 @@ def build_bert(args):
 
 def build(args):
     spec = ARCHS[args.arch]
+    if args.experts:
+        if not spec.get("moe"):
+            sys.exit(f"mkmodel.py: {args.arch} has no experts (--experts)")
+        n_exp, n_used = (int(v) for v in args.experts.split(","))
+        spec["moe"] = (n_exp, n_used) + tuple(spec["moe"][2:])
     arch = args.arch_name or spec["arch"]
     tied = spec["tied"] if args.tied is None else args.tied
     w = gguf.GGUFWriter(args.out, arch)
@@ -573,6 +578,8 @@ def build(args):
             w.add_expert_feed_forward_length(ff_exp)
         if ff_sh:
             w.add_expert_shared_feed_forward_length(ff_sh)
+        if args.expert_weights_scale is not None:
+            w.add_float32(f"{arch}.expert_weights_scale", args.expert_weights_scale)
     if args.arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(args.rope_orig_ctx or 4096)
     if args.arch == "gpt-oss":
@@ -938,6 +945,9 @@ def main():
                     help="write <arch>.rope.scaling.type and its keys (tokenloop refuses longrope)")
     ap.add_argument("--rope-factor", type=float, default=4.0, help="rope.scaling.factor (default 4)")
     ap.add_argument("--rope-orig-ctx", type=int, help="YaRN's rope.scaling.original_context_length")
+    ap.add_argument("--experts", metavar="E,K", help="a mixture's experts and experts used per token")
+    ap.add_argument("--expert-weights-scale", type=float,
+                    help="write <arch>.expert_weights_scale (llama.cpp reads it for none of these architectures)")
     ap.add_argument("--mtp", type=int, default=0,
                     help="qwen35/qwen35moe: this many multi-token prediction blocks after the layers "
                          "(<arch>.nextn_predict_layers), as Qwen3.5's files carry")

@@ -862,8 +862,6 @@ static void route_tokens(tl_cpu *c, int t0, int t1, void *arg) {
             if (fs < 6.103515625e-5f) fs = 6.103515625e-5f;
             for (int i = 0; i < k; i++) w[i] = w[i] / fs;
         }
-        if (E->w_scale != 0.0f && E->w_scale != 1.0f)
-            for (int i = 0; i < k; i++) w[i] *= E->w_scale;
     }
 }
 

@@ -292,9 +292,11 @@ static int read_hparams(tl_model *m, tl_error *err) {
     if ((st = hp_int(m, "expert_count", 0, 0, &hp->n_expert, err)) ||
         (st = hp_int(m, "expert_used_count", 0, 0, &hp->n_expert_used, err)) ||
         (st = hp_int_max(m, "expert_feed_forward_length", 0, 0, &hp->n_ff_exp, err)) ||
-        (st = hp_int(m, "expert_shared_feed_forward_length", 0, 0, &hp->n_ff_shexp, err)) ||
-        (st = hp_float(m, "expert_weights_scale", 0, 0.0, &hp->expert_w_scale, err)))
+        (st = hp_int(m, "expert_shared_feed_forward_length", 0, 0, &hp->n_ff_shexp, err)))
         return st;
+    /* <arch>.expert_weights_scale is left unread: llama.cpp reads it for
+     * DeepSeek, GLM and their kind, none of the architectures here, and a file
+     * of ours that carries it runs unscaled there */
     if (m->arch->moe == 2 && hp->n_expert == 0)
         return tl_fail(err, TL_ERR_FORMAT, "metadata %s.expert_count is missing (architecture %s has experts)",
                        m->arch->name, m->arch->name);
@@ -384,7 +386,6 @@ static int bind_moe(tl_model *m, int il, tl_moe_block *E, tl_error *err) {
      * softmax weights as they are; the others renormalise the chosen ones */
     E->gating = oss ? TL_GATE_SOFTMAX_CHOSEN : TL_GATE_SOFTMAX;
     E->norm_w = !oss && m->arch->arch != TL_ARCH_QWEN2MOE;
-    E->w_scale = hp->expert_w_scale;
 #define BE(field, nm, a, b)                                           \
     snprintf(n, sizeof n, "blk.%d." nm, il);                          \
     if ((st = bind_exps(m, n, a, b, &field, err))) return st;

@@ -28,7 +28,7 @@ typedef enum tl_arch {
     TL_ARCH_NOMIC_BERT,
 } tl_arch;
 
-#define TL_MAX_EXPERT_USED 32
+#define TL_MAX_EXPERT_USED 512 /* llama.cpp's LLAMA_MAX_EXPERTS: no array here is sized by it */
 
 typedef enum tl_ffn_act {
     TL_ACT_SILU = 0, /* SwiGLU: silu(gate) * up */
@@ -100,7 +100,6 @@ typedef struct tl_hparams {
     int n_expert_used;   /* experts each token is routed to */
     int n_ff_exp;        /* one expert's feed-forward width */
     int n_ff_shexp;      /* the shared expert's width (qwen2moe), or 0 */
-    float expert_w_scale;/* the chosen weights times this (0 or 1: not scaled) */
     int n_kv_layer;      /* layers with keys and values in the cache (attention blocks) */
     /* Gated DeltaNet (hybrids): ssm.* keys */
     int n_rec_layer;     /* layers with a recurrent state */
@@ -199,7 +198,6 @@ typedef struct tl_moe_block {
     int n_expert, n_used;
     tl_gating gating;
     int norm_w;                  /* 1: the chosen weights divided by their sum */
-    float w_scale;               /* then times this (0 or 1: not) */
     tl_ffn_act act;
 } tl_moe_block;
 
