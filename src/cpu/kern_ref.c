@@ -2,6 +2,7 @@
  * back to. Thin wrappers that bind quant.c's reference dots and activation
  * quantizers to the per-type slots of tl_kernels. */
 #include <math.h>
+#include <string.h>
 #include "cpu/kernels.h"
 
 #include "base/util.h"
@@ -84,7 +85,30 @@ static float ref_dot_f16_ggml(int64_t n, const void *w, const void *a) {
     return (float)s;
 }
 
+/* IQ4_NL and MXFP4 in llama.cpp's repacked order (kernels.h vec_dot_x8). */
+static float ref_dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va) {
+    const uint8_t *x = vw;
+    const block_q8_0 *y = va;
+    const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const int8_t *tv = mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl;
+    float acc = 0.0f;
+    for (int64_t ib = 0; ib < n / 32; ib++) {
+        const uint8_t *b = x + (size_t)ib * bs, *qs = b + (mx ? 1 : 2);
+        uint16_t dh;
+        memcpy(&dh, b, sizeof dh);
+        const float dw = mx ? tl_e8m0_half(b[0]) : tl_fp16_to_fp32(dh);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += y[ib].qs[j] * tv[qs[j] & 0x0F] + y[ib].qs[j + 16] * tv[qs[j] >> 4];
+        acc = fmaf((float)isum, dw * tl_fp16_to_fp32(y[ib].d), acc);
+    }
+    return acc;
+}
+static float ref_dot_iq4_nl_x8(int64_t n, const void *w, const void *a) { return ref_dot_lut32_x8(0, n, w, a); }
+static float ref_dot_mxfp4_x8(int64_t n, const void *w, const void *a) { return ref_dot_lut32_x8(1, n, w, a); }
+
 void tl_kernels_fill_ref(tl_kernels *k) {
+    k->vec_dot_x8[TL_IQ4_NL] = ref_dot_iq4_nl_x8;
+    k->vec_dot_x8[TL_MXFP4] = ref_dot_mxfp4_x8;
     k->vec_dot_id[TL_F32] = ref_dot_f32_ggml;
     k->vec_dot_id[TL_F16] = ref_dot_f16_ggml;
     k->vec_dot[TL_F32] = ref_dot_F32;

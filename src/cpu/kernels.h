@@ -61,6 +61,11 @@ typedef struct tl_kernels {
     /* the exact mode's dot for experts (ggml's mul_mat_id) where it is not
      * vec_dot's order (F32: ggml_vec_dot_f32, not tinyBLAS); else NULL */
     tl_vec_dot_fn vec_dot_id[TL_TYPE_COUNT];
+    /* the exact mode's dot for matrices llama.cpp repacks on AVX2 (IQ4_NL and
+     * MXFP4 with rows a multiple of 8: iq4_nl_8x8, mxfp4_8x8, for prompts,
+     * decode and experts alike): one chain, acc = fma(block's exact integer
+     * sum, d_w*d_a, acc) block by block; else NULL */
+    tl_vec_dot_fn vec_dot_x8[TL_TYPE_COUNT];
     tl_gemm_fn gemm[TL_TYPE_COUNT];       /* tiles of rows x tokens on packed rows; may be NULL */
     /* F32 rows (stride w_stride floats) x F32 activations (stride a_stride
      * floats) in vec_dot[TL_F32]'s order, y[t * y_stride + r]; may be NULL */

@@ -75,6 +75,12 @@ static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8
     }
 }
 
+/* The exact mode's dot for a matrix of rows rows where llama.cpp repacks
+ * it (kernels.h vec_dot_x8), else NULL: vec_dot's order. */
+static tl_vec_dot_fn exact_dot_x8(const tl_kernels *k, tl_type t, int64_t rows) {
+    return k->mode == TL_NUM_EXACT && rows % 8 == 0 ? k->vec_dot_x8[t] : NULL;
+}
+
 /* Rows [r0, r1) of matrix mi against tokens [t0, t1). */
 static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
     tl_w w = j->w[mi];
@@ -82,7 +88,8 @@ static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, in
     const size_t rb = j->packed[mi] ? tl_kern_row_bytes(j->k, (tl_type)w->type, cols) : tl_row_size((tl_type)w->type, cols);
     tile_dots(j->k, (tl_type)w->type, j->packed[mi], (const uint8_t *)w->data + (size_t)r0 * rb, rb, (int)(r1 - r0), cols,
               j->xa + (size_t)t0 * j->xa_row, j->xa_row, t1 - t0, j->y[mi] + (size_t)t0 * rows + r0, (size_t)rows,
-              j->wide ? j->wide + (size_t)ith * j->wide_size : NULL, NULL);
+              j->wide ? j->wide + (size_t)ith * j->wide_size : NULL,
+              j->packed[mi] ? NULL : exact_dot_x8(j->k, (tl_type)w->type, rows));
 }
 
 /* Tiles of MM_ROW_TILE rows (a multiple of every layout's row group); a tile
@@ -879,9 +886,11 @@ typedef struct exp_mat {
 static exp_mat exp_mat_of(const tl_cpu *c, tl_w w) {
     exp_mat m = {w, 0, 0, w->ne[1], w->ne[0], 0, NULL};
     m.act_row = act_row(c, w, &m.use_gemm);
-    if (c->kern.mode == TL_NUM_EXACT && c->kern.vec_dot_id[w->type]) {
+    /* repacked experts (rows per expert a multiple of 8) before mul_mat_id's own dot */
+    tl_vec_dot_fn x8 = exact_dot_x8(&c->kern, (tl_type)w->type, w->ne[1]);
+    if (c->kern.mode == TL_NUM_EXACT && (x8 || c->kern.vec_dot_id[w->type])) {
         m.use_gemm = 0;
-        m.dot = c->kern.vec_dot_id[w->type];
+        m.dot = x8 ? x8 : c->kern.vec_dot_id[w->type];
         m.act_row = tl_row_size(tl_type_info(w->type)->vec_dot_type, w->ne[0]);
     }
     if (m.use_gemm && tl_kern_packs(&c->kern, (tl_type)w->type)) m.w = packed(c, w);

@@ -138,6 +138,15 @@ static void check_dot_case(const tl_kernels *k, tl_type t, int64_t n, rng *r) {
               tl_type_info(t)->name, (long long)n, got, ref);
         CHECK(fabs((double)got - ref) <= 1e-5 * mag, "%s %s n=%lld: %.9g vs ref %.9g (sum|terms| %g)", k->name,
               tl_type_info(t)->name, (long long)n, got, ref, mag);
+        if (k->vec_dot_x8[t]) { /* llama.cpp's repacked order (exact mode): the scalar level's bits */
+            tl_kernels sc;
+            tl_kernels_init(&sc, TL_CPU_SCALAR, TL_NUM_EXACT);
+            const float x8 = k->vec_dot_x8[t](n, w, a), x8_ref = sc.vec_dot_x8[t] ? sc.vec_dot_x8[t](n, w, a) : NAN;
+            CHECK(memcmp(&x8, &x8_ref, sizeof x8) == 0, "%s %s n=%lld: vec_dot_x8 %.9g vs scalar %.9g", k->name,
+                  tl_type_info(t)->name, (long long)n, x8, x8_ref);
+            CHECK(fabs((double)x8 - ref) <= 1e-5 * mag, "%s %s n=%lld: vec_dot_x8 %.9g vs vec_dot %.9g", k->name,
+                  tl_type_info(t)->name, (long long)n, x8, ref);
+        }
         memmove(w + 2, w, wb);
         memmove(a + 4, a, ab);
         const float moved = k->vec_dot[t](n, w + 2, a + 4);
