@@ -144,7 +144,7 @@ int cmd_info(int argc, char **argv) {
         for (int t = TL_KV_F16; t <= TL_KV_Q4_0; t++) {
             const size_t b = tl_model_kv_bytes_per_pos(m, t, t);
             if (b) printf(" %s %zu bytes%s", tl_kv_type_name(t), b, train > 0 ? "" : ";");
-            else printf(" %s (no: the head size is not a multiple of 32)", tl_kv_type_name(t));
+            else printf(" %s (no: the head size is not a multiple of 32)%s", tl_kv_type_name(t), t < TL_KV_Q4_0 ? "," : "");
             if (b && train > 0) printf(" (%.1f MiB for the training context of %d)%s", (double)b * train / (1 << 20), train,
                                        t < TL_KV_Q4_0 ? "," : "");
         }

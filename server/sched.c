@@ -901,7 +901,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 256;
     s->n_vocab = tl_model_n_vocab(m);
     s->max_queue = o->max_queue > 0 ? o->max_queue : 64;
-    s->w_cap = s->max_queue + 1;
+    s->w_cap = s->np + s->max_queue + 1; /* a request waits until a slot takes it, free ones too */
     if ((rc = sched_alloc(s, err)) != 0) {
         sched_release_mem(s);
         return rc;
@@ -989,7 +989,10 @@ int srv_sched_submit(srv_sched *s, srv_req *r, char *why, size_t why_cap) {
     pthread_mutex_lock(&s->mu);
     int rc = SRV_OK;
     if (s->draining || s->stop) rc = SRV_DRAINING;
-    else if (s->w_len >= s->max_queue) rc = SRV_QUEUE_FULL;
+    /* --max-queue counts the requests beyond -np: those the slots cannot take
+     * now. A submission the scheduler has not admitted yet (it admits between
+     * forward calls) still has its free slot. */
+    else if (s->w_len + s->n_running >= s->np + s->max_queue) rc = SRV_QUEUE_FULL;
     else {
         atomic_fetch_add(&r->refs, 1);
         s->wait[(s->w_head + s->w_len) % s->w_cap] = r;

@@ -431,7 +431,7 @@ static int scan(tl_kvdisk *d, tl_error *err) {
             continue;
         }
         if (memcmp(h.ident, d->ident, TL_KVKEY) || h.block_bytes != d->block_bytes) {
-            if (other++ < 3) say(d, "ignored %s: computed by another model, numerics mode or KV type", p);
+            if (other++ < 3) say(d, "ignored %s: computed by another model, numerics mode or KV type (or LongRoPE factors)", p);
             continue;
         }
         if (n == cap) {

@@ -192,9 +192,13 @@ static void disk_identity(tl_ctx *c, uint8_t out[TL_KVKEY]) {
     uint8_t d[SHA256_DIGEST_SIZE];
     char head[256];
     const tl_gguf *g = c->m->gguf;
-    const int n = snprintf(head, sizeof head, "tokenloop kv blocks 2|%s|k %s|v %s|block %zu|layers %d|file %llu",
+    /* Phi-3's LongRoPE rotates keys by its long or its short factors as the
+     * context exceeds the original one or not: keys of one are not keys of
+     * the other */
+    const char *rope = !c->m->rope_long ? "-" : c->n_ctx > c->m->hp.rope_n_ctx_orig ? "long" : "short";
+    const int n = snprintf(head, sizeof head, "tokenloop kv blocks 2|%s|k %s|v %s|block %zu|layers %d|file %llu|rope %s",
                            c->be.numerics, tl_kv_type_name(c->be.kv_type_k), tl_kv_type_name(c->be.kv_type_v),
-                           c->be.block_bytes, c->m->hp.n_layer, (unsigned long long)(g ? g->file_size : 0));
+                           c->be.block_bytes, c->m->hp.n_layer, (unsigned long long)(g ? g->file_size : 0), rope);
     sha256_init(&s);
     sha256_update(&s, (size_t)n, (const uint8_t *)head);
     if (g && g->base && g->file_size) {
@@ -352,7 +356,7 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
     if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, SEQ_MAGIC, 8))
         st = tl_fail(err, TL_ERR_FORMAT, "%s is not a saved sequence", path);
     else if (memcmp(h.ident, id, TL_KVKEY) || h.block_bytes != c->be.block_bytes)
-        st = tl_fail(err, TL_ERR_FORMAT, "%s was computed by another model, numerics mode or KV type", path);
+        st = tl_fail(err, TL_ERR_FORMAT, "%s was computed by another model, numerics mode or KV type (or LongRoPE factors)", path);
     else if (h.n_tok > (uint64_t)c->n_ctx)
         st = tl_fail(err, TL_ERR_CONTEXT_FULL, "%s holds %llu positions; the context has %d", path,
                      (unsigned long long)h.n_tok, c->n_ctx);

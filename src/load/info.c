@@ -103,6 +103,21 @@ static int has_prefix(tl_str s, const char *prefix, size_t pl) {
     return s.len >= pl && memcmp(s.ptr, prefix, pl) == 0;
 }
 
+/* llama.cpp's LLAMA_FTYPE values, by the names llama-quantize (and our
+ * quantize) take. */
+static const char *ftype_name(int64_t t) {
+    static const char *const names[] = {
+        [0] = "F32", [1] = "F16", [2] = "Q4_0", [3] = "Q4_1", [7] = "Q8_0", [8] = "Q5_0", [9] = "Q5_1",
+        [10] = "Q2_K", [11] = "Q3_K_S", [12] = "Q3_K_M", [13] = "Q3_K_L", [14] = "Q4_K_S", [15] = "Q4_K_M",
+        [16] = "Q5_K_S", [17] = "Q5_K_M", [18] = "Q6_K", [19] = "IQ2_XXS", [20] = "IQ2_XS", [21] = "Q2_K_S",
+        [22] = "IQ3_XS", [23] = "IQ3_XXS", [24] = "IQ1_S", [25] = "IQ4_NL", [26] = "IQ3_S", [27] = "IQ3_M",
+        [28] = "IQ2_S", [29] = "IQ2_M", [30] = "IQ4_XS", [31] = "IQ1_M", [32] = "BF16", [36] = "TQ1_0",
+        [37] = "TQ2_0", [38] = "MXFP4_MOE",
+    };
+    const int64_t n = (int64_t)(sizeof names / sizeof names[0]);
+    return t >= 0 && t < n && names[t] ? names[t] : "unknown";
+}
+
 /* Keys outside general.*, <arch>.* and tokenizer.*, which have their own sections. */
 static void put_other_keys(FILE *out, const tl_gguf *g, const char *arch_prefix) {
     int header = 0;
@@ -233,6 +248,9 @@ int tl_gguf_describe(const char *path, FILE *out, tl_error *err) {
     else fputs("(none)", out);
     fputc('\n', out);
     put_opt_str(out, g, "name", "general.name");
+    int64_t ftype;
+    if (tl_gguf_get_int(g, "general.file_type", &ftype) == 1)
+        fprintf(out, "file type: %s (general.file_type %lld)\n", ftype_name(ftype), (long long)ftype);
     fprintf(out, "general:\n");
     put_keys_with_prefix(out, g, "general.");
     char prefix[208];

@@ -5,7 +5,9 @@ log-probabilities as the first time, bit for bit; files computed with
 another KV type in the same directory are ignored and logged, never used; a
 block file damaged on disk is refused by its checksum (logged, deleted) and
 its positions computed again, with the same answer; the directory keeps to
---cache-disk-mem, the least recently used blocks deleted first.
+--cache-disk-mem, the least recently used blocks deleted first. A Phi-3
+LongRoPE model rotates its keys by other factors at a context above its
+original one: blocks written at -c 1024 are not used by a server at -c 256.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_disk_cache.py"""
 import glob
 import http.client
@@ -84,6 +86,33 @@ def tokenize():
 
 def same(a, b):
     return a["text"] == b["text"] and a["tokens"] == b["tokens"] and a["lp"] == b["lp"] and a["top"] == b["top"]
+
+
+def longrope(tmp):
+    """Blocks keyed by the LongRoPE factors their keys were rotated with."""
+    model, d = os.path.join(tmp, "phi3_longrope.gguf"), os.path.join(tmp, "cache-longrope")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "mkmodel.py"), "phi3", model, "--seed", "109",
+                        "--longrope", "--rope-orig-ctx", "256"], capture_output=True, text=True)
+    if not check(p.returncode == 0, f"mkmodel.py phi3 --longrope: {p.stderr[-300:]}"):
+        return
+    prompt = " ".join(f"note {i} says {i * 7 % 13}." for i in range(15))  # ~120 tokens
+    answers = {}
+    for ctx in ("1024", "256", "256"):  # long factors; short: the long ones' blocks ignored; short again: its own
+        srv = tlserver.Server(model, ["-np", "1", "-t", "2", "-c", ctx, "--cache-dir", d])
+        try:
+            if not check(srv.wait_ready(), f"-c {ctx} --cache-dir: server ready"):
+                return
+            body = tlserver.post_json(srv.port, "/v1/completions", {"prompt": prompt, "max_tokens": 4,
+                                                                   "temperature": 0, "logprobs": 3})
+            cached = (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            answers.setdefault(ctx, []).append((cached, body["choices"][0]["logprobs"]["token_logprobs"]))
+        finally:
+            srv.stop()
+    (c_long, _), = answers["1024"]
+    (c_short, lp_short), (c_again, lp_again) = answers["256"]
+    check(c_long == 0 and c_short == 0, f"blocks of the long factors are not used at -c 256 ({c_short} cached)")
+    check(c_again > 0 and lp_again == lp_short, f"-c 256 again: its own blocks from disk ({c_again} cached), "
+                                                f"the same log-probabilities")
 
 
 def main():
@@ -167,6 +196,7 @@ def main():
             check(used <= 4 << 20, f"the directory keeps to its budget ({used} bytes)")
             check((metric(port, "tokenloop_disk_cache_evicted_total") or 0) > 0, "the oldest blocks were deleted")
         stop(p)
+        longrope(tmp)
     except Exception as e:  # a failed request is a failed check, not a traceback without summary
         check(False, f"unexpected error: {type(e).__name__}: {e}")
     finally:

@@ -450,6 +450,10 @@ def test_mixes(tmp):
               ", ".join(f"{n} {gt[n]} (want {wt[n]})" for n in bad[:6]))
         if not bad:
             check(got["sha256"] == want["sha256"], f"{key}: the tensors' bytes differ from llama-quantize's")
+        if kind == "dense":  # info names the file type as quantize takes it
+            r = run(["info", out])
+            check(r.returncode == 0 and f"file type: {qtype} (general.file_type {FTYPE[qtype]})" in r.stdout,
+                  f"{key}: info's file type line: {r.stdout[:400]}")
         os.remove(out)
     # the aliases write what their _M mix writes, with its file type
     src = made.get("dense")
