@@ -116,6 +116,10 @@ static int r8k(const tl_kernels *k, tl_type t) { return k->mode == TL_NUM_FAST &
 /* Whether t's gemm takes rows in groups of 8 (any of the fast layouts). */
 static int grouped(const tl_kernels *k, tl_type t) { return r8(k, t) || r8k(k, t) || r8h(k, t); }
 
+tl_vec_dot_fn tl_kern_dot_x8(const tl_kernels *k, tl_type t, int64_t rows) {
+    return k->mode == TL_NUM_EXACT && rows % 8 == 0 ? k->vec_dot_x8[t] : NULL;
+}
+
 int tl_kern_packs(const tl_kernels *k, tl_type t) {
     return k->gemm[t] && (grouped(k, t) || tl_pack_supported(t));
 }

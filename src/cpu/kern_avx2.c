@@ -271,19 +271,23 @@ AI float dot_lut32(int mx, int64_t n, const void *vw, const void *va) {
 
 /* The same weights as llama.cpp runs them once repacked (kernels.h
  * vec_dot_x8): one chain over the blocks, each block's exact sum first. */
+static const int8_t q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+/* mx: 0 IQ4_NL, 1 MXFP4, 2 Q4_0 (its nibble - 8 as the table; block_q4_0 is
+ * laid out as block_iq4_nl) */
 AI float dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va) {
     const uint8_t *x = vw;
     const block_q8_0 *y = va;
-    const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
-    const __m256i table = bcast16(mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl), one = _mm256_set1_epi16(1);
+    const size_t bs = mx == 1 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const __m256i table = bcast16(mx == 1 ? tl_kvalues_mxfp4 : mx == 2 ? q4_0_values : tl_kvalues_iq4nl),
+                  one = _mm256_set1_epi16(1);
     float acc = 0.0f;
     for (int64_t ib = 0; ib < n / 32; ib++) {
         const uint8_t *b = x + (size_t)ib * bs;
-        const __m256i s = _mm256_madd_epi16(lut_dot32(table, b + (mx ? 1 : 2), y[ib].qs), one);
+        const __m256i s = _mm256_madd_epi16(lut_dot32(table, b + (mx == 1 ? 1 : 2), y[ib].qs), one);
         __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        const float dw = mx ? tl_e8m0_half(b[0]) : h2f_at(b, 0);
+        const float dw = mx == 1 ? tl_e8m0_half(b[0]) : h2f_at(b, 0);
         acc = fmaf((float)_mm_cvtsi128_si32(h), dw * h2f(y[ib].d), acc);
     }
     return acc;
@@ -292,6 +296,7 @@ AI float dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va) {
 static float dot_iq4_nl(int64_t n, const void *w, const void *a) { return dot_lut32(0, n, w, a); }
 static float dot_iq4_nl_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(0, n, w, a); }
 static float dot_mxfp4_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(1, n, w, a); }
+static float dot_q4_0_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(2, n, w, a); }
 static float dot_mxfp4(int64_t n, const void *w, const void *a) { return dot_lut32(1, n, w, a); }
 
 /* IQ4_XS (ggml_vec_dot_iq4_xs_q8_K): per super-block 8 int32 lanes summing
@@ -756,6 +761,7 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_MXFP4] = dot_mxfp4;
     k->vec_dot_x8[TL_IQ4_NL] = dot_iq4_nl_x8;
     k->vec_dot_x8[TL_MXFP4] = dot_mxfp4_x8;
+    k->vec_dot_x8[TL_Q4_0] = dot_q4_0_x8;
     k->vec_dot[TL_IQ4_XS] = dot_iq4_xs;
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;

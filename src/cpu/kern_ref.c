@@ -85,18 +85,20 @@ static float ref_dot_f16_ggml(int64_t n, const void *w, const void *a) {
     return (float)s;
 }
 
-/* IQ4_NL and MXFP4 in llama.cpp's repacked order (kernels.h vec_dot_x8). */
+/* IQ4_NL, MXFP4 and Q4_0 (a table of nibble - 8) in llama.cpp's repacked
+ * order (kernels.h vec_dot_x8). */
+static const int8_t q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 static float ref_dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va) {
     const uint8_t *x = vw;
     const block_q8_0 *y = va;
-    const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
-    const int8_t *tv = mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl;
+    const size_t bs = mx == 1 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const int8_t *tv = mx == 1 ? tl_kvalues_mxfp4 : mx == 2 ? q4_0_values : tl_kvalues_iq4nl;
     float acc = 0.0f;
     for (int64_t ib = 0; ib < n / 32; ib++) {
-        const uint8_t *b = x + (size_t)ib * bs, *qs = b + (mx ? 1 : 2);
+        const uint8_t *b = x + (size_t)ib * bs, *qs = b + (mx == 1 ? 1 : 2);
         uint16_t dh;
         memcpy(&dh, b, sizeof dh);
-        const float dw = mx ? tl_e8m0_half(b[0]) : tl_fp16_to_fp32(dh);
+        const float dw = mx == 1 ? tl_e8m0_half(b[0]) : tl_fp16_to_fp32(dh);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) isum += y[ib].qs[j] * tv[qs[j] & 0x0F] + y[ib].qs[j + 16] * tv[qs[j] >> 4];
         acc = fmaf((float)isum, dw * tl_fp16_to_fp32(y[ib].d), acc);
@@ -105,10 +107,12 @@ static float ref_dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va)
 }
 static float ref_dot_iq4_nl_x8(int64_t n, const void *w, const void *a) { return ref_dot_lut32_x8(0, n, w, a); }
 static float ref_dot_mxfp4_x8(int64_t n, const void *w, const void *a) { return ref_dot_lut32_x8(1, n, w, a); }
+static float ref_dot_q4_0_x8(int64_t n, const void *w, const void *a) { return ref_dot_lut32_x8(2, n, w, a); }
 
 void tl_kernels_fill_ref(tl_kernels *k) {
     k->vec_dot_x8[TL_IQ4_NL] = ref_dot_iq4_nl_x8;
     k->vec_dot_x8[TL_MXFP4] = ref_dot_mxfp4_x8;
+    k->vec_dot_x8[TL_Q4_0] = ref_dot_q4_0_x8;
     k->vec_dot_id[TL_F32] = ref_dot_f32_ggml;
     k->vec_dot_id[TL_F16] = ref_dot_f16_ggml;
     k->vec_dot[TL_F32] = ref_dot_F32;

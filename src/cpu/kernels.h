@@ -181,6 +181,10 @@ void tl_kernels_fill_r8h_ref(tl_kernels *k);
  * takes a packed copy, how many rows that copy has, how to make it, and the
  * activation rows it takes (bytes, and how to make one from floats). */
 int tl_kern_packs(const tl_kernels *k, tl_type t);
+/* The exact mode's dot for a matrix of type t and rows rows (per expert)
+ * that llama.cpp repacks (vec_dot_x8), or NULL. Such a matrix is read as the
+ * file holds it, row by row: never packed, never through gemm. */
+tl_vec_dot_fn tl_kern_dot_x8(const tl_kernels *k, tl_type t, int64_t rows);
 int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows);
 int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n);
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n);

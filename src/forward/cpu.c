@@ -75,12 +75,6 @@ static void tile_dots(const tl_kernels *k, tl_type tt, int use_gemm, const uint8
     }
 }
 
-/* The exact mode's dot for a matrix of rows rows where llama.cpp repacks
- * it (kernels.h vec_dot_x8), else NULL: vec_dot's order. */
-static tl_vec_dot_fn exact_dot_x8(const tl_kernels *k, tl_type t, int64_t rows) {
-    return k->mode == TL_NUM_EXACT && rows % 8 == 0 ? k->vec_dot_x8[t] : NULL;
-}
-
 /* Rows [r0, r1) of matrix mi against tokens [t0, t1). */
 static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, int t0, int t1) {
     tl_w w = j->w[mi];
@@ -89,7 +83,7 @@ static void mm_tile(const mm_job *j, int mi, int ith, int64_t r0, int64_t r1, in
     tile_dots(j->k, (tl_type)w->type, j->packed[mi], (const uint8_t *)w->data + (size_t)r0 * rb, rb, (int)(r1 - r0), cols,
               j->xa + (size_t)t0 * j->xa_row, j->xa_row, t1 - t0, j->y[mi] + (size_t)t0 * rows + r0, (size_t)rows,
               j->wide ? j->wide + (size_t)ith * j->wide_size : NULL,
-              j->packed[mi] ? NULL : exact_dot_x8(j->k, (tl_type)w->type, rows));
+              j->packed[mi] ? NULL : tl_kern_dot_x8(j->k, (tl_type)w->type, rows));
 }
 
 /* Tiles of MM_ROW_TILE rows (a multiple of every layout's row group); a tile
@@ -185,7 +179,7 @@ static void quant_tokens(tl_cpu *c, int t0, int t1, void *arg) {
 /* The activation rows w's matmul takes: its gemm's (packed or as stored) or
  * vec_dot's. Matrices that share one input must agree on it. */
 static size_t act_row(const tl_cpu *c, tl_w w, int *gemm) {
-    *gemm = c->kern.gemm[w->type] != NULL;
+    *gemm = c->kern.gemm[w->type] != NULL && !tl_kern_dot_x8(&c->kern, (tl_type)w->type, w->ne[1]);
     return *gemm ? tl_kern_act_row_size(&c->kern, (tl_type)w->type, w->ne[0])
                  : tl_row_size(tl_type_info(w->type)->vec_dot_type, w->ne[0]);
 }
@@ -887,7 +881,7 @@ static exp_mat exp_mat_of(const tl_cpu *c, tl_w w) {
     exp_mat m = {w, 0, 0, w->ne[1], w->ne[0], 0, NULL};
     m.act_row = act_row(c, w, &m.use_gemm);
     /* repacked experts (rows per expert a multiple of 8) before mul_mat_id's own dot */
-    tl_vec_dot_fn x8 = exact_dot_x8(&c->kern, (tl_type)w->type, w->ne[1]);
+    tl_vec_dot_fn x8 = tl_kern_dot_x8(&c->kern, (tl_type)w->type, w->ne[1]);
     if (c->kern.mode == TL_NUM_EXACT && (x8 || c->kern.vec_dot_id[w->type])) {
         m.use_gemm = 0;
         m.dot = x8 ? x8 : c->kern.vec_dot_id[w->type];
@@ -1852,6 +1846,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
             const tl_w ew[3] = {B->u.moe.gate_up ? B->u.moe.gate_up : B->u.moe.gate, B->u.moe.up, B->u.moe.down};
             for (int i = 0; i < 3; i++)
                 if (ew[i] && c->kern.gemm[ew[i]->type] && tl_kern_packs(&c->kern, (tl_type)ew[i]->type) &&
+                    !tl_kern_dot_x8(&c->kern, (tl_type)ew[i]->type, ew[i]->ne[1]) &&
                     (ew[i]->ne[1] % tl_kern_row_align(&c->kern, (tl_type)ew[i]->type) || !packed(c, ew[i]))) {
                     cpu_free(c);
                     return tl_fail(err, TL_ERR_UNSUPPORTED, "layer %d: experts of %lld rows cannot be packed (%s)", il,
