@@ -316,6 +316,24 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
     w.add_value_length(q["hd"])
     moe = spec.get("moe")
     hd, nh, nkv = q["hd"], q["n_head"], q["n_head_kv"]
+
+    def attention(b):  # gated full attention (q carries its gate)
+        put(b + "attn_q.weight", g.mat(2 * nh * hd, D))
+        put(b + "attn_k.weight", g.mat(nkv * hd, D))
+        put(b + "attn_v.weight", g.mat(nkv * hd, D))
+        put(b + "attn_q_norm.weight", g.vec(hd, 1.0, 0.2))
+        put(b + "attn_k_norm.weight", g.vec(hd, 1.0, 0.2))
+        put(b + "attn_output.weight", g.mat(D, nh * hd))
+
+    def ffn(b):  # after the post-attention norm: experts or a dense FFN
+        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
+        if moe:
+            put_experts(put, g, b, moe)
+        else:
+            put(b + "ffn_gate.weight", g.mat(FF, D))
+            put(b + "ffn_up.weight", g.mat(FF, D))
+            put(b + "ffn_down.weight", g.mat(D, FF))
+
     for i in range(L):
         b = f"blk.{i}."
         put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
@@ -331,19 +349,8 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
             put(b + "ssm_norm.weight", g.vec(q["d_state"], 1.0, 0.2))
             put(b + "ssm_out.weight", g.mat(D, vd))
         else:
-            put(b + "attn_q.weight", g.mat(2 * nh * hd, D))
-            put(b + "attn_k.weight", g.mat(nkv * hd, D))
-            put(b + "attn_v.weight", g.mat(nkv * hd, D))
-            put(b + "attn_q_norm.weight", g.vec(hd, 1.0, 0.2))
-            put(b + "attn_k_norm.weight", g.vec(hd, 1.0, 0.2))
-            put(b + "attn_output.weight", g.mat(D, nh * hd))
-        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
-        if moe:
-            put_experts(put, g, b, moe)
-        else:
-            put(b + "ffn_gate.weight", g.mat(FF, D))
-            put(b + "ffn_up.weight", g.mat(FF, D))
-            put(b + "ffn_down.weight", g.mat(D, FF))
+            attention(b)
+        ffn(b)
     put("output_norm.weight", g.vec(D, 1.0, 0.2))
     put("output.weight", g.mat(n_vocab, D))
     # multi-token prediction blocks (--mtp) after the model: drawn last, so the
@@ -351,19 +358,8 @@ def build_qwen35(args, w, spec, g, put, n_vocab):
     for i in range(L, L + args.mtp):
         b = f"blk.{i}."
         put(b + "attn_norm.weight", g.vec(D, 1.0, 0.2))
-        put(b + "attn_q.weight", g.mat(2 * nh * hd, D))
-        put(b + "attn_k.weight", g.mat(nkv * hd, D))
-        put(b + "attn_v.weight", g.mat(nkv * hd, D))
-        put(b + "attn_q_norm.weight", g.vec(hd, 1.0, 0.2))
-        put(b + "attn_k_norm.weight", g.vec(hd, 1.0, 0.2))
-        put(b + "attn_output.weight", g.mat(D, nh * hd))
-        put(b + "post_attention_norm.weight", g.vec(D, 1.0, 0.2))
-        if moe:
-            put_experts(put, g, b, moe)
-        else:
-            put(b + "ffn_gate.weight", g.mat(FF, D))
-            put(b + "ffn_up.weight", g.mat(FF, D))
-            put(b + "ffn_down.weight", g.mat(D, FF))
+        attention(b)
+        ffn(b)
         put(b + "nextn.eh_proj.weight", g.mat(D, 2 * D))
         put(b + "nextn.enorm.weight", g.vec(D, 1.0, 0.2))
         put(b + "nextn.hnorm.weight", g.vec(D, 1.0, 0.2))

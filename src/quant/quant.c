@@ -839,6 +839,22 @@ static void q_q2_K(const float *x, block_q2_K *y, int64_t nb) {
     }
 }
 
+/* Fits the 16 sub-blocks of a superblock with fit (fit_scale_q3 or
+ * fit_scale_sym) and returns the scale largest in magnitude (the first on a
+ * tie), which Q3_K and Q6_K quantize the others against. */
+static float fit_sub16(float (*fit)(int, int, const float *, int8_t *), int nmax, const float *x, int8_t L[QK_K],
+                       float scales[16]) {
+    float max_scale = 0, amax = 0;
+    for (int s = 0; s < 16; s++) {
+        scales[s] = fit(16, nmax, x + 16 * s, L + 16 * s);
+        if (fabsf(scales[s]) > amax) {
+            amax = fabsf(scales[s]);
+            max_scale = scales[s];
+        }
+    }
+    return max_scale;
+}
+
 /* Q3_K: per 16 values a symmetric 3-bit fit (fit_scale_q3); the 16 scales to
  * 6 bits against the largest in magnitude (low nibbles in bytes 0-7, high
  * pairs in 8-11), the values re-fitted; the third bit of each quant in hmask
@@ -847,14 +863,7 @@ static void q_q3_K(const float *x, block_q3_K *y, int64_t nb) {
     int8_t L[QK_K];
     float scales[16];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < 16; j++) {
-            scales[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
-            if (fabsf(scales[j]) > amax) {
-                amax = fabsf(scales[j]);
-                max_scale = scales[j];
-            }
-        }
+        const float max_scale = fit_sub16(fit_scale_q3, 4, x, L, scales);
         memset(y[i].scales, 0, sizeof y[i].scales);
         y[i].d = f2h(0.f);
         if (max_scale != 0.0f) {
@@ -966,14 +975,7 @@ static void q_q6_K(const float *x, block_q6_K *y, int64_t nb) {
     int8_t L[QK_K];
     float scales[16];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max_scale = 0, max_abs = 0;
-        for (int s = 0; s < 16; s++) {
-            scales[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
-            if (fabsf(scales[s]) > max_abs) {
-                max_abs = fabsf(scales[s]);
-                max_scale = scales[s];
-            }
-        }
+        const float max_scale = fit_sub16(fit_scale_sym, 32, x, L, scales), max_abs = fabsf(max_scale);
         memset(&y[i], 0, sizeof y[i]);
         if (max_abs < 1e-15f) continue; /* all zero: d = 0 */
         const float iscale = -128.f / max_scale;
