@@ -66,7 +66,12 @@ void cli_kv_type_warn(int k, int v);
     "      --kv-type TYPE      KV cache type for keys and values: f16 (default), q8_0 (half\n" \
     "                          the memory, perplexity within 0.5%), q4_0 (a quarter; hurts\n" \
     "                          quality on long contexts); --kv-type-k/--kv-type-v set one\n" \
-    "                          (llama.cpp's -ctk/-ctv also accepted)\n"
+    "                          (llama.cpp's -ctk/-ctv also accepted)\n" \
+    "      --swa-full          sliding-window layers (Gemma 3/4, gpt-oss) keep every position,\n" \
+    "                          as llama.cpp's --swa-full: more memory, and a cached prompt\n" \
+    "                          prefix is reusable at any block; by default each sequence keeps\n" \
+    "                          their last window plus a batch, and a cached prefix resumes where\n" \
+    "                          a prompt or a turn ended (the same logits either way)\n"
 
 /* --spec off|auto|ngram -> TL_SPEC_*; prints the error and returns -1 otherwise. */
 int cli_spec(const char *opt, const char *v, int *out);

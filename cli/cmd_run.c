@@ -19,7 +19,7 @@ typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *system, *draft, *grammar, *json_schema;
     const char *stop[MAX_STOPS];
     int n_stop;
-    int n_predict, n_ctx, n_threads, n_batch, numerics, spec, kv_k, kv_v;
+    int n_predict, n_ctx, n_threads, n_batch, numerics, spec, kv_k, kv_v, swa_full;
     int chat, show_probs, print_ids, ignore_eos;
     int hide_thinking, think_budget; /* think_budget -1: none */
     const char *trace;   /* --trace FILE.jsonl */
@@ -125,6 +125,8 @@ static int parse_run(int argc, char **argv, run_opts *o, int is_chat) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_k, &o->kv_v)) != 0) {
             if (kt < 0) return -1;
+        } else if (!strcmp(a, "--swa-full")) {
+            o->swa_full = 1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--temp")) {
@@ -390,7 +392,7 @@ static int session_open(session *s, const run_opts *o) {
         return -1;
     }
     tl_ctx_params cp = {.n_ctx = o->n_ctx, .n_threads = o->n_threads, .n_batch = o->n_batch, .numerics = o->numerics,
-                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v};
+                        .kv_type_k = o->kv_k, .kv_type_v = o->kv_v, .swa_full = o->swa_full};
     cli_kv_type_warn(o->kv_k, o->kv_v);
     if (tl_ctx_new(s->m, &cp, &s->ctx, &err) ||
         tl_sampler_new(&o->sp, tl_model_n_vocab(s->m), &s->smp, &err)) {

@@ -153,6 +153,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o) {
             VAL(); if (cli_int(a, v, 1, 1 << 30, &o->cache_disk_mib)) return -1;
         } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_type_k, &o->kv_type_v)) != 0) {
             if (kt < 0) return -1;
+        } else if (!strcmp(a, "--swa-full")) {
+            o->swa_full = 1;
         } else if (!strcmp(a, "--spec")) {
             VAL(); if (cli_spec(a, v, &o->spec)) return -1;
         } else if (!strcmp(a, "--reasoning")) {

@@ -149,6 +149,12 @@ int cmd_info(int argc, char **argv) {
                                        t < TL_KV_Q4_0 ? "," : "");
         }
         putchar('\n');
+        int n_swa = 0;
+        const size_t wb = tl_model_kv_window_bytes(m, TL_KV_F16, TL_KV_F16, &n_swa);
+        if (wb)
+            printf("sliding-window layers: %zu bytes per position more in f16, a sequence keeping only its last %d "
+                   "(the window) plus a batch of them: %.1f MiB at -b 512 (--swa-full: every position)\n",
+                   wb, n_swa, (double)wb * (double)((512 + n_swa - 1 + 15) / 16 * 16) / (1 << 20));
         int n_rec = 0;
         const size_t sb = tl_model_state_bytes(m, &n_rec);
         if (sb)
@@ -162,8 +168,8 @@ int cmd_info(int argc, char **argv) {
 
 /* ---- shared: load a runnable model and a context ---- */
 
-static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, int numerics, int kv_k, int kv_v, tl_model **m,
-                    tl_ctx **ctx) {
+static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, int numerics, int kv_k, int kv_v,
+                    int swa_full, tl_model **m, tl_ctx **ctx) {
     char buf[4096];
     tl_error err = {0};
     const char *path = model ? model : cli_default_model(buf, sizeof buf);
@@ -172,7 +178,7 @@ static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, in
         return -1;
     }
     tl_ctx_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .n_threads = n_threads, .numerics = numerics,
-                        .kv_type_k = kv_k, .kv_type_v = kv_v};
+                        .kv_type_k = kv_k, .kv_type_v = kv_v, .swa_full = swa_full};
     cli_kv_type_warn(kv_k, kv_v);
     if (tl_ctx_new(*m, &cp, ctx, &err)) {
         cli_tl_error(&err);
@@ -187,6 +193,7 @@ static int open_ctx(const char *model, int n_ctx, int n_batch, int n_threads, in
 static const char PPL_HELP[] =
     "usage: tokenloop perplexity -m FILE -f TEXT [-c 512] [--chunks N] [-b N] [-t N]\n"
     "                             [--numerics fast|exact] [--kv-type f16|q8_0|q4_0] [--kv-type-k T] [--kv-type-v T]\n"
+    "                             [--swa-full]\n"
     "\n"
     "The text is tokenized whole and cut into non-overlapping chunks of -c tokens;\n"
     "the first token of each chunk becomes BOS where the model adds one; only the\n"
@@ -206,7 +213,7 @@ static double nll_of(const float *logits, int n_vocab, int32_t tok) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
-    int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0, kv_k = 0, kv_v = 0, kt, max_chunks = 0;
+    int n_ctx = 512, n_batch = 0, n_threads = 0, numerics = 0, kv_k = 0, kv_v = 0, kt, max_chunks = 0, swa_full = 0;
     cli_args p = cli_args_start(argc, argv);
     const char *a;
     int more;
@@ -231,6 +238,8 @@ int cmd_perplexity(int argc, char **argv) {
             if (!(v = cli_arg(&p)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else if ((kt = cli_kv_type_opt(&p, a, &kv_k, &kv_v)) != 0) {
             if (kt < 0) return EXIT_USAGE;
+        } else if (!strcmp(a, "--swa-full")) {
+            swa_full = 1;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop perplexity --help')", a);
         }
@@ -242,7 +251,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!text) return 1;
     tl_model *m;
     tl_ctx *ctx;
-    if (open_ctx(model, n_ctx, n_batch ? n_batch : n_ctx, n_threads, numerics, kv_k, kv_v, &m, &ctx)) {
+    if (open_ctx(model, n_ctx, n_batch ? n_batch : n_ctx, n_threads, numerics, kv_k, kv_v, swa_full, &m, &ctx)) {
         free(text);
         return 1;
     }
@@ -336,7 +345,7 @@ static int parse_ids(const char *s, int32_t **out, size_t *n) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_file = NULL, *ids_arg = NULL, *outp = NULL;
-    int n_threads = 0, n_batch = 0, numerics = 0, n_ctx = 0, kv_k = 0, kv_v = 0, kt;
+    int n_threads = 0, n_batch = 0, numerics = 0, n_ctx = 0, kv_k = 0, kv_v = 0, kt, swa_full = 0;
     cli_args p = cli_args_start(argc, argv);
     const char *a;
     int more;
@@ -344,7 +353,7 @@ int cmd_logits(int argc, char **argv) {
         const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             puts("usage: tokenloop logits -m FILE (--ids-file F.json | --ids 1,2,3) -o OUT.bin "
-                 "[-c N] [-t N] [-b N] [--numerics fast|exact]\n                      [--kv-type T] [--kv-type-k T] [--kv-type-v T]\n\nEvaluates the token ids from an empty cache (in one batched "
+                 "[-c N] [-t N] [-b N] [--numerics fast|exact]\n                      [--kv-type T] [--kv-type-k T] [--kv-type-v T] [--swa-full]\n\nEvaluates the token ids from an empty cache (in one batched "
                  "forward call unless -b\nsays otherwise) and writes n_tokens x n_vocab float32 "
                  "little-endian logits.\n-c: the context size (default: the number of ids; Phi-3's LongRoPE\n"
                  "factors depend on it, as in llama.cpp).");
@@ -367,6 +376,8 @@ int cmd_logits(int argc, char **argv) {
             if (!(v = cli_arg(&p)) || cli_numerics(a, v, &numerics)) return EXIT_USAGE;
         } else if ((kt = cli_kv_type_opt(&p, a, &kv_k, &kv_v)) != 0) {
             if (kt < 0) return EXIT_USAGE;
+        } else if (!strcmp(a, "--swa-full")) {
+            swa_full = 1;
         } else {
             return USAGE_ERR("unknown option '%s' (try 'tokenloop logits --help')", a);
         }
@@ -390,7 +401,8 @@ int cmd_logits(int argc, char **argv) {
         free(ids);
         return USAGE_ERR("-c %d is shorter than the %d ids", n_ctx, need);
     }
-    if (open_ctx(model, n_ctx ? n_ctx : need, n_batch ? n_batch : need, n_threads, numerics, kv_k, kv_v, &m, &ctx)) {
+    if (open_ctx(model, n_ctx ? n_ctx : need, n_batch ? n_batch : need, n_threads, numerics, kv_k, kv_v, swa_full, &m,
+                 &ctx)) {
         free(ids);
         return 1;
     }

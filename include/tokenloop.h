@@ -76,10 +76,17 @@ size_t tl_model_step_bytes(const tl_model *model, int n_seq);
 /* Experts per mixture-of-experts layer (0: a dense model); *n_used (if not
  * NULL) gets how many each token is routed to. */
 int tl_model_n_expert(const tl_model *model, int *n_used);
-/* KV cache bytes one position takes with these tl_kv_types (every layer, K
- * and V); 0 when the model cannot have that cache (a head size that is not a
- * multiple of the type's 32-element block) or runs no weights. */
+/* KV cache bytes one position takes with these tl_kv_types in the layers
+ * that keep every position (every layer but the sliding-window ones, K and
+ * V): what the shared pool holds per position; 0 when the model cannot have
+ * that cache (a head size that is not a multiple of the type's 32-element
+ * block) or runs no weights. */
 size_t tl_model_kv_bytes_per_pos(const tl_model *model, int kv_type_k, int kv_type_v);
+/* The same for the sliding-window layers (Gemma 3 and 4, gpt-oss; 0 when
+ * there are none), and their window in *n_swa (if not NULL). A context keeps
+ * only each sequence's last window plus a batch of those positions, in a
+ * ring of its own, unless tl_ctx_params.swa_full puts them in the pool. */
+size_t tl_model_kv_window_bytes(const tl_model *model, int kv_type_k, int kv_type_v, int *n_swa);
 /* The recurrent state one sequence carries whatever its length (Gated
  * DeltaNet layers: each value head's state and the convolution's window, in
  * f32), and how many layers keep one; 0 for a transformer. */
@@ -171,6 +178,11 @@ typedef struct tl_ctx_params {
     int n_seq_embd;  /* sequences beyond n_seq_max that tl_ctx_embed_batch may open to run
                       * texts side by side; 0 = none. They add nothing to the default KV
                       * sizing: an embedding's blocks go back when its call returns */
+    int swa_full;    /* 1: sliding-window layers keep every position in the pool, as the
+                      * others do (a cached prefix is reusable at any block, as llama.cpp's
+                      * --swa-full); 0 = each sequence keeps their last window plus a batch
+                      * in a ring (llama.cpp's default), and a cached prefix resumes where
+                      * a snapshot of that window was kept (the end of a prompt or a turn) */
 } tl_ctx_params;
 
 int tl_ctx_new(const tl_model *model, const tl_ctx_params *params, tl_ctx **out, tl_error *err);
@@ -328,7 +340,7 @@ double tl_ctx_decode_cost(const tl_ctx *ctx, int n);
 
 typedef struct tl_kv_stats {
     int block_size;      /* TL_KV_BLOCK */
-    size_t block_bytes;  /* memory of one block (all layers, K and V) */
+    size_t block_bytes;  /* memory of one block (the pool's layers, K and V) */
     int kv_type_k, kv_type_v; /* tl_kv_type of the cache's keys and values */
     int n_blocks;        /* blocks in the pool */
     int n_used;          /* blocks some sequence holds */
@@ -343,6 +355,11 @@ typedef struct tl_kv_stats {
     size_t state_read_bytes; /* what a step of one sequence reads of it (its state at a block boundary) */
     int n_snapshots;       /* states of cached prefixes held */
     size_t snapshot_bytes; /* their memory */
+    /* Sliding-window layers kept in rings (tl_ctx_params.swa_full 0): a
+     * sequence's last window plus a batch, outside the pool */
+    size_t window_bytes;     /* one sequence's ring (0: no such layers, or swa_full) */
+    size_t window_pos_bytes; /* a position of those layers (a step reads n_swa of them at most) */
+    int n_swa;               /* the window */
 } tl_kv_stats;
 void tl_ctx_kv_stats(const tl_ctx *ctx, tl_kv_stats *out);
 

@@ -292,11 +292,16 @@ static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
               mx->kv.n_cached);
     sb_simple(b, "tokenloop_kv_blocks_touched", "gauge",
               "KV blocks ever handed out: the pool's memory written so far.", mx->kv.n_touched);
-    sb_simple(b, "tokenloop_kv_block_bytes", "gauge", "Memory of one KV block (all layers, K and V).",
+    sb_simple(b, "tokenloop_kv_block_bytes", "gauge",
+              "Memory of one KV block (the pool's layers: all but sliding-window ones kept in rings; K and V).",
               (double)mx->kv.block_bytes);
     sb_simple(b, "tokenloop_kv_bytes_per_position", "gauge",
-              "KV cache memory one position takes (all layers, K and V, in the cache's types).",
+              "KV cache memory one position takes in the pool (its layers, K and V, in the cache's types).",
               (double)mx->kv.block_bytes / (mx->kv.block_size > 0 ? mx->kv.block_size : 1));
+    if (mx->kv.window_bytes)
+        sb_simple(b, "tokenloop_kv_window_bytes_per_sequence", "gauge",
+                  "Memory of one sequence's ring of sliding-window layers (its last window plus a batch).",
+                  (double)mx->kv.window_bytes);
     if (mx->kv.state_bytes) {
         sb_simple(b, "tokenloop_state_bytes_per_sequence", "gauge",
                   "Memory of one sequence's recurrent state (Gated DeltaNet layers).", (double)mx->kv.state_bytes);

@@ -864,11 +864,14 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .n_threads = o->n_threads,
                         .n_batch = nb,
                         .n_seq_max = s->np,
-                        .n_seq_embd = SCHED_EMB_SEQS,
+                        /* a ring of sliding-window layers each: fewer lanes (a generative
+                         * model's embeddings are not its main use) */
+                        .n_seq_embd = tl_model_kv_window_bytes(m, o->kv_type_k, o->kv_type_v, NULL) ? 4 : SCHED_EMB_SEQS,
                         .n_logits_max = s->max_rows,
                         .numerics = o->numerics,
                         .kv_type_k = o->kv_type_k,
-                        .kv_type_v = o->kv_type_v};
+                        .kv_type_v = o->kv_type_v,
+                        .swa_full = o->swa_full};
     cp.kv_bytes = kv_bytes_for(o);
     int rc = tl_ctx_new(m, &cp, &s->ctx, err);
     if (rc == 0 && o->cache_dir) {

@@ -30,6 +30,7 @@ typedef struct srv_opts {
     int n_threads;         /* -t (0 = all cores) */
     int numerics;          /* --numerics (tl_numerics; 0 = $TL_NUMERICS, else fast) */
     int kv_type_k, kv_type_v; /* --kv-type, --kv-type-k/-v (tl_kv_type; 0 = f16) */
+    int swa_full;          /* --swa-full (tl_ctx_params.swa_full) */
     const char *cache_dir; /* --cache-dir: the prefix cache on disk too (NULL: RAM only) */
     int cache_disk_mib;    /* --cache-disk-mem: its budget (0 = 8192) */
     int spec;              /* --spec (tl_spec_mode) */

@@ -88,9 +88,11 @@ if [ "$unit_only" != "--unit" ]; then
     # against the gguf package (test_quant), the grammar CLI (test_grammar,
     # test_server_grammar), the Python package's build (the library) and the
     # server's batch invariance, a property of the numbers (its crowd of
-    # requests: test_server_load, test_server_embed, test_server_rerank).
+    # requests: test_server_load, test_server_embed, test_server_rerank), and
+    # the sliding-window rings' logits against whole windows (test_batch's
+    # rings() takes the same paths on random files).
     asan_skip=" test_oracle.py test_oracle_gemma.py test_cluster.py test_page.py test_bench.py test_dequant.py"
-    asan_skip+=" test_grammar_cli.py test_python_pkg.py test_server_invariance.py "
+    asan_skip+=" test_grammar_cli.py test_python_pkg.py test_server_invariance.py test_swa_ring.py "
     for t in tests/py/test_*.py; do
         [ -f "$t" ] || continue
         if [ "${TL_ASAN:-}" = 1 ] && [[ "$asan_skip" == *" $(basename "$t") "* ]]; then

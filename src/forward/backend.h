@@ -40,6 +40,9 @@ typedef struct tl_backend_params {
     int n_seq_embd;     /* more sequences (recurrent states only; no KV room) for batched embeddings */
     size_t kv_bytes;    /* the KV cache's size (0: n_ctx positions for each of n_seq_max) */
     int kv_type_k, kv_type_v; /* tl_kv_type of keys and values */
+    int ring_blocks;    /* sliding-window layers: blocks of each sequence's ring, where
+                         * position p is slot p % TL_KV_BLOCK of ring block (p / TL_KV_BLOCK)
+                         * % ring_blocks (0: they are in the pool like the others) */
     tl_pool *share_pool;/* run on another context's threads (NULL: its own) */
 } tl_backend_params;
 
@@ -53,11 +56,13 @@ typedef struct tl_backend_ops {
     void (*read_block)(void *be, int32_t b, void *p);
     void (*write_block)(void *be, int32_t b, const void *p);
     void (*free)(void *be);
-    /* Recurrent states (models with Gated DeltaNet layers; NULL otherwise).
-     * Each sequence's state stands at a position, and a forward call must
-     * continue a sequence from there. rs_seek puts it at pos: 0 starts over;
-     * a position it passed within the last block boundary or two goes back
-     * (speculation's rejected guesses); -1 when that state is gone. */
+    /* Sequence states (models with Gated DeltaNet layers, or sliding-window
+     * layers in rings; NULL otherwise). Each sequence's state stands at a
+     * position, and a forward call must continue a sequence from there.
+     * rs_seek puts it at pos: 0 starts over; a position it passed within the
+     * last block boundary or two goes back (speculation's rejected guesses;
+     * a ring: while the window before pos is still in it); -1 when that
+     * state is gone. */
     int (*rs_seek)(void *be, int seq, int pos);
     /* The state at block boundary pos (a multiple of TL_KV_BLOCK that
      * rs_seek could reach) into rs_bytes at p; -1 when it is not held. */
@@ -75,11 +80,12 @@ typedef struct tl_backend {
     const char *name;      /* the kernel level it runs ("avx512-vnni", ...) */
     const char *numerics;  /* "fast" or "exact" */
     int n_blocks;          /* KV blocks of TL_KV_BLOCK positions it holds */
-    size_t block_bytes;    /* bytes of one block, every layer's keys and values */
+    size_t block_bytes;    /* bytes of one block, every pool layer's keys and values */
     int kv_type_k, kv_type_v; /* tl_kv_type of the cache's keys and values */
     tl_pool *pool;         /* its threads (the fork-join figures; shared by a draft's context) */
     size_t rs_bytes;       /* one sequence's recurrent state at a block boundary (0: none) */
     size_t rs_seq_bytes;   /* what a sequence's recurrent state holds in memory (0: none) */
+    size_t window_bytes;   /* what a sequence's ring of sliding-window layers holds (0: none) */
 } tl_backend;
 
 /* The CPU backend for m (kernels chosen for this CPU and p->numerics). */

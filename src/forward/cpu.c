@@ -364,7 +364,7 @@ static void attend(tl_cpu *c, const tl_attn_block *A, int layer, int swa, const 
     const int hd = A->hd, pos = c->tpos[t], qd = A->n_head * hd;
     const int kvh = h / (A->n_head / A->n_head_kv);
     const uint16_t *q = c->q16 + (size_t)t * qd + (size_t)h * hd;
-    const int32_t *blk = c->tblk[t];
+    const int32_t *blk = tl_cpu_blk(c, layer, t);
     /* llama.cpp's f16 dots: the cache is F16 here (a quantized one takes attend_fa) */
     const size_t krb = c->K.rb[layer], vrb = c->V.rb[layer];
     const uint8_t *kb = c->K.mem + c->K.off[layer] + (size_t)kvh * c->K.f->row_bytes(hd);
@@ -420,7 +420,7 @@ static void attend_fa(tl_cpu *c, const tl_attn_block *A, int layer, int swa, con
     const tl_hparams *hp = &c->m->hp;
     const int hd = A->hd, pos = c->tpos[t], qd = A->n_head * hd;
     const int kvh = h / (A->n_head / A->n_head_kv);
-    const int32_t *blk = c->tblk[t];
+    const int32_t *blk = tl_cpu_blk(c, layer, t);
     const uint8_t *kb = c->K.mem + c->K.off[layer] + (size_t)kvh * c->K.f->row_bytes(hd);
     const uint8_t *vb = c->V.mem + c->V.off[layer] + (size_t)kvh * c->V.f->row_bytes(hd);
     const int kq = c->K.f->type != TL_F16, v16 = c->V.f->type == TL_F16;
@@ -502,7 +502,7 @@ static void attend_fast(tl_cpu *c, const tl_attn_block *A, int layer, int swa, c
         /* V rows, K transposed per block */
         .k = c->K.mem + kbase, .v = c->V.mem + vbase, .k_stride = c->K.rb[layer], .v_stride = c->V.rb[layer],
         .k_fmt = c->K.f->attn_fmt, .v_fmt = c->V.f->attn_fmt, .k_tr = 1,
-        .blk = c->tblk[t], .pos0 = c->tpos[t],
+        .blk = tl_cpu_blk(c, layer, t), .pos0 = c->tpos[t],
         .n_swa = swa ? hp->n_swa : 0,
         .out = c->att + (size_t)t * qd + (size_t)h0 * hd, .out_stride = (size_t)hd,
         .out_tok = (size_t)qd, .scratch = scratch, .seg = seg, .part = part,
@@ -720,7 +720,7 @@ static void attn_prep_tokens(tl_cpu *c, int t0, int t1, void *arg) {
                     c->kern.quantize[TL_Q8_0](q + (size_t)h * hd, c->qq + (size_t)t * c->qq_row + (size_t)h * tl_row_size(TL_Q8_0, hd), hd);
         }
         if (A->kv_shared) continue; /* its keys and values are an earlier layer's */
-        const int32_t *blk = c->tblk[t];
+        const int32_t *blk = tl_cpu_blk(c, il, t);
         const int p = c->tpos[t];
         if (c->fast_attn) /* K transposed per block (tl_attn_rows.k_tr) */
             c->K.f->store_tr(&c->kern.math, k,
@@ -1439,6 +1439,7 @@ static void cpu_forward(void *be, const tl_fwd_batch *b, float *out) {
     c->tpos = b->pos;
     c->tseq = b->seq;
     c->tblk = b->blk;
+    if (c->ring_R) tl_ring_begin(c, n);
     const tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     int d = hp->n_embd;
@@ -1534,6 +1535,7 @@ static void cpu_free(void *be) {
     if (c->own_pool) tl_pool_free(c->pool);
     tl_big_free(c->K.mem);
     tl_big_free(c->V.mem);
+    tl_ring_free(c);
     free(c->K.rb);
     free(c->K.off);
     free(c->V.rb);
@@ -1586,6 +1588,7 @@ static void cpu_free(void *be) {
 static void cpu_copy_block(void *be, int32_t from, int32_t to) {
     tl_cpu *c = be;
     for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
+        if (c->ring_R && c->ring_l[il]) continue; /* in rings, not blocks */
         const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
         uint8_t *k = c->K.mem + c->K.off[il], *v = c->V.mem + c->V.off[il];
         memcpy(k + (size_t)to * kb, k + (size_t)from * kb, kb);
@@ -1597,6 +1600,7 @@ static void cpu_read_block(void *be, int32_t b, void *p) {
     tl_cpu *c = be;
     uint8_t *o = p;
     for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
+        if (c->ring_R && c->ring_l[il]) continue; /* in rings, not blocks */
         const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
         memcpy(o, c->K.mem + c->K.off[il] + (size_t)b * kb, kb);
         memcpy(o + kb, c->V.mem + c->V.off[il] + (size_t)b * vb, vb);
@@ -1608,6 +1612,7 @@ static void cpu_write_block(void *be, int32_t b, const void *p) {
     tl_cpu *c = be;
     const uint8_t *i = p;
     for (int il = 0; il < c->m->hp.n_kv_layer; il++) {
+        if (c->ring_R && c->ring_l[il]) continue; /* in rings, not blocks */
         const size_t kb = (size_t)TL_KV_BLOCK * c->K.rb[il], vb = (size_t)TL_KV_BLOCK * c->V.rb[il];
         memcpy(c->K.mem + c->K.off[il] + (size_t)b * kb, i, kb);
         memcpy(c->V.mem + c->V.off[il] + (size_t)b * vb, i + kb, vb);
@@ -1615,9 +1620,26 @@ static void cpu_write_block(void *be, int32_t b, const void *p) {
     }
 }
 
-static int cpu_rs_seek(void *be, int seq, int pos) { return tl_gdn_seek(be, seq, pos); }
-static int cpu_rs_save(void *be, int seq, int pos, void *p) { return tl_gdn_snap_save(be, seq, pos, p); }
-static void cpu_rs_load(void *be, int seq, int pos, const void *p) { tl_gdn_snap_load(be, seq, pos, p); }
+/* A sequence's state: its Gated DeltaNet layers', then its rings' (a
+ * snapshot holds both, in that order). */
+static int cpu_rs_seek(void *be, int seq, int pos) {
+    tl_cpu *c = be;
+    const int g = c->gdn ? tl_gdn_seek(c, seq, pos) : 0, r = c->ring_R ? tl_ring_seek(c, seq, pos) : 0;
+    return g || r ? -1 : 0;
+}
+
+static int cpu_rs_save(void *be, int seq, int pos, void *p) {
+    tl_cpu *c = be;
+    if (c->gdn && tl_gdn_snap_save(c, seq, pos, p)) return -1;
+    const size_t g = c->gdn ? tl_gdn_snap_bytes(c) : 0;
+    return c->ring_R && tl_ring_snap_save(c, seq, pos, (uint8_t *)p + g) ? -1 : 0;
+}
+
+static void cpu_rs_load(void *be, int seq, int pos, const void *p) {
+    tl_cpu *c = be;
+    if (c->gdn) tl_gdn_snap_load(c, seq, pos, p);
+    if (c->ring_R) tl_ring_snap_load(c, seq, pos, (const uint8_t *)p + (c->gdn ? tl_gdn_snap_bytes(c) : 0));
+}
 
 /* llama.cpp's build_pooling, LLAMA_POOLING_TYPE_RANK, op by op on the CPU:
  * cls (a matmul, + bias, each ggml_add one rounding) then tanhf
@@ -1670,8 +1692,12 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                            hd % kf->block ? kf->name : vf->name, 32, hd);
     }
     const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && hp->head_dim_swa % 8 == 0;
-    /* each cached layer's rows at its own width (Gemma 4's differ) */
-    size_t blk_bytes = (size_t)TL_KV_BLOCK * tl_model_kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v);
+    /* each pool layer's rows at its own width (Gemma 4's differ); the
+     * sliding-window ones too unless they are in rings */
+    size_t blk_bytes = 0;
+    for (int l = 0; l < hp->n_kv_layer; l++)
+        if (!p->ring_blocks || !tl_model_kv_swa(m, l))
+            blk_bytes += (size_t)TL_KV_BLOCK * (kf->row_bytes(m->kv_dim[l]) + vf->row_bytes(m->kv_dim[l]));
     if (!blk_bytes) /* no cached layer: a block's bookkeeping still sizes the pool */
         blk_bytes = (size_t)TL_KV_BLOCK * (kf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim) +
                                            vf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim));
@@ -1726,14 +1752,21 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     c->V.rb = calloc((size_t)nkl, sizeof(size_t));
     c->V.off = calloc((size_t)nkl, sizeof(size_t));
     if (!c->K.rb || !c->K.off || !c->V.rb || !c->V.off) fail = 1;
+    const int n_seq_all = p->n_seq_max + p->n_seq_embd + 1;
+    if (!fail && p->ring_blocks && tl_ring_new(c, n_seq_all, p->ring_blocks, err)) {
+        cpu_free(c);
+        return TL_ERR_NOMEM;
+    }
     size_t kn = 0, vn = 0;
     for (int l = 0; !fail && l < hp->n_kv_layer; l++) {
+        /* a ring layer: n_seq_all rings of ring_R blocks */
+        const size_t nb_l = c->ring_R && c->ring_l[l] ? (size_t)n_seq_all * (size_t)c->ring_R : n_blocks;
         c->K.rb[l] = kf->row_bytes(m->kv_dim[l]);
         c->V.rb[l] = vf->row_bytes(m->kv_dim[l]);
         c->K.off[l] = kn;
         c->V.off[l] = vn;
-        kn += n_blocks * TL_KV_BLOCK * c->K.rb[l];
-        vn += n_blocks * TL_KV_BLOCK * c->V.rb[l];
+        kn += nb_l * TL_KV_BLOCK * c->K.rb[l];
+        vn += nb_l * TL_KV_BLOCK * c->V.rb[l];
     }
     const int n_ff = hp->n_ff > hp->n_ff_shexp ? hp->n_ff : hp->n_ff_shexp; /* dense or shared expert */
     int widest = n_ff > c->q_dim ? n_ff : c->q_dim;
@@ -1834,7 +1867,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p->n_ctx);
     }
     if ((st = tl_model_packed(m, &c->kern, &c->pk, err)) ||
-        (hp->n_rec_layer > 0 && (st = tl_gdn_new(c, p->n_seq_max + p->n_seq_embd + 1, err)))) {
+        (hp->n_rec_layer > 0 && (st = tl_gdn_new(c, n_seq_all, err)))) {
         cpu_free(c);
         return st;
     }
@@ -1853,11 +1886,15 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
                                    (long long)ew[i]->ne[1], tl_type_info(ew[i]->type)->name);
                 }
         }
-    out->ops = c->gdn ? &cpu_ops_rs : &cpu_ops;
+    out->ops = c->gdn || c->ring_R ? &cpu_ops_rs : &cpu_ops;
     out->state = c;
     if (c->gdn) {
         out->rs_bytes = tl_gdn_snap_bytes(c);
         out->rs_seq_bytes = tl_gdn_seq_bytes(c);
+    }
+    if (c->ring_R) {
+        out->rs_bytes += tl_ring_snap_bytes(c);
+        out->window_bytes = tl_ring_seq_bytes(c);
     }
     out->name = c->kern.name;
     out->numerics = c->kern.mode == TL_NUM_EXACT ? "exact" : "fast";

@@ -86,6 +86,14 @@ typedef struct tl_cpu {
     float *plt;         /* [n_threads][n_layer * n_embd_pl] a token's per_layer_token_embd row */
     float *xr;          /* [n_batch][d] a router's own input (Gemma 4), or NULL */
     tl_gdn *gdn;        /* the Gated DeltaNet blocks' buffers and states (gdn.c), or NULL */
+    /* Sliding-window layers in rings (swa.c; ring_R 0: in the pool). Such a
+     * layer's K and V at off[l] hold ring_nseq rings of ring_R blocks. */
+    int ring_R, ring_Wb;  /* blocks of a ring; of a snapshot (what the window before a boundary spans) */
+    int ring_nseq, ring_maxblk;
+    uint8_t *ring_l;      /* [n_kv_layer] 1: the layer is in rings */
+    int32_t *ring_tbl;    /* [ring_nseq][ring_maxblk]: a sequence's block i -> its ring's block */
+    const int32_t **tring;/* [n_batch] the ring table of each token's sequence in the call */
+    int *ring_hi, *ring_lo; /* [ring_nseq] positions written below; held from (a snapshot's start) */
     float *vt;          /* [kv_dim][n_batch] an encoder's V transposed (its attention's
                          * values as ggml_cont(transpose(v)) holds them), or NULL */
 } tl_cpu;
@@ -117,5 +125,21 @@ size_t tl_gdn_seq_bytes(const tl_cpu *c);
 int tl_gdn_snap_save(tl_cpu *c, int seq, int pos, void *p);
 void tl_gdn_snap_load(tl_cpu *c, int seq, int pos, const void *p);
 int tl_gdn_pos(const tl_cpu *c, int seq);
+
+/* swa.c: the sliding-window layers' rings */
+/* After K/V offsets and rows are set: the tables of n_seq rings of R blocks. */
+int tl_ring_new(tl_cpu *c, int n_seq, int R, tl_error *err);
+void tl_ring_free(tl_cpu *c);
+/* A forward call's tokens: each one's ring table, and how far each sequence is written. */
+void tl_ring_begin(tl_cpu *c, int n);
+/* The block table layer l reads token t's sequence through. */
+static inline const int32_t *tl_cpu_blk(const tl_cpu *c, int l, int t) {
+    return c->ring_R && c->ring_l[l] ? c->tring[t] : c->tblk[t];
+}
+int tl_ring_seek(tl_cpu *c, int seq, int pos);
+size_t tl_ring_snap_bytes(const tl_cpu *c);
+size_t tl_ring_seq_bytes(const tl_cpu *c);
+int tl_ring_snap_save(tl_cpu *c, int seq, int pos, void *p);
+void tl_ring_snap_load(tl_cpu *c, int seq, int pos, const void *p);
 
 #endif

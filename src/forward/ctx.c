@@ -25,6 +25,12 @@ static int check_tokens(const tl_ctx *c, const int32_t *tokens, int n, tl_error 
 static const char *const kv_type_names[] = {"f16", "q8_0", "q4_0"};
 static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0};
 
+static size_t kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v, int window);
+/* Blocks of each sequence's ring for the sliding-window layers, or 0 when
+ * they go in the pool (swa_full, none, an encoder, or a context too short
+ * for a ring to save anything). */
+static int ring_blocks(const tl_model *m, int n_ctx, int n_batch, int swa_full);
+
 /* The defaults that depend on the machine: a context of the model's
  * training length when every sequence's KV at that length fits, else the
  * longest that does (never below min(training, 4096), the old default); a
@@ -38,18 +44,28 @@ static const tl_type kv_types[] = {TL_F16, TL_Q8_0, TL_Q4_0};
  * address space each, which ulimit -v counts) and the server's buffers. */
 static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t cap, tl_error *err) {
     const tl_hparams *hp = &m->hp;
-    const size_t bpp = tl_model_kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v);
-    if (!bpp)
+    const size_t bpp_full = kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v, 0),
+                 bpp_win = kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v, 1);
+    if (!bpp_full && !bpp_win)
         return tl_fail(err, TL_ERR_UNSUPPORTED, "a KV cache of %s/%s needs a head size that is a multiple of 32 "
                        "(this model's is %d)", tl_kv_type_name(p->kv_type_k), tl_kv_type_name(p->kv_type_v), hp->head_dim);
     const uint64_t nseq = p->n_seq_max > 0 ? (uint64_t)p->n_seq_max : 1;
+    const int nb = p->n_batch > 0 ? p->n_batch : 512;
     const char *src = "nothing";
     const uint64_t avail = tl_sysmem_available(&src), file = m->gguf ? m->gguf->file_size : 0;
     /* recurrent layers: each sequence's state (its boundary states and
      * recent inputs, about 4 snapshots' worth) and the snapshot store's
      * (up to 2 per sequence, within 1 GiB) come first */
     const uint64_t sb = tl_model_state_bytes(m, NULL), snaps = 2 * (nseq + 1) * sb;
-    const uint64_t states = sb ? 4 * (nseq + 1) * sb + (snaps < ((uint64_t)1 << 30) ? snaps : ((uint64_t)1 << 30)) : 0;
+    uint64_t states = sb ? 4 * (nseq + 1) * sb + (snaps < ((uint64_t)1 << 30) ? snaps : ((uint64_t)1 << 30)) : 0;
+    /* sliding-window layers in rings (when the context comes out long
+     * enough for one): each sequence's ring, and window snapshots as for
+     * recurrent states, come first too; the pool holds the other layers */
+    const int rblk = bpp_win ? ring_blocks(m, 1 << 22, nb, p->swa_full) : 0, ring = rblk > 0;
+    const uint64_t rb = (uint64_t)bpp_win * (uint64_t)rblk * TL_KV_BLOCK,
+                   wsnaps = 2 * (nseq + 1) * (ring ? (uint64_t)bpp_win * (uint64_t)hp->n_swa : 0);
+    if (ring) states += (nseq + 1) * rb + (wsnaps < ((uint64_t)1 << 30) ? wsnaps : ((uint64_t)1 << 30));
+    const size_t bpp = ring ? bpp_full : bpp_full + bpp_win;
     const uint64_t keep = file + ((uint64_t)256 << 20) + states;
     const uint64_t budget = avail > keep ? (avail - keep) / 4 * 3 : 0;
     const int train = hp->n_ctx_train > 0 ? hp->n_ctx_train : 4096, floor_ctx = train < 4096 ? train : 4096;
@@ -71,11 +87,14 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
                      (int)nseq, nseq > 1 ? "s" : "", train);
     }
     if (n < 0 || (size_t)n >= cap) n = (int)cap - 1;
-    const uint64_t want = (uint64_t)bpp * (uint64_t)((p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK * TL_KV_BLOCK) * nseq;
+    /* the pool's layers as the context came out (a short one keeps windows whole) */
+    const int ring_on = ring && ring_blocks(m, p->n_ctx, nb, p->swa_full) > 0;
+    const size_t pbpp = ring_on ? bpp_full : bpp_full + bpp_win;
+    const uint64_t want = (uint64_t)pbpp * (uint64_t)((p->n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK * TL_KV_BLOCK) * nseq;
     if (p->kv_bytes) {
         n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB (asked)", (double)p->kv_bytes / gib);
     } else if (avail && want > budget) {
-        const uint64_t blk = (uint64_t)bpp * TL_KV_BLOCK;
+        const uint64_t blk = (uint64_t)(pbpp ? pbpp : 1) * TL_KV_BLOCK;
         p->kv_bytes = (size_t)(budget > blk ? budget / blk * blk : blk);
         n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB, cut from the %.2f GiB full sequences need to 3/4 of "
                  "what the %.2f GiB %s leaves after the model and 256 MiB", (double)p->kv_bytes / gib, (double)want / gib,
@@ -84,8 +103,11 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
         n += snprintf(why + n, cap - (size_t)n, "; KV pool %.2f GiB: %d full sequence%s (%s: %.2f GiB available)",
                       (double)want / gib, (int)nseq, nseq > 1 ? "s" : "", src, (double)avail / gib);
     }
-    if (states && n >= 0 && (size_t)n < cap)
-        snprintf(why + n, cap - (size_t)n, "; %.2f GiB kept for recurrent states", (double)states / gib);
+    if (n >= 0 && (size_t)n < cap && ring_on)
+        n += snprintf(why + n, cap - (size_t)n, "; sliding-window layers: the last %d + %d positions of each sequence "
+                      "(%.1f MiB each; --swa-full keeps them all)", hp->n_swa, nb, (double)rb / (1 << 20));
+    if (sb && n >= 0 && (size_t)n < cap)
+        snprintf(why + n, cap - (size_t)n, "; %.2f GiB kept for recurrent states", (double)(states) / gib);
     return TL_OK;
 }
 
@@ -99,7 +121,7 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         return tl_fail(err, TL_ERR_ARG, "negative context, thread or batch size");
     if (!tl_kv_type_name(p.kv_type_k) || !tl_kv_type_name(p.kv_type_v))
         return tl_fail(err, TL_ERR_ARG, "unknown KV cache type %d", tl_kv_type_name(p.kv_type_k) ? p.kv_type_v : p.kv_type_k);
-    char sizing[320];
+    char sizing[512];
     if ((st = size_defaults(m, &p, sizing, sizeof sizing, err))) return st;
     if (p.n_ctx > (1 << 22)) return tl_fail(err, TL_ERR_ARG, "context %d too large", p.n_ctx);
     if (p.share_threads) p.n_threads = tl_pool_size(p.share_threads->be.pool);
@@ -123,12 +145,16 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
     if (p.numerics != TL_NUMERICS_FAST && p.numerics != TL_NUMERICS_EXACT)
         return tl_fail(err, TL_ERR_ARG, "unknown numerics mode %d", p.numerics);
     if (p.n_logits_max > p.n_batch) p.n_logits_max = p.n_batch;
+    /* sliding-window layers in rings: a ring for each sequence, embedding
+     * lanes included (their memory is taken as they are written) */
+    const int rblk = ring_blocks(m, p.n_ctx, p.n_batch, p.swa_full);
     tl_ctx *c = calloc(1, sizeof *c);
     if (!c) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     tl_backend_params bp = {.n_ctx = p.n_ctx, .n_batch = p.n_batch, .n_threads = p.n_threads,
                             .numerics = p.numerics, .n_seq_max = p.n_seq_max, .n_seq_embd = p.n_seq_embd,
                             .kv_bytes = p.kv_bytes,
                             .kv_type_k = p.kv_type_k, .kv_type_v = p.kv_type_v,
+                            .ring_blocks = rblk,
                             .share_pool = p.share_threads ? p.share_threads->be.pool : NULL};
     st = tl_cpu_backend_new(m, &bp, &c->be, err);
     if (st) {
@@ -207,16 +233,42 @@ int tl_numerics_parse(const char *name) {
     return -1;
 }
 
-size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v) {
+/* Bytes per position of the cache layers in or out of sliding windows
+ * (window 0: the others, 1: the window layers), each at its own width
+ * (Gemma 4's differ); 0 when the types do not fit the model's head sizes. */
+static size_t kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v, int window) {
     if (!m || !m->arch || !tl_kv_type_name(kv_type_k) || !tl_kv_type_name(kv_type_v)) return 0;
     const tl_hparams *hp = &m->hp;
     const tl_kv_format *kf = tl_kv_format_of(kv_types[kv_type_k]), *vf = tl_kv_format_of(kv_types[kv_type_v]);
     if (hp->head_dim % kf->block || hp->head_dim % vf->block || hp->head_dim_swa % kf->block ||
         hp->head_dim_swa % vf->block)
         return 0;
-    size_t n = 0; /* each cached layer at its own width (Gemma 4's differ) */
-    for (int l = 0; l < hp->n_kv_layer; l++) n += kf->row_bytes(m->kv_dim[l]) + vf->row_bytes(m->kv_dim[l]);
+    size_t n = 0;
+    for (int l = 0; l < hp->n_kv_layer; l++)
+        if (tl_model_kv_swa(m, l) == window) n += kf->row_bytes(m->kv_dim[l]) + vf->row_bytes(m->kv_dim[l]);
     return n;
+}
+
+size_t tl_model_kv_bytes_per_pos(const tl_model *m, int kv_type_k, int kv_type_v) {
+    return kv_bytes_per_pos(m, kv_type_k, kv_type_v, 0);
+}
+
+size_t tl_model_kv_window_bytes(const tl_model *m, int kv_type_k, int kv_type_v, int *n_swa) {
+    const size_t b = kv_bytes_per_pos(m, kv_type_k, kv_type_v, 1);
+    if (n_swa) *n_swa = b ? m->hp.n_swa : 0;
+    return b;
+}
+
+static int ring_blocks(const tl_model *m, int n_ctx, int n_batch, int swa_full) {
+    const tl_hparams *hp = &m->hp;
+    int any = 0;
+    for (int l = 0; l < hp->n_kv_layer && !any; l++) any = tl_model_kv_swa(m, l);
+    if (swa_full || !any || !hp->causal || hp->n_swa <= 0 || n_batch <= 0) return 0;
+    /* a call's first row reaches n_swa - 1 back while its last (n_batch - 1
+     * on) is written: position p is ring position p % (R * TL_KV_BLOCK), so
+     * those n_swa - 1 + n_batch positions must not wrap onto each other */
+    const long r = ((long)n_batch + hp->n_swa - 1 + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+    return r < ((long)n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK ? (int)r : 0;
 }
 
 size_t tl_model_state_bytes(const tl_model *m, int *n_layers) {

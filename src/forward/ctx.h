@@ -30,7 +30,7 @@ struct tl_ctx {
     uint8_t *blg;       /* [n_batch] tl_ctx_eval's logits flags */
     int embd_mode;      /* tl_ctx_embed is running: rows are hidden states (tl_fwd_batch.embd) */
     tl_cost cost;       /* tl_ctx_decode's seconds per call size */
-    char sizing[320];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
+    char sizing[512];   /* how the context and the KV pool were sized (tl_ctx_sizing) */
     tl_kvdisk *disk;    /* the prefix cache on disk (tl_ctx_disk_cache), or NULL */
     uint8_t *stage;     /* [block_bytes] a block on its way to or from the disk */
     uint8_t ident[16];  /* what computed its blocks (disk_identity), made once */

@@ -432,5 +432,8 @@ void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     out->state_bytes = c->be.rs_seq_bytes;
     out->state_read_bytes = c->be.rs_bytes;
     out->n_snapshots = tl_rsnap_count(c->snaps, &out->snapshot_bytes);
+    out->window_bytes = c->be.window_bytes;
+    out->window_pos_bytes = tl_model_kv_window_bytes(c->m, c->be.kv_type_k, c->be.kv_type_v, &out->n_swa);
+    if (!c->be.window_bytes) out->window_pos_bytes = 0, out->n_swa = 0; /* in the pool (block_bytes) */
 }
 

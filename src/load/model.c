@@ -1126,6 +1126,16 @@ size_t tl_model_step_bytes(const tl_model *m, int n_seq) {
     return n;
 }
 
+int tl_model_kv_swa(const tl_model *m, int l) {
+    if (m->hp.n_swa <= 0) return 0;
+    for (int i = 0; i < m->hp.n_layer; i++)
+        for (int b = 0; b < m->layers[i].n_block; b++) {
+            const tl_block *B = &m->layers[i].block[b];
+            if (B->kind == TL_BLOCK_ATTN && !B->u.attn.kv_shared && B->u.attn.kv_layer == l) return B->u.attn.swa;
+        }
+    return 0;
+}
+
 int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out) {
     tl_w all[TL_BLOCK_MAX_W];
     int n = 0, nmat = 0;

@@ -254,6 +254,9 @@ typedef struct tl_layer {
 /* A block's tensors (NULLs left out) into out[TL_BLOCK_MAX_W]; with
  * matmul_only, only the matrices multiplied by activations. Returns how many. */
 int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out);
+/* 1 when cache layer l (< hp.n_kv_layer) is a sliding-window layer's: its
+ * positions older than the window are never read again. */
+int tl_model_kv_swa(const tl_model *m, int l);
 
 struct tl_model {
     tl_gguf *gguf;

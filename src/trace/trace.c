@@ -32,6 +32,8 @@ struct tl_tracer {
     uint64_t step;
     uint64_t weight_bytes;
     size_t pos_bytes;
+    size_t win_bytes;   /* a position of the sliding-window layers in rings (tl_kv_stats.window_pos_bytes) */
+    int n_swa;          /* what those read at most */
     size_t state_bytes; /* a sequence's recurrent state read per step (tl_kv_stats.state_read_bytes) */
     int n_rows;
     tl_trace_seq *seqs;
@@ -74,6 +76,8 @@ int tl_tracer_new(const tl_ctx *ctx, tl_trace_fn fn, void *user, tl_tracer **out
     tl_kv_stats kv;
     tl_ctx_kv_stats(ctx, &kv);
     t->pos_bytes = kv.block_bytes / TL_KV_BLOCK;
+    t->win_bytes = kv.window_pos_bytes;
+    t->n_swa = kv.n_swa;
     t->state_bytes = kv.state_read_bytes;
     *out = t;
     return TL_OK;
@@ -206,7 +210,8 @@ void tl_tracer_emit(tl_tracer *t) {
         }
         const int len = tl_seq_len(t->ctx, s->seq);
         s->pos = len >= 0 ? len : t->pos0[i] + s->n_fed;
-        st.kv_bytes += (uint64_t)(t->pos0[i] + s->n_fed) * t->pos_bytes;
+        const int seen = t->pos0[i] + s->n_fed;
+        st.kv_bytes += (uint64_t)seen * t->pos_bytes + (uint64_t)(seen < t->n_swa ? seen : t->n_swa) * t->win_bytes;
         st.state_bytes += t->state_bytes;
     }
     st.seqs = t->seqs;

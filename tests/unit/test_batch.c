@@ -320,6 +320,135 @@ static void gemma(void) {
     tl_model_free(m);
 }
 
+/* Rows of ids[from..to) fed to seq in calls of 1..max_chunk tokens, each
+ * compared with ref (if not NULL); returns the rows that differ. */
+static int feed(tl_ctx *c, int seq, const int32_t *ids, int from, int to, int max_chunk, const float *ref, int nv) {
+    int32_t sid[64];
+    uint8_t want[64];
+    int bad = 0;
+    for (int i = 0; i < 64; i++) sid[i] = seq, want[i] = 1;
+    tl_error err = {0};
+    for (int at = from; at < to;) {
+        int k = 1 + rnd(max_chunk);
+        if (k > to - at) k = to - at;
+        tl_batch b = {k, ids + at, sid, want, 0};
+        if (tl_ctx_decode(c, &b, &err)) {
+            CHECK(0, "feed at %d: %s", at, err.msg);
+            return to - at;
+        }
+        for (int i = 0; ref && i < k; i++)
+            bad += memcmp(tl_ctx_batch_logits(c, i), ref + (size_t)(at + i) * nv, (size_t)nv * sizeof(float)) != 0;
+        at += k;
+    }
+    return bad;
+}
+
+/* Sliding-window layers in rings (tl_ctx_params.swa_full 0) on a file with
+ * a window of 16 and batches of 8: a ring of 2 blocks (window - 1 + batch = 23 positions), gone around many
+ * times. Every row equals the same context's with the windows in the pool
+ * (swa_full), bit for bit: fed in chunks, beside another sequence, after a
+ * truncation the ring still covers and one it does not (recomputed), from
+ * a cached prefix (resumed at a snapshot of the window), after rejected
+ * guesses. The pool's blocks hold the other layers only. */
+static void rings(const char *file) {
+    tl_model *m;
+    tl_error err = {0};
+    if (tl_model_load(file, &m, &err)) {
+        CHECK(0, "load %s: %s (tests/run.sh makes it with scripts/mkmodel.py)", file, err.msg);
+        return;
+    }
+    enum { N = 300 };
+    int32_t ids[N], other[N];
+    const int nv = tl_model_n_vocab(m);
+    for (int i = 0; i < N; i++) ids[i] = 1 + rnd(nv - 1), other[i] = 1 + rnd(nv - 1);
+    tl_ctx_params cp = {.n_ctx = 512, .n_threads = 2, .n_seq_max = 3, .n_batch = 8, .n_logits_max = 8, .swa_full = 1};
+    tl_ctx *full, *c;
+    float *ref = malloc((size_t)N * nv * sizeof *ref);
+    if (!ref || tl_ctx_new(m, &cp, &full, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        free(ref);
+        tl_model_free(m);
+        return;
+    }
+    CHECK(tl_ctx_eval(full, ids, N, 1, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < N; i++) memcpy(ref + (size_t)i * nv, tl_ctx_logits(full, i), (size_t)nv * sizeof *ref);
+    tl_kv_stats fs, st;
+    tl_ctx_kv_stats(full, &fs);
+    tl_ctx_free(full);
+    cp.swa_full = 0;
+    if (tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        free(ref);
+        tl_model_free(m);
+        return;
+    }
+    tl_ctx_kv_stats(c, &st);
+    CHECK(fs.window_bytes == 0 && st.window_bytes > 0 && st.n_swa == 16 && st.block_bytes < fs.block_bytes &&
+              st.block_bytes + st.window_pos_bytes * TL_KV_BLOCK == fs.block_bytes,
+          "%s: ring %zu bytes, blocks of %zu (full %zu)", file, st.window_bytes, st.block_bytes, fs.block_bytes);
+    int a, b, x;
+    CHECK(tl_seq_open(c, &a, &err) == 0 && tl_seq_open(c, &x, &err) == 0, "%s", err.msg);
+    int bad = feed(c, a, ids, 0, 150, 8, ref, nv);
+    feed(c, x, other, 0, 40, 8, NULL, 0); /* a neighbour between a's calls (its rows are not compared) */
+    bad += feed(c, a, ids, 150, N, 8, ref, nv);
+    CHECK(bad == 0, "%s: %d rows in rings differ from the windows in the pool", file, bad);
+    for (int k = 0; k < 2; k++) { /* within the ring (back 4), then behind it (back 60: recomputed) */
+        const int cut = k ? N - 60 : N - 4;
+        CHECK(tl_seq_truncate(c, a, cut, &err) == 0 && tl_seq_len(c, a) == cut, "truncate to %d: %s", cut, err.msg);
+        bad = feed(c, a, ids, cut, N, 8, ref, nv);
+        CHECK(bad == 0, "%s: after a truncation to %d, %d rows differ", file, cut, bad);
+    }
+    /* 5 guesses, 2 right: the window goes back to the last right one */
+    int32_t g[5] = {ids[N - 30], ids[N - 29], other[0], other[1], other[2]}, sid[8];
+    uint8_t want[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < 8; i++) sid[i] = a;
+    CHECK(tl_seq_truncate(c, a, N - 30, &err) == 0, "%s", err.msg);
+    tl_batch gb = {5, g, sid, want, 1};
+    CHECK(tl_ctx_decode(c, &gb, &err) == 0 && tl_seq_commit(c, a, 2, &err) == 0 && tl_seq_len(c, a) == N - 28,
+          "guesses: %s", err.msg);
+    bad = feed(c, a, ids, N - 28, N, 8, ref, nv);
+    CHECK(bad == 0, "%s: after rejected guesses, %d rows differ", file, bad);
+    tl_seq_close(c, a); /* its window at the last boundary is kept */
+    CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+    int got = tl_seq_reuse_prefix(c, b, ids, N, N - 1);
+    CHECK(got == (N - 1) / TL_KV_BLOCK * TL_KV_BLOCK && tl_seq_len(c, b) == got, "%s: reused %d", file, got);
+    bad = feed(c, b, ids, got, N, 8, ref, nv);
+    CHECK(bad == 0, "%s: after a cached prefix, %d rows differ", file, bad);
+    tl_seq_close(c, b);
+    /* a prompt that parts from the cached one at 200: resumed at a snapshot
+     * before that (a boundary a prompt's chunk ended past), or the start */
+    int32_t mix[N];
+    memcpy(mix, ids, sizeof mix);
+    mix[200] = other[7];
+    CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+    got = tl_seq_reuse_prefix(c, b, mix, 200, 199);
+    CHECK(got % TL_KV_BLOCK == 0 && got <= 192 && tl_seq_len(c, b) == got, "%s: reused %d of 200", file, got);
+    bad = feed(c, b, ids, got, 200, 8, ref, nv);
+    CHECK(bad == 0, "%s: after a cached prefix cut at a snapshot, %d rows differ", file, bad);
+    tl_kv_stats st2;
+    tl_ctx_kv_stats(c, &st2);
+    CHECK(st2.n_snapshots > 0 && st2.snapshot_bytes > 0, "%s: %d window snapshots", file, st2.n_snapshots);
+    /* saved mid-block (the blocks, the window at the last boundary) and
+     * resumed in another context: the rest as the pool's */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tl-batch-ring-%d.kv", (int)getpid());
+    CHECK(tl_seq_truncate(c, b, 181, &err) == 0 && tl_ctx_save(c, b, path, &err) == 0, "save: %s", err.msg);
+    tl_ctx_free(c);
+    int n_got = 0;
+    if (tl_ctx_new(m, &cp, &c, &err) == 0) {
+        CHECK(tl_seq_open(c, &a, &err) == 0 && tl_ctx_load(c, a, path, &n_got, &err) == 0 && n_got == 181,
+              "load: %d positions: %s", n_got, err.msg);
+        bad = feed(c, a, ids, 181, N, 8, ref, nv);
+        CHECK(bad == 0, "%s: resumed from a saved sequence, %d rows differ", file, bad);
+        tl_ctx_free(c);
+    } else {
+        CHECK(0, "ctx: %s", err.msg);
+    }
+    unlink(path);
+    free(ref);
+    tl_model_free(m);
+}
+
 /* The same on mixtures of experts (random weights, tests/run.sh makes them):
  * a token's row must not depend on which other tokens chose its experts, or
  * how many did; and on the hybrids, whose Gated DeltaNet layers keep a
@@ -370,6 +499,8 @@ int main(void) {
     tl_model *m;
     tl_error err = {0};
     experts();
+    rings(GEMMA4);
+    rings(GEMMA4MOE);
     if (tl_model_load(MODEL, &m, &err)) {
         CHECK(0, "load %s: %s (run 'make models')", MODEL, err.msg);
         return tl_test_summary();
