@@ -442,7 +442,7 @@ static int session_open(session *s, const run_opts *o) {
     }
     if (o->draft && o->spec != TL_SPEC_OFF && o->spec != TL_SPEC_NGRAM) {
         tl_ctx_params dp = {.n_ctx = tl_ctx_n_ctx(s->ctx), .n_batch = o->n_batch, .numerics = o->numerics,
-                            .share_threads = s->ctx};
+                            .share_threads = s->ctx, .swa_full = o->swa_full};
         if (tl_model_load(o->draft, &s->dm, &err) || tl_spec_check_draft(s->m, s->dm, &err) ||
             tl_ctx_new(s->dm, &dp, &s->dctx, &err)) {
             cli_error("--draft %s: %s", o->draft, err.msg);

@@ -143,7 +143,7 @@ int cmd_info(int argc, char **argv) {
         printf("KV cache per position:");
         for (int t = TL_KV_F16; t <= TL_KV_Q4_0; t++) {
             const size_t b = tl_model_kv_bytes_per_pos(m, t, t);
-            if (b) printf(" %s %zu bytes%s", tl_kv_type_name(t), b, train > 0 ? "" : ";");
+            if (b || tl_model_kv_window_bytes(m, t, t, NULL)) printf(" %s %zu bytes%s", tl_kv_type_name(t), b, train > 0 ? "" : ";");
             else printf(" %s (no: the head size is not a multiple of 32)%s", tl_kv_type_name(t), t < TL_KV_Q4_0 ? "," : "");
             if (b && train > 0) printf(" (%.1f MiB for the training context of %d)%s", (double)b * train / (1 << 20), train,
                                        t < TL_KV_Q4_0 ? "," : "");
@@ -154,7 +154,7 @@ int cmd_info(int argc, char **argv) {
         if (wb)
             printf("sliding-window layers: %zu bytes per position more in f16, a sequence keeping only its last %d "
                    "(the window) plus a batch of them: %.1f MiB at -b 512 (--swa-full: every position)\n",
-                   wb, n_swa, (double)wb * (double)((512 + n_swa - 1 + 15) / 16 * 16) / (1 << 20));
+                   wb, n_swa, (double)wb * (double)((512 + n_swa - 1 + 31) / 16 * 16) / (1 << 20));
         int n_rec = 0;
         const size_t sb = tl_model_state_bytes(m, &n_rec);
         if (sb)

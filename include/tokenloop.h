@@ -78,9 +78,11 @@ size_t tl_model_step_bytes(const tl_model *model, int n_seq);
 int tl_model_n_expert(const tl_model *model, int *n_used);
 /* KV cache bytes one position takes with these tl_kv_types in the layers
  * that keep every position (every layer but the sliding-window ones, K and
- * V): what the shared pool holds per position; 0 when the model cannot have
- * that cache (a head size that is not a multiple of the type's 32-element
- * block) or runs no weights. */
+ * V): what the shared pool holds per position, unless the window layers are
+ * in it too (tl_ctx_params.swa_full, or a context too short for a ring:
+ * tl_kv_stats.block_bytes says); 0 when the model cannot have that cache (a
+ * head size that is not a multiple of the type's 32-element block), runs no
+ * weights, or has only window layers. */
 size_t tl_model_kv_bytes_per_pos(const tl_model *model, int kv_type_k, int kv_type_v);
 /* The same for the sliding-window layers (Gemma 3 and 4, gpt-oss; 0 when
  * there are none), and their window in *n_swa (if not NULL). A context keeps
@@ -177,7 +179,8 @@ typedef struct tl_ctx_params {
                                   * model beside its target, never fighting it for cores */
     int n_seq_embd;  /* sequences beyond n_seq_max that tl_ctx_embed_batch may open to run
                       * texts side by side; 0 = none. They add nothing to the default KV
-                      * sizing: an embedding's blocks go back when its call returns */
+                      * pool: an embedding's blocks go back when its call returns (but
+                      * each has a ring of sliding-window layers, set aside first) */
     int swa_full;    /* 1: sliding-window layers keep every position in the pool, as the
                       * others do (a cached prefix is reusable at any block, as llama.cpp's
                       * --swa-full); 0 = each sequence keeps their last window plus a batch
@@ -295,6 +298,18 @@ int tl_seq_open(tl_ctx *ctx, int *seq, tl_error *err);
  * multiple of TL_KV_BLOCK, 0 if none), which then count as the sequence's
  * first tokens. */
 int tl_seq_reuse_prefix(tl_ctx *ctx, int seq, const int32_t *tokens, size_t n, size_t max_reuse);
+/* Models whose sequences carry a state beside their KV blocks (recurrent
+ * layers, sliding-window layers in rings) resume a cached prefix only at a
+ * block boundary where that state was kept: at the end of a prompt (the
+ * boundary its last chunk passed), at close, and where asked here. Asks to
+ * keep seq's state at the boundary pos rounded down to TL_KV_BLOCK, taken
+ * when a tl_ctx_decode's positions for seq end in the block that follows it
+ * (a prompt's chunk cut there): a point other prompts share, such as the end
+ * of a system prompt. Other snapshots a prompt's chunks leave replace each
+ * other, so a long prompt keeps a few, not one per chunk. Returns the
+ * boundary (0: nothing to keep: no such state, or pos < TL_KV_BLOCK); up to
+ * 2 per sequence, cleared when it closes. */
+int tl_seq_keep_state_at(tl_ctx *ctx, int seq, int pos);
 /* Positions the sequence holds. */
 int tl_seq_len(const tl_ctx *ctx, int seq);
 /* Closes the sequence; its full blocks stay in the prefix cache. */
@@ -350,14 +365,16 @@ typedef struct tl_kv_stats {
     uint64_t query_tokens; /* prompt tokens looked up in the prefix cache */
     uint64_t hit_tokens;   /* of those, positions reused */
     /* Recurrent layers (Gated DeltaNet): a sequence's state is kept beside
-     * the cache, and a cached prefix resumes from a snapshot of it */
+     * the cache, and a cached prefix resumes from a snapshot of it (of its
+     * sliding-window rings too, below) */
     size_t state_bytes;    /* one sequence's recurrent state in memory (0: no such layers) */
     size_t state_read_bytes; /* what a step of one sequence reads of it (its state at a block boundary) */
-    int n_snapshots;       /* states of cached prefixes held */
+    int n_snapshots;       /* sequence states of cached prefixes held (recurrent, windows) */
     size_t snapshot_bytes; /* their memory */
     /* Sliding-window layers kept in rings (tl_ctx_params.swa_full 0): a
      * sequence's last window plus a batch, outside the pool */
-    size_t window_bytes;     /* one sequence's ring (0: no such layers, or swa_full) */
+    size_t window_bytes;     /* one sequence's ring (0: no such layers, swa_full, or a context too
+                              * short for a ring: then they are in the pool, block_bytes) */
     size_t window_pos_bytes; /* a position of those layers (a step reads n_swa of them at most) */
     int n_swa;               /* the window */
 } tl_kv_stats;

@@ -106,9 +106,13 @@ typedef struct api_think {
     int started; /* out: the prompt opened the reasoning (it ends with the open marker) */
 } api_think;
 /* A chat request's prompt: messages rendered through the template and
- * tokenized. th may be NULL (/tokenize: no budget, nothing eager). */
+ * tokenized. th may be NULL (/tokenize: no budget, nothing eager). n_shared
+ * (if not NULL, and the model keeps a state beside its KV cache: recurrent
+ * or sliding-window layers) gets the prompt tokens before the first message
+ * that is not a system one: the system prompt and tools other conversations
+ * may share (0: none, or not worked out). */
 int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen,
-                    api_think *th, int32_t **ids, int *n, api_err *e);
+                    api_think *th, int32_t **ids, int *n, int *n_shared, api_err *e);
 /* An array of token ids (param names it in errors). */
 int api_token_array(const api_ctx *a, json_t *arr, const char *param, int32_t **ids, int *n, api_err *e);
 /* A completion's prompt: a string, or token ids. */

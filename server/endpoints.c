@@ -80,7 +80,7 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
         rc = -1;
     if (!rc && !text && !msgs) rc = BAD("content", "give 'content', 'prompt' or 'messages'");
     if (!rc && msgs) {
-        rc = api_chat_prompt(a, msgs, NULL, api_field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, e);
+        rc = api_chat_prompt(a, msgs, NULL, api_field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, NULL, e);
     } else if (!rc) {
         size_t tl = strlen(text);
         int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;

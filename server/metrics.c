@@ -302,11 +302,13 @@ static void render_ours(sbuf *b, const srv_metrics *mx, double rss) {
         sb_simple(b, "tokenloop_kv_window_bytes_per_sequence", "gauge",
                   "Memory of one sequence's ring of sliding-window layers (its last window plus a batch).",
                   (double)mx->kv.window_bytes);
-    if (mx->kv.state_bytes) {
+    if (mx->kv.state_bytes)
         sb_simple(b, "tokenloop_state_bytes_per_sequence", "gauge",
                   "Memory of one sequence's recurrent state (Gated DeltaNet layers).", (double)mx->kv.state_bytes);
+    if (mx->kv.state_bytes || mx->kv.window_bytes) {
         sb_simple(b, "tokenloop_state_snapshots", "gauge",
-                  "Recurrent states kept at cached prefixes' block boundaries, where a prompt may resume.",
+                  "Sequence states (recurrent, sliding windows) kept at cached prefixes' block boundaries, where a "
+                  "prompt may resume.",
                   (double)mx->kv.n_snapshots);
         sb_simple(b, "tokenloop_state_snapshot_bytes", "gauge", "Memory of those states.",
                   (double)mx->kv.snapshot_bytes);

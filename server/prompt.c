@@ -402,8 +402,43 @@ static int prompt_finish(const api_ctx *a, const char *tmpl, int add_gen, int th
     return 0;
 }
 
+/* The prompt tokens before the content of arr's first message that is not a
+ * system one: the same messages rendered with that content replaced part
+ * from the prompt there (out, ids[0..n)), and the text before tokenizes as
+ * the prompt does, bar its last token (which may merge across). 0 when
+ * there is no such message or anything fails. */
+static int shared_prefix(const api_ctx *a, json_t *arr, json_t *tools, json_t *kw, int add_gen, int flags,
+                         const char *out, size_t ol, const int32_t *ids, int n) {
+    size_t k = 0;
+    for (; k < json_array_size(arr); k++) {
+        const char *role = sval(json_object_get(json_array_get(arr, k), "role"));
+        if (strcmp(role, "system") && strcmp(role, "developer")) break;
+    }
+    if (k == 0 || k == json_array_size(arr)) return 0;
+    json_t *alt = json_deep_copy(arr);
+    char *o2 = NULL;
+    size_t l2 = 0, at = 0;
+    tl_error err = {0};
+    int rc = !alt || json_object_set_new(json_array_get(alt, k), "content", json_string("\x01"));
+    if (!rc) rc = render_msgs(a, alt, tools, kw, add_gen, &o2, &l2, &err);
+    json_decref(alt);
+    if (!rc)
+        while (at < ol && at < l2 && out[at] == o2[at]) at++;
+    tl_free(o2);
+    if (rc || at == 0) return 0;
+    tl_error e2 = {0};
+    int32_t *pre = NULL;
+    size_t np = 0;
+    if (tl_tokenize(a->m, out, at, flags, &pre, &np, &e2)) return 0;
+    int m = 0;
+    while (m < n && (size_t)m < np && pre[m] == ids[m]) m++;
+    tl_free(pre);
+    return m > 0 ? m - 1 : 0;
+}
+
 int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *kwargs, int add_gen, api_think *th,
-                    int32_t **ids, int *n, api_err *e) {
+                    int32_t **ids, int *n, int *n_shared, api_err *e) {
+    if (n_shared) *n_shared = 0;
     if (!msgs) return BAD("messages", "'messages' is required");
     if (!json_is_array(msgs)) return BAD("messages", "'messages' must be an array");
     if (kwargs && !json_is_object(kwargs))
@@ -479,7 +514,8 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
     char *out = NULL;
     size_t ol = 0;
     tl_error err = {0};
-    int rc = render_msgs(a, arr, native ? t->tools : NULL, kw, add_gen, &out, &ol, &err);
+    json_t *tools_v = native ? t->tools : NULL;
+    int rc = render_msgs(a, arr, tools_v, kw, add_gen, &out, &ol, &err);
     if (rc && rc != TL_ERR_NOMEM) {
         /* a template that refuses a system message after the first (Gemma's
          * alternation check) gets it folded into the next user turn */
@@ -488,23 +524,34 @@ int api_chat_prompt(const api_ctx *a, json_t *msgs, const tools_req *t, json_t *
             tl_free(out);
             out = NULL;
             tl_error err2 = {0};
-            if (!render_msgs(a, folded, native ? t->tools : NULL, kw, add_gen, &out, &ol, &err2)) rc = TL_OK;
+            if (!render_msgs(a, folded, tools_v, kw, add_gen, &out, &ol, &err2)) {
+                rc = TL_OK;
+                json_decref(arr);
+                arr = json_incref(folded); /* what was rendered */
+            }
             json_decref(folded);
         }
     }
-    json_decref(arr);
-    json_decref(kw);
     if (rc) {
+        json_decref(arr);
+        json_decref(kw);
         tl_free(out);
         if (rc == TL_ERR_NOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         return BAD("messages", "chat template: %s", err.msg);
     }
     if (prompt_finish(a, tmpl, add_gen, thinks, th, &out, &ol)) {
+        json_decref(arr);
+        json_decref(kw);
         tl_free(out);
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
     int flags = TL_TOK_PARSE_SPECIAL | (tl_chat_add_bos(a->m, out) ? TL_TOK_ADD_BOS : 0);
     rc = api_tokenize_text(a->m, out, ol, flags, ids, n, e);
+    /* only a model whose cached prefixes resume at kept states needs it */
+    if (!rc && n_shared && (tl_model_state_bytes(a->m, NULL) || tl_model_kv_window_bytes(a->m, 0, 0, NULL)))
+        *n_shared = shared_prefix(a, arr, tools_v, kw, add_gen, flags, out, ol, *ids, *n);
+    json_decref(arr);
+    json_decref(kw);
     tl_free(out);
     return rc;
 }

@@ -41,6 +41,8 @@ typedef struct slot {
     int need_blocks;    /* blocks the sequence may hold at its longest */
     double t_last;      /* when the last token was sampled (inter-token latency) */
     int reused;         /* prompt tokens the prefix cache gave it (the trace reports them with the next chunk) */
+    int cut;            /* a prompt chunk ends here: the boundary whose state is kept for other
+                         * conversations (the end of the system prompt; 0: none) */
     int n_step;         /* tokens its step put in the current batch */
     uint64_t order;     /* admission order: prefill goes oldest first */
 } slot;
@@ -323,6 +325,14 @@ static int admit_one(srv_sched *s, slot *sl, srv_req *r) {
     sl->need_blocks = need;
     sl->order = s->next_order++;
     r->cached_tokens = reused;
+    /* a model with a state resumes cached prompts where it was kept: at the
+     * end of this prompt, and of its system prompt, which other
+     * conversations share (a chunk is cut there) */
+    tl_seq_keep_state_at(s->ctx, seq, r->n_prompt);
+    if (r->n_shared / TL_KV_BLOCK * TL_KV_BLOCK > reused) {
+        const int b = tl_seq_keep_state_at(s->ctx, seq, r->n_shared);
+        sl->cut = b > reused ? b : 0;
+    }
     pthread_mutex_lock(&s->mu);
     s->n_running++;
     pthread_mutex_unlock(&s->mu);
@@ -555,6 +565,7 @@ static int build_batch(srv_sched *s, int *n_rows_out) {
         srv_req *r = sl->r;
         int take = r->n_prompt - sl->n_fed;
         if (take > budget) take = budget;
+        if (sl->cut > sl->n_fed && sl->n_fed + take > sl->cut) take = sl->cut - sl->n_fed;
         if (sl->prompt_lp) {
             int room = s->max_rows - n_rows;
             if (take > room) take = room;
@@ -866,7 +877,8 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
                         .n_seq_max = s->np,
                         /* a ring of sliding-window layers each: fewer lanes (a generative
                          * model's embeddings are not its main use) */
-                        .n_seq_embd = tl_model_kv_window_bytes(m, o->kv_type_k, o->kv_type_v, NULL) ? 4 : SCHED_EMB_SEQS,
+                        .n_seq_embd = !o->swa_full && tl_model_kv_window_bytes(m, o->kv_type_k, o->kv_type_v, NULL)
+                                          ? 4 : SCHED_EMB_SEQS,
                         .n_logits_max = s->max_rows,
                         .numerics = o->numerics,
                         .kv_type_k = o->kv_type_k,
@@ -885,7 +897,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     }
     if (o->draft && o->spec != TL_SPEC_OFF && o->spec != TL_SPEC_NGRAM) {
         tl_ctx_params dp = {.n_ctx = tl_ctx_n_ctx(s->ctx), .n_seq_max = s->np, .numerics = o->numerics,
-                            .share_threads = s->ctx};
+                            .share_threads = s->ctx, .swa_full = o->swa_full};
         if ((rc = tl_ctx_new(o->draft, &dp, &s->dctx, err))) {
             sched_release_mem(s);
             return rc;
@@ -896,6 +908,7 @@ int srv_sched_new(const tl_model *m, const srv_opts *o, srv_metrics *mx, srv_sch
     tl_ctx_kv_stats(s->ctx, &kv);
     s->kv_blocks = kv.n_blocks;
     s->kv0 = kv;
+    srv_metrics_state(s->mx, 0, 0, &kv); /* /metrics has the pool before the loop's first turn */
     s->kv_why = o->kv_mem_mib > 0 ? "--kv-mem" : strstr(tl_ctx_sizing(s->ctx), "cut from")
                 ? "the memory this machine has left: see serve's ready line; --kv-mem sets it" : "-np x -c";
     /* The engine caps a call at the context length. */

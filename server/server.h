@@ -115,6 +115,9 @@ typedef struct srv_req {
     int stream, include_usage;
     int32_t *prompt;                 /* owned */
     int n_prompt;
+    int n_shared;                    /* prompt tokens of its system prompt and tools, which other
+                                      * conversations may share (api_chat_prompt; 0: none known):
+                                      * a model with a state keeps it there */
     int max_tokens;                  /* >= 0; -1: until the sequence's context is full */
     tl_sampler_params sp;            /* sp.logit_bias points into bias */
     tl_logit_bias *bias;             /* owned */

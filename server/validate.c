@@ -257,7 +257,7 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
     json_t *kw = api_field(root, "chat_template_kwargs");
     api_think th = {r->think_budget, r->think && r->grammar && !r->grammar_lazy, 0};
     if (!r->harmony || !effort || (kw && !json_is_object(kw))) {
-        rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw, 1, &th, &r->prompt, &r->n_prompt, e);
+        rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw, 1, &th, &r->prompt, &r->n_prompt, &r->n_shared, e);
         r->think_started = th.started;
         return rc;
     }
@@ -271,7 +271,7 @@ static int parse_chat(const api_ctx *a, json_t *root, srv_req *r, api_err *e) {
         json_decref(kw2);
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     }
-    rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw2, 1, &th, &r->prompt, &r->n_prompt, e);
+    rc = api_chat_prompt(a, api_field(root, "messages"), &t, kw2, 1, &th, &r->prompt, &r->n_prompt, &r->n_shared, e);
     r->think_started = th.started;
     json_decref(kw2);
     return rc;

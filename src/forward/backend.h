@@ -85,6 +85,7 @@ typedef struct tl_backend {
     tl_pool *pool;         /* its threads (the fork-join figures; shared by a draft's context) */
     size_t rs_bytes;       /* one sequence's recurrent state at a block boundary (0: none) */
     size_t rs_seq_bytes;   /* what a sequence's recurrent state holds in memory (0: none) */
+    size_t rs_read_bytes;  /* what a step of one sequence reads of it (its part of rs_bytes) */
     size_t window_bytes;   /* what a sequence's ring of sliding-window layers holds (0: none) */
 } tl_backend;
 

@@ -1889,7 +1889,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     out->ops = c->gdn || c->ring_R ? &cpu_ops_rs : &cpu_ops;
     out->state = c;
     if (c->gdn) {
-        out->rs_bytes = tl_gdn_snap_bytes(c);
+        out->rs_bytes = out->rs_read_bytes = tl_gdn_snap_bytes(c);
         out->rs_seq_bytes = tl_gdn_seq_bytes(c);
     }
     if (c->ring_R) {

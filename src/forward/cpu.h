@@ -127,7 +127,8 @@ void tl_gdn_snap_load(tl_cpu *c, int seq, int pos, const void *p);
 int tl_gdn_pos(const tl_cpu *c, int seq);
 
 /* swa.c: the sliding-window layers' rings */
-/* After K/V offsets and rows are set: the tables of n_seq rings of R blocks. */
+/* The tables of n_seq rings of R blocks and which cache layers are in them
+ * (before the K/V offsets are laid out, which read ring_l). */
 int tl_ring_new(tl_cpu *c, int n_seq, int R, tl_error *err);
 void tl_ring_free(tl_cpu *c);
 /* A forward call's tokens: each one's ring table, and how far each sequence is written. */

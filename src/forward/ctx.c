@@ -64,7 +64,9 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
     const int rblk = bpp_win ? ring_blocks(m, 1 << 22, nb, p->swa_full) : 0, ring = rblk > 0;
     const uint64_t rb = (uint64_t)bpp_win * (uint64_t)rblk * TL_KV_BLOCK,
                    wsnaps = 2 * (nseq + 1) * (ring ? (uint64_t)bpp_win * (uint64_t)hp->n_swa : 0);
-    if (ring) states += (nseq + 1) * rb + (wsnaps < ((uint64_t)1 << 30) ? wsnaps : ((uint64_t)1 << 30));
+    /* (embedding lanes' rings too: a long text fills one) */
+    if (ring)
+        states += (nseq + 1 + (uint64_t)p->n_seq_embd) * rb + (wsnaps < ((uint64_t)1 << 30) ? wsnaps : ((uint64_t)1 << 30));
     const size_t bpp = ring ? bpp_full : bpp_full + bpp_win;
     const uint64_t keep = file + ((uint64_t)256 << 20) + states;
     const uint64_t budget = avail > keep ? (avail - keep) / 4 * 3 : 0;
@@ -104,10 +106,11 @@ static int size_defaults(const tl_model *m, tl_ctx_params *p, char *why, size_t 
                       (double)want / gib, (int)nseq, nseq > 1 ? "s" : "", src, (double)avail / gib);
     }
     if (n >= 0 && (size_t)n < cap && ring_on)
-        n += snprintf(why + n, cap - (size_t)n, "; sliding-window layers: the last %d + %d positions of each sequence "
-                      "(%.1f MiB each; --swa-full keeps them all)", hp->n_swa, nb, (double)rb / (1 << 20));
+        n += snprintf(why + n, cap - (size_t)n, "; sliding-window layers: a ring of %d positions per sequence (its "
+                      "window of %d and a batch of %d; %.1f MiB each; --swa-full keeps them all)", rblk * TL_KV_BLOCK,
+                      hp->n_swa, nb, (double)rb / (1 << 20));
     if (sb && n >= 0 && (size_t)n < cap)
-        snprintf(why + n, cap - (size_t)n, "; %.2f GiB kept for recurrent states", (double)(states) / gib);
+        snprintf(why + n, cap - (size_t)n, "; %.2f GiB kept for sequence states", (double)(states) / gib);
     return TL_OK;
 }
 
@@ -182,9 +185,12 @@ int tl_ctx_new(const tl_model *m, const tl_ctx_params *params, tl_ctx **out, tl_
         if ((size_t)cap > cap_mem) cap = cap_mem > 0 ? (int)cap_mem : 1;
         c->snaps = tl_rsnap_new(c->be.rs_bytes, cap);
         c->rseq = calloc(nb, sizeof *c->rseq);
+        c->sfloat = calloc((size_t)c->n_seq, sizeof *c->sfloat);
+        c->spin = calloc((size_t)c->n_seq, sizeof *c->spin);
+        c->snap0 = malloc(c->be.rs_bytes);
     }
     if (tl_kv_new(c->be.n_blocks, c->n_seq, c->n_ctx, &c->kv) || !c->tpos || !c->tseq || !c->tblk || !c->lrow ||
-        !c->seq_cnt || !c->bseq0 || !c->blg || (c->be.rs_bytes && (!c->snaps || !c->rseq))) {
+        !c->seq_cnt || !c->bseq0 || !c->blg || (c->be.rs_bytes && (!c->snaps || !c->rseq || !c->sfloat || !c->spin || !c->snap0))) {
         tl_ctx_free(c);
         return tl_fail(err, TL_ERR_NOMEM, "out of memory for a context of %d positions", p.n_ctx);
     }
@@ -210,6 +216,9 @@ void tl_ctx_free(tl_ctx *c) {
     free(c->logits);
     tl_rsnap_free(c->snaps);
     free(c->rseq);
+    free(c->sfloat);
+    free(c->spin);
+    free(c->snap0);
     free(c);
 }
 
@@ -266,8 +275,11 @@ static int ring_blocks(const tl_model *m, int n_ctx, int n_batch, int swa_full) 
     if (swa_full || !any || !hp->causal || hp->n_swa <= 0 || n_batch <= 0) return 0;
     /* a call's first row reaches n_swa - 1 back while its last (n_batch - 1
      * on) is written: position p is ring position p % (R * TL_KV_BLOCK), so
-     * those n_swa - 1 + n_batch positions must not wrap onto each other */
-    const long r = ((long)n_batch + hp->n_swa - 1 + TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+     * those n_swa - 1 + n_batch positions must not wrap onto each other; and
+     * a block more, so that the window before the last block boundary is
+     * still held when a call ended up to 15 positions past it (its snapshot,
+     * tl_ctx_save) */
+    const long r = ((long)n_batch + hp->n_swa - 1 + 2 * TL_KV_BLOCK - 1) / TL_KV_BLOCK;
     return r < ((long)n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK ? (int)r : 0;
 }
 
@@ -326,6 +338,10 @@ int tl_ctx_eval(tl_ctx *c, const int32_t *tokens, size_t n, int all_logits, tl_e
         done += (size_t)nb;
     }
     c->blogits_n = 0; /* the rows are tl_ctx_logits', not tl_ctx_batch_logits' */
+    /* a prompt's end: where a later rewind deeper than the state holds resumes */
+    const int b0 = (past + (int)n) / TL_KV_BLOCK * TL_KV_BLOCK;
+    if (c->snap0 && n >= 2 && b0 > c->snap0_pos && c->be.ops->rs_save(c->be.state, 0, b0, c->snap0) == 0)
+        c->snap0_pos = b0;
     c->logits_first = all_logits ? 0 : (int)n - 1;
     c->logits_n = all_logits ? (int)n : 1;
     return TL_OK;

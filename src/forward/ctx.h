@@ -39,6 +39,12 @@ struct tl_ctx {
     tl_kvdisk *sdisk;   /* those states on disk (beside c->disk's blocks), or NULL */
     uint8_t *sstage;    /* [rs_bytes] a state on its way from the disk */
     int32_t *rseq;      /* [n_batch] a sequence's id repeated: its positions recomputed (rs_reach) */
+    uint64_t *sfloat;   /* [n_seq] the chain of the snapshot a sequence's chunk made last, which its
+                         * next one replaces (0: none) */
+    int (*spin)[2];     /* [n_seq] boundaries whose state a sequence keeps (tl_seq_keep_state_at; 0: none) */
+    void *snap0;        /* [rs_bytes] the implicit sequence's state at the end of its last prompt (it
+                         * has no prefix cache: a rewind past what it holds resumes here) */
+    int snap0_pos;      /* its boundary (0: none) */
 };
 
 /* Puts sequence seq's recurrent state at position len (<= its length): back
@@ -47,11 +53,15 @@ struct tl_ctx {
  * computed again. TL_OK without recurrent layers. */
 int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err);
 /* Keeps the recurrent state at seq's last registered block boundary as a
- * snapshot of that prefix (once per prefix; nothing when it is not held). */
+ * snapshot of that prefix (once per prefix; nothing when it is not held),
+ * in RAM and on disk: at close. */
 void tl_seq_snapshot(tl_ctx *c, int seq);
 /* After n positions of seq were committed, with reg blocks registered
- * before: the snapshot policy (tl_seq_snapshot when a prompt's chunk, or
- * guesses, ended past a new block boundary; a decoded token alone never). */
+ * before: the snapshot policy. At a boundary seq keeps (tl_seq_keep_state_at)
+ * as tl_seq_snapshot does; else when a prompt's chunk, or guesses, ended
+ * past a new block boundary (a decoded token alone never), in RAM only and
+ * replacing the last such snapshot seq made: a long prompt would otherwise
+ * leave one per chunk and push every other prompt's out. */
 void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg);
 /* Runs a batch whose rows go to out (at most max_rows), then commits each
  * sequence's new positions or leaves them pending (ctx.c). */

@@ -22,6 +22,7 @@ int tl_seq_truncate(tl_ctx *c, int seq, int len, tl_error *err) {
     if (!sq) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
     if (len < 0 || len > sq->len)
         return tl_fail(err, TL_ERR_ARG, "cannot truncate sequence %d to %d (it holds %d)", seq, len, sq->len);
+    if (seq == 0 && len < c->snap0_pos) c->snap0_pos = 0; /* its tokens may change */
     int32_t from, to;
     if (tl_kv_seq_truncate(c->kv, seq, len, &from, &to))
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "the KV cache has no free block to copy a shared one into");
@@ -86,34 +87,73 @@ int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
     if (!c->be.ops->rs_seek || c->be.ops->rs_seek(c->be.state, seq, len) == 0) return TL_OK;
     tl_kv_seq *s = tl_kv_seq_get(c->kv, seq);
     if (!s || len > s->len) return tl_fail(err, TL_ERR_ARG, "sequence %d cannot reach position %d", seq, len);
-    /* the latest snapshot of the prefix at or before len, else the start */
-    const int b = resume_at_snapshot(c, seq, s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK);
+    int b;
+    if (seq == 0 && c->snap0_pos > 0 && c->snap0_pos <= len) { /* the implicit one: its last prompt's end */
+        int32_t from, to;
+        b = c->snap0_pos;
+        if (b < s->len) tl_kv_seq_truncate(c->kv, 0, b, &from, &to); /* a boundary: never a copy */
+        c->be.ops->rs_load(c->be.state, 0, b, c->snap0);
+    } else { /* the latest snapshot of the prefix at or before len, else the start */
+        b = resume_at_snapshot(c, seq, s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK);
+    }
     return replay(c, seq, b, len, err);
 }
 
-/* Where a later prompt can resume: the end of each prompt (its chunks
- * commit many positions at once) and of each conversation (tl_seq_close).
- * Decoded tokens, one per commit, would fill the store with states no prompt
- * asks for. */
-void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg) {
+/* Takes the snapshot at seq's last registered boundary; to_disk: on disk
+ * too. Returns its chain if it was made now (0: not held, already kept, or
+ * out of memory). */
+static uint64_t snapshot_take(tl_ctx *c, int seq, int to_disk) {
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
-    if (c->snaps && s && n >= 2 && s->n_reg > reg) tl_seq_snapshot(c, seq);
-}
-
-void tl_seq_snapshot(tl_ctx *c, int seq) {
-    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
-    if (!c->snaps || !s || !s->cache || s->n_reg == 0) return;
+    if (!c->snaps || !s || !s->cache || s->n_reg == 0) return 0;
     const uint64_t chain = s->chains[s->n_reg - 1];
-    if (tl_rsnap_get(c->snaps, chain)) return;
+    if (tl_rsnap_get(c->snaps, chain)) {
+        if (c->sfloat[seq] == chain && to_disk) c->sfloat[seq] = 0; /* kept now: no longer replaced */
+        return 0;
+    }
     void *p = tl_rsnap_put(c->snaps, chain);
     if (p && c->be.ops->rs_save(c->be.state, seq, s->n_reg * TL_KV_BLOCK, p)) {
         tl_rsnap_drop(c->snaps, chain);
-        return;
+        return 0;
     }
-    if (p && c->sdisk) { /* on disk too, keyed by the content key of the block it ends */
+    if (p && to_disk && c->sdisk) { /* keyed by the content key of the block it ends */
         const int i = s->n_reg;
         tl_kvdisk_put(c->sdisk, s->keys[i - 1], parent_key(s, i), s->tok + (size_t)(i - 1) * TL_KV_BLOCK, p);
     }
+    return p ? chain : 0;
+}
+
+/* Where a later prompt can resume: the end of each prompt (its chunks
+ * commit many positions at once), the boundaries a sequence was asked to
+ * keep, and the end of each conversation (tl_seq_close). Decoded tokens, one
+ * per commit, would fill the store with states no prompt asks for; a long
+ * prompt's chunks would too, so each replaces the one before. */
+void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg) {
+    const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
+    if (!c->snaps || !s || s->n_reg <= reg || seq <= 0 || c->embd_mode) return; /* an embedding is not resumed */
+    const int b = s->n_reg * TL_KV_BLOCK;
+    if (c->spin[seq][0] == b || c->spin[seq][1] == b) {
+        snapshot_take(c, seq, 1);
+        return;
+    }
+    if (n < 2) return;
+    const uint64_t made = snapshot_take(c, seq, 0);
+    if (!made) return;
+    if (c->sfloat[seq]) tl_rsnap_drop(c->snaps, c->sfloat[seq]);
+    c->sfloat[seq] = made;
+}
+
+void tl_seq_snapshot(tl_ctx *c, int seq) { snapshot_take(c, seq, 1); }
+
+int tl_seq_keep_state_at(tl_ctx *c, int seq, int pos) {
+    if (!c || !c->snaps || seq <= 0 || seq >= c->n_seq || !tl_kv_seq_peek(c->kv, seq)) return 0;
+    const int b = pos / TL_KV_BLOCK * TL_KV_BLOCK;
+    if (b <= 0) return 0;
+    int *pin = c->spin[seq];
+    if (pin[0] != b && pin[1] != b) {
+        if (pin[0] && pin[1]) pin[0] = pin[1], pin[1] = 0; /* the older one gives way */
+        pin[pin[0] ? 1 : 0] = b;
+    }
+    return b;
 }
 
 int tl_seq_commit(tl_ctx *c, int seq, int n, tl_error *err) {
@@ -142,6 +182,10 @@ int tl_seq_open(tl_ctx *c, int *seq, tl_error *err) {
         return tl_fail(err, TL_ERR_CONTEXT_FULL, "all %d sequences are open", c->n_seq - 1);
     *seq = id;
     if (c->be.ops->rs_seek) c->be.ops->rs_seek(c->be.state, id, 0);
+    if (c->snaps) {
+        c->sfloat[id] = 0;
+        c->spin[id][0] = c->spin[id][1] = 0;
+    }
     return TL_OK;
 }
 
@@ -339,7 +383,10 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
     if (n_restored) *n_restored = 0;
     tl_kv_seq *s = c ? tl_kv_seq_get(c->kv, seq) : NULL;
     if (!s) return tl_fail(err, TL_ERR_ARG, "sequence %d is not open", seq);
-    if (seq == 0) tl_kv_seq_close(c->kv, 0);
+    if (seq == 0) {
+        tl_kv_seq_close(c->kv, 0);
+        c->snap0_pos = 0;
+    }
     if (s->len || s->n_blk) return tl_fail(err, TL_ERR_ARG, "sequence %d is not empty", seq);
     if (!c->stage && !(c->stage = malloc(c->be.block_bytes))) return tl_fail(err, TL_ERR_NOMEM, "out of memory");
     void *rs = c->snaps ? malloc(c->be.rs_bytes) : NULL;
@@ -356,7 +403,8 @@ int tl_ctx_load(tl_ctx *c, int seq, const char *path, int *n_restored, tl_error 
     if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, SEQ_MAGIC, 8))
         st = tl_fail(err, TL_ERR_FORMAT, "%s is not a saved sequence", path);
     else if (memcmp(h.ident, id, TL_KVKEY) || h.block_bytes != c->be.block_bytes)
-        st = tl_fail(err, TL_ERR_FORMAT, "%s was computed by another model, numerics mode or KV type (or LongRoPE factors)", path);
+        st = tl_fail(err, TL_ERR_FORMAT, "%s was computed by another model, numerics mode or KV type (or LongRoPE "
+                     "factors, or sliding-window layers kept otherwise: --swa-full, or a -c/-b that gives no ring)", path);
     else if (h.n_tok > (uint64_t)c->n_ctx)
         st = tl_fail(err, TL_ERR_CONTEXT_FULL, "%s holds %llu positions; the context has %d", path,
                      (unsigned long long)h.n_tok, c->n_ctx);
@@ -421,6 +469,10 @@ void tl_seq_close(tl_ctx *c, int seq) {
     /* a conversation's next turn extends this one: keep its last boundary's state */
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
     if (c->snaps && s && c->be.ops->rs_seek(c->be.state, seq, s->len) == 0) tl_seq_snapshot(c, seq);
+    if (c->snaps && s) { /* its last chunk's snapshot stays, as any other now */
+        c->sfloat[seq] = 0;
+        c->spin[seq][0] = c->spin[seq][1] = 0;
+    }
     tl_kv_seq_close(c->kv, seq);
 }
 
@@ -430,7 +482,7 @@ void tl_ctx_kv_stats(const tl_ctx *c, tl_kv_stats *out) {
     out->kv_type_k = c->be.kv_type_k;
     out->kv_type_v = c->be.kv_type_v;
     out->state_bytes = c->be.rs_seq_bytes;
-    out->state_read_bytes = c->be.rs_bytes;
+    out->state_read_bytes = c->be.rs_read_bytes;
     out->n_snapshots = tl_rsnap_count(c->snaps, &out->snapshot_bytes);
     out->window_bytes = c->be.window_bytes;
     out->window_pos_bytes = tl_model_kv_window_bytes(c->m, c->be.kv_type_k, c->be.kv_type_v, &out->n_swa);

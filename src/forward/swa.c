@@ -37,7 +37,7 @@ int tl_ring_new(tl_cpu *c, int n_seq, int R, tl_error *err) {
     for (int l = 0; l < hp->n_kv_layer; l++) c->ring_l[l] = (uint8_t)tl_model_kv_swa(c->m, l);
     for (int s = 0; s < n_seq; s++)
         for (int i = 0; i < c->ring_maxblk; i++)
-            c->ring_tbl[(size_t)s * c->ring_maxblk + i] = s * R + i % R;
+            c->ring_tbl[(size_t)s * c->ring_maxblk + i] = (int32_t)((int64_t)s * R + i % R);
     return TL_OK;
 }
 
@@ -98,35 +98,43 @@ size_t tl_ring_seq_bytes(const tl_cpu *c) {
     return n;
 }
 
-/* Copies the snapshot's blocks (the Wb before boundary pos) between p and
- * sequence s's ring: out 1 saves, 0 loads. Blocks before position 0 are
- * zeros in a snapshot and left alone in a ring. */
-static void snap_copy(tl_cpu *c, int s, int pos, uint8_t *p, int out) {
-    for (int l = 0; l < c->m->hp.n_kv_layer; l++) {
-        if (!c->ring_l[l]) continue;
-        const kv_side *sd[2] = {&c->K, &c->V};
-        for (int h = 0; h < 2; h++) {
-            const size_t kb = (size_t)B * sd[h]->rb[l];
-            uint8_t *base = sd[h]->mem + sd[h]->off[l];
-            for (int i = 0; i < c->ring_Wb; i++, p += kb) {
-                const int blk = pos / B - c->ring_Wb + i;
-                uint8_t *r = blk < 0 ? NULL : base + (size_t)(s * c->ring_R + blk % c->ring_R) * kb;
-                if (out && r) memcpy(p, r, kb);
-                else if (out) memset(p, 0, kb);
-                else if (r) memcpy(r, p, kb);
-            }
-        }
-    }
+/* Ring block blk of sequence s in layer l of one side (NULL before position 0). */
+static uint8_t *ring_block(const tl_cpu *c, const kv_side *sd, int l, int s, int blk) {
+    const size_t kb = (size_t)B * sd->rb[l];
+    return blk < 0 ? NULL : sd->mem + sd->off[l] + ((size_t)s * (size_t)c->ring_R + (size_t)(blk % c->ring_R)) * kb;
 }
 
+/* A snapshot is the Wb blocks before boundary pos, ring layer by layer, K
+ * then V; blocks before position 0 are zeros in it and left alone in a ring. */
 int tl_ring_snap_save(tl_cpu *c, int seq, int pos, void *p) {
     if (seq < 0 || seq >= c->ring_nseq || pos % B || !reaches(c, seq, pos)) return -1;
-    snap_copy(c, seq, pos, p, 1);
+    uint8_t *o = p;
+    for (int l = 0; l < c->m->hp.n_kv_layer; l++)
+        for (int h = 0; c->ring_l[l] && h < 2; h++) {
+            const kv_side *sd = h ? &c->V : &c->K;
+            const size_t kb = (size_t)B * sd->rb[l];
+            for (int i = 0; i < c->ring_Wb; i++, o += kb) {
+                const uint8_t *r = ring_block(c, sd, l, seq, pos / B - c->ring_Wb + i);
+                if (r) memcpy(o, r, kb);
+                else memset(o, 0, kb);
+            }
+        }
     return 0;
 }
 
 void tl_ring_snap_load(tl_cpu *c, int seq, int pos, const void *p) {
-    snap_copy(c, seq, pos, (uint8_t *)(uintptr_t)p, 0);
+    const uint8_t *in = p;
+    for (int l = 0; l < c->m->hp.n_kv_layer; l++)
+        for (int h = 0; c->ring_l[l] && h < 2; h++) {
+            const kv_side *sd = h ? &c->V : &c->K;
+            const size_t kb = (size_t)B * sd->rb[l];
+            for (int i = 0; i < c->ring_Wb; i++, in += kb) {
+                uint8_t *r = ring_block(c, sd, l, seq, pos / B - c->ring_Wb + i);
+                if (r) memcpy(r, in, kb);
+            }
+        }
+    /* only the window before pos was checked when it was saved: the
+     * snapshot's first rows may be a later position's */
     c->ring_hi[seq] = pos;
-    c->ring_lo[seq] = pos - c->ring_Wb * B > 0 ? pos - c->ring_Wb * B : 0;
+    c->ring_lo[seq] = pos - c->m->hp.n_swa + 1 > 0 ? pos - c->m->hp.n_swa + 1 : 0;
 }

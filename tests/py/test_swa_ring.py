@@ -141,13 +141,14 @@ def main():
         procs.append(full[0])
         if check(ring[2] is not None and full[2] is not None, f"servers ready: {ring[3][-300:]} {full[3][-300:]}"):
             print("  " + ring[2].strip())
-            check(f"{g_pos} bytes per position" in ring[2] and "sliding-window layers: the last" in ring[2],
+            check(f"{g_pos} bytes per position" in ring[2] and "sliding-window layers: a ring of" in ring[2],
                   f"ring server's ready line: {ring[2]}")
             check(f"{g_pos + w_pos} bytes per position" in full[2] and "sliding-window" not in full[2],
                   f"--swa-full server's ready line: {full[2]}")
-            check(tlserver.metric(ring[1], "tokenloop_kv_bytes_per_position") == g_pos and
-                  tlserver.metric(full[1], "tokenloop_kv_bytes_per_position") == g_pos + w_pos,
-                  "/metrics: bytes per position in the pool, each way")
+            rp = tlserver.metric(ring[1], "tokenloop_kv_bytes_per_position")
+            fp = tlserver.metric(full[1], "tokenloop_kv_bytes_per_position")
+            check(rp == g_pos and fp == g_pos + w_pos,
+                  f"/metrics: bytes per position in the pool, each way ({rp}, {fp}; {g_pos}, {g_pos + w_pos})")
             wb = tlserver.metric(ring[1], "tokenloop_kv_window_bytes_per_sequence")
             check(wb is not None and wb >= w_pos * window and tlserver.metric(
                 full[1], "tokenloop_kv_window_bytes_per_sequence") is None,

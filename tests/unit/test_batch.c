@@ -428,6 +428,22 @@ static void rings(const char *file) {
     tl_kv_stats st2;
     tl_ctx_kv_stats(c, &st2);
     CHECK(st2.n_snapshots > 0 && st2.snapshot_bytes > 0, "%s: %d window snapshots", file, st2.n_snapshots);
+    /* the implicit sequence (tl_ctx_eval, no prefix cache): a prompt, then
+     * tokens one by one, then a rewind behind the ring to after the prompt
+     * (resumed at the prompt's end) and one to before it (from the start) */
+    CHECK(tl_ctx_eval(c, ids, 150, 0, &err) == 0, "%s", err.msg);
+    for (int i = 150; i < 250; i++) CHECK(tl_ctx_eval(c, ids + i, 1, 0, &err) == 0, "%s", err.msg);
+    for (int k = 0; k < 2; k++) {
+        const int cut = k ? 100 : 160;
+        int bad0 = 0;
+        CHECK(tl_ctx_truncate(c, cut, &err) == 0 && tl_ctx_n_past(c) == cut, "truncate 0 to %d: %s", cut, err.msg);
+        for (int i = cut; i < N; i++) {
+            CHECK(tl_ctx_eval(c, ids + i, 1, 0, &err) == 0, "%s", err.msg);
+            bad0 += memcmp(tl_ctx_logits(c, -1), ref + (size_t)i * nv, (size_t)nv * sizeof(float)) != 0;
+        }
+        CHECK(bad0 == 0, "%s: sequence 0 rewound to %d, %d rows differ", file, cut, bad0);
+        CHECK(tl_ctx_truncate(c, 250, &err) == 0, "%s", err.msg);
+    }
     /* saved mid-block (the blocks, the window at the last boundary) and
      * resumed in another context: the rest as the pool's */
     char path[64];
@@ -445,6 +461,59 @@ static void rings(const char *file) {
         CHECK(0, "ctx: %s", err.msg);
     }
     unlink(path);
+    free(ref);
+    tl_model_free(m);
+}
+
+/* Where a sequence state is kept (tl_seq_keep_state_at): a prompt fed in
+ * chunks keeps its state at the boundary it was asked for and at its last
+ * chunk, no more (each chunk's snapshot replaced the one before); another
+ * prompt sharing the first 100 tokens resumes at 96, and its rows equal a
+ * cold run's. On a hybrid (recurrent state) and on rings. */
+static void keep_state(const char *file) {
+    tl_model *m;
+    tl_error err = {0};
+    if (tl_model_load(file, &m, &err)) {
+        CHECK(0, "load %s: %s", file, err.msg);
+        return;
+    }
+    enum { N = 300 };
+    int32_t ids[N], mix[N];
+    const int nv = tl_model_n_vocab(m);
+    for (int i = 0; i < N; i++) ids[i] = 1 + rnd(nv - 1), mix[i] = i < 100 ? ids[i] : 1 + rnd(nv - 1);
+    tl_ctx_params cp = {.n_ctx = 512, .n_threads = 2, .n_seq_max = 3, .n_batch = 8, .n_logits_max = 8};
+    tl_ctx *c;
+    float *ref = malloc((size_t)N * nv * sizeof *ref);
+    if (!ref || tl_ctx_new(m, &cp, &c, &err)) {
+        CHECK(0, "ctx: %s", err.msg);
+        free(ref);
+        tl_model_free(m);
+        return;
+    }
+    CHECK(tl_ctx_eval(c, mix, N, 1, &err) == 0, "%s", err.msg); /* sequence 0: keeps nothing */
+    for (int i = 0; i < N; i++) memcpy(ref + (size_t)i * nv, tl_ctx_logits(c, i), (size_t)nv * sizeof *ref);
+    tl_kv_stats st;
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.n_snapshots == 0, "%s: sequence 0 kept %d states", file, st.n_snapshots);
+    int a, b;
+    CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
+    CHECK(tl_seq_keep_state_at(c, a, 100) == 96, "%s: keep at 100 -> 96", file);
+    int32_t sid[8];
+    uint8_t want[8] = {0};
+    for (int i = 0; i < 8; i++) sid[i] = a;
+    for (int at = 0; at < N; at += 8) { /* chunks of 8: one ends at 96 */
+        tl_batch bt = {N - at < 8 ? N - at : 8, ids + at, sid, want, 0};
+        CHECK(tl_ctx_decode(c, &bt, &err) == 0, "%s", err.msg);
+    }
+    tl_ctx_kv_stats(c, &st);
+    CHECK(st.n_snapshots == 2, "%s: a prompt of %d chunks kept %d states (96 and its last chunk's)", file,
+          (N + 7) / 8, st.n_snapshots);
+    CHECK(tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
+    const int got = tl_seq_reuse_prefix(c, b, mix, N, N - 1);
+    CHECK(got == 96, "%s: a prompt sharing 100 tokens resumed at %d", file, got);
+    const int bad = feed(c, b, mix, got, N, 8, ref, nv);
+    CHECK(bad == 0, "%s: after the kept state, %d rows differ from a cold run", file, bad);
+    tl_ctx_free(c);
     free(ref);
     tl_model_free(m);
 }
@@ -501,6 +570,8 @@ int main(void) {
     experts();
     rings(GEMMA4);
     rings(GEMMA4MOE);
+    keep_state(HYB_QWEN35);
+    keep_state(GEMMA4);
     if (tl_model_load(MODEL, &m, &err)) {
         CHECK(0, "load %s: %s (run 'make models')", MODEL, err.msg);
         return tl_test_summary();
