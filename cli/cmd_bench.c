@@ -25,7 +25,7 @@ typedef struct bench_opts {
     int p[MAX_LIST], n_p;
     int n[MAX_LIST], n_n;
     int d[MAX_LIST], n_d;
-    int reps, n_threads, json, no_warmup, memory, numerics, kv_k, kv_v;
+    int reps, n_threads, json, no_warmup, memory, numerics, kv_k, kv_v, swa_full;
     int parallel; /* decode tests' sequences side by side (1: llama-bench's test_gen) */
     int mem_cache_mib, mem_dram_mib;
 } bench_opts;
@@ -58,6 +58,7 @@ static const char BENCH_HELP[] =
     "      --numerics MODE       fast (default) or exact (docs/NUMERICS.md)\n"
     "      --kv-type TYPE        KV cache type: f16 (default), q8_0, q4_0; --kv-type-k,\n"
     "                            --kv-type-v (or llama-bench's -ctk, -ctv) set one\n"
+    "      --swa-full            sliding-window layers keep every position (as run's)\n"
     "      --memory              measure memory read bandwidth instead of a model:\n"
     "                            a cache-sized and a DRAM-sized buffer, best of 5\n"
     "      --mem-cache MIB       the cache-sized buffer (default 16)\n"
@@ -142,6 +143,8 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             VAL(); if (cli_numerics(a, v, &o->numerics)) return -1;
         } else if ((kt = cli_kv_type_opt(&p, a, &o->kv_k, &o->kv_v)) != 0) {
             if (kt < 0) return -1;
+        } else if (!strcmp(a, "--swa-full")) {
+            o->swa_full = 1;
         } else if (!strcmp(a, "--parallel") || !strcmp(a, "-np")) {
             VAL(); if (cli_int(a, v, 1, 256, &o->parallel)) return -1;
         } else if (!strcmp(a, "--no-warmup")) {
@@ -569,7 +572,7 @@ static int bench_model(const bench_opts *o) {
     if (n_ctx < batch) n_ctx = batch; /* a step of par sequences at -n 1: par tokens in one batch */
     tl_ctx_params cp = {.n_ctx = n_ctx, .n_threads = o->n_threads, .n_batch = batch, .numerics = o->numerics,
                         .kv_type_k = o->kv_k, .kv_type_v = o->kv_v, .n_seq_max = par > 1 ? par : 0,
-                        .n_logits_max = par};
+                        .n_logits_max = par, .swa_full = o->swa_full};
     bench_run b = {.n_vocab = tl_model_n_vocab(m), .batch = batch, .bos = -1, .rng = 1, .par = par};
     if (tl_model_add_bos(m)) b.bos = tl_token_bos(m);
     int rc = 0;

@@ -70,9 +70,11 @@ int tl_generate(tl_ctx *ctx, tl_sampler *smp, const int32_t *prompt, size_t n_pr
     int stop = tl_step_take(sp, rows, 1, err);
     double t_first = tl_now();
     st.ttft_s = t_first - t0;
+    /* a token and its guesses in one call: no more than the context's batch */
+    const int cap = tl_ctx_n_batch(ctx) < TL_STEP_MAX_FEED ? tl_ctx_n_batch(ctx) : TL_STEP_MAX_FEED;
     while (stop == TL_STOP_NONE) {
         if (tr) tl_tracer_emit(tr);
-        int n = tl_step_feed(sp, 0, tok, TL_STEP_MAX_FEED);
+        int n = tl_step_feed(sp, 0, tok, cap);
         tl_batch b = {.n = n, .token = tok, .seq = seq, .logits = keep, .pending = 1};
         if (tr) {
             tl_tracer_call(tr);

@@ -3,7 +3,8 @@
 --draft` gives the same token ids with --spec draft and auto as with --spec
 off, greedy and seeded; the stats line reports the guesses; a draft with
 another vocabulary is refused with a clear error, and --spec draft without
---draft too. Run: TL_BIN=build/tokenloop python3 tests/py/test_spec_cli.py"""
+--draft too; a batch (-b) smaller than a token and its guesses cuts the
+guesses to fit. Run: TL_BIN=build/tokenloop python3 tests/py/test_spec_cli.py"""
 import os
 import re
 import subprocess
@@ -57,6 +58,14 @@ def main():
             if temp[1] == "0":
                 check(sp is not None and sp[1] > 0 and sp[1] >= sp[0] - 16,
                       f"greedy self-draft keeps its guesses: {sp}")
+        # a batch smaller than a token and its guesses: the guesses are cut
+        # to fit it (n-gram guesses on a counting prompt asked for 4 rows of a
+        # 3-token batch: an error)
+        count = "one two three four five six seven eight nine ten " * 12
+        rc, ref, _, err = run(alien, "--spec", "off", "--temp", "0", "-b", "3", "-p", count)
+        rc2, got, sp, err2 = run(alien, "--spec", "ngram", "--temp", "0", "-b", "3", "-p", count)
+        check(rc == 0 and rc2 == 0 and got == ref and sp is not None and sp[1] > 0,
+              f"-b 3 --spec ngram: the same ids, guesses kept ({sp}): {err2.strip()[-200:]}")
         rc, _, _, err = run(target, "--draft", alien)
         check(rc != 0 and "vocabulary" in err, f"a draft with another vocabulary is refused: {err.strip()[-200:]}")
         rc, _, _, err = run(target, "--spec", "draft")
