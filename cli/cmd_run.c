@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "../server/wire.h"
 #include "cli.h"
 #include "trace_out.h"
 
@@ -706,7 +707,12 @@ static int session_store(session *s, const char *path, const convo *c) {
     for (size_t i = 0; root && msgs && i < c->n; i++) {
         json_t *m = json_object();
         json_object_set_new(m, "role", json_string(c->msgs[i].role));
-        json_object_set_new(m, "content", json_string(c->msgs[i].content));
+        /* a reply cut inside a character (the length limit), or a model's
+         * stray bytes, is not JSON's UTF-8: each bad byte is kept as U+FFFD
+         * (the next turn renders that, and its KV from there is recomputed) */
+        char *fixed = api_utf8_fix(c->msgs[i].content, strlen(c->msgs[i].content), NULL);
+        json_object_set_new(m, "content", fixed ? json_string(fixed) : NULL);
+        free(fixed);
         json_array_append_new(msgs, m);
     }
     json_object_set_new(root, "messages", msgs);
