@@ -226,7 +226,7 @@ static void errors(tl_model *m, const int32_t *text, int n_text) {
     CHECK(tl_ctx_new(m, &cp, &c, &err) == TL_ERR_ARG, "a pool without a block accepted");
     cp.kv_bytes = 5 * st.block_bytes;
     CHECK(tl_ctx_new(m, &cp, &c, &err) == 0, "%s", err.msg);
-    int a, b, x;
+    int a = 0, b = 0, x = 0;
     CHECK(tl_seq_open(c, &a, &err) == 0 && tl_seq_open(c, &b, &err) == 0, "%s", err.msg);
     CHECK(tl_seq_open(c, &x, &err) == TL_ERR_CONTEXT_FULL, "a third sequence opened");
     int32_t sid[64];
@@ -386,7 +386,7 @@ static void rings(const char *file) {
     CHECK(fs.window_bytes == 0 && st.window_bytes > 0 && st.n_swa == 16 && st.block_bytes < fs.block_bytes &&
               st.block_bytes + st.window_pos_bytes * TL_KV_BLOCK == fs.block_bytes,
           "%s: ring %zu bytes, blocks of %zu (full %zu)", file, st.window_bytes, st.block_bytes, fs.block_bytes);
-    int a, b, x;
+    int a = 0, b = 0, x = 0;
     CHECK(tl_seq_open(c, &a, &err) == 0 && tl_seq_open(c, &x, &err) == 0, "%s", err.msg);
     int bad = feed(c, a, ids, 0, 150, 8, ref, nv);
     feed(c, x, other, 0, 40, 8, NULL, 0); /* a neighbour between a's calls (its rows are not compared) */
