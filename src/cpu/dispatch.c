@@ -124,6 +124,10 @@ int tl_kern_packs(const tl_kernels *k, tl_type t) {
     return k->gemm[t] && (grouped(k, t) || tl_pack_supported(t));
 }
 
+int tl_kern_packs_matrix(const tl_kernels *k, tl_type t, int64_t rows) {
+    return tl_kern_packs(k, t) && !tl_kern_dot_x8(k, t, rows);
+}
+
 int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows) {
     return grouped(k, t) ? tl_r8_rows(nrows) : nrows;
 }

@@ -185,6 +185,9 @@ int tl_kern_packs(const tl_kernels *k, tl_type t);
  * that llama.cpp repacks (vec_dot_x8), or NULL. Such a matrix is read as the
  * file holds it, row by row: never packed, never through gemm. */
 tl_vec_dot_fn tl_kern_dot_x8(const tl_kernels *k, tl_type t, int64_t rows);
+/* Whether a matrix of type t and rows rows (per expert) gets a packed copy:
+ * its gemm takes one, and it is not such a matrix. */
+int tl_kern_packs_matrix(const tl_kernels *k, tl_type t, int64_t rows);
 int64_t tl_kern_packed_rows(const tl_kernels *k, tl_type t, int64_t nrows);
 int tl_kern_pack(const tl_kernels *k, tl_type t, const void *src, void *dst, int64_t nrows, int64_t n);
 size_t tl_kern_act_row_size(const tl_kernels *k, tl_type t, int64_t n);

@@ -1878,8 +1878,7 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
             if (B->kind != TL_BLOCK_MOE) continue;
             const tl_w ew[3] = {B->u.moe.gate_up ? B->u.moe.gate_up : B->u.moe.gate, B->u.moe.up, B->u.moe.down};
             for (int i = 0; i < 3; i++)
-                if (ew[i] && c->kern.gemm[ew[i]->type] && tl_kern_packs(&c->kern, (tl_type)ew[i]->type) &&
-                    !tl_kern_dot_x8(&c->kern, (tl_type)ew[i]->type, ew[i]->ne[1]) &&
+                if (ew[i] && tl_kern_packs_matrix(&c->kern, (tl_type)ew[i]->type, ew[i]->ne[1]) &&
                     (ew[i]->ne[1] % tl_kern_row_align(&c->kern, (tl_type)ew[i]->type) || !packed(c, ew[i]))) {
                     cpu_free(c);
                     return tl_fail(err, TL_ERR_UNSUPPORTED, "layer %d: experts of %lld rows cannot be packed (%s)", il,

@@ -62,7 +62,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     size_t bytes = 0;
     int np = 0;
     for (int i = 0; i < n; i++)
-        if (tl_kern_packs(k, (tl_type)all[i]->type) && !tl_kern_dot_x8(k, (tl_type)all[i]->type, all[i]->ne[1])) {
+        if (tl_kern_packs_matrix(k, (tl_type)all[i]->type, all[i]->ne[1])) {
             bytes += (size_t)tl_kern_packed_rows(k, (tl_type)all[i]->type, tl_w_rows(all[i])) *
                      tl_kern_row_bytes(k, (tl_type)all[i]->type, all[i]->ne[0]);
             np++;
@@ -76,7 +76,7 @@ static int make(const tl_model *m, const tl_kernels *k, tl_packed **out) {
     size_t off = 0;
     for (int i = 0; np && !st && i < n; i++) {
         tl_w w = all[i];
-        if (!tl_kern_packs(k, (tl_type)w->type) || tl_kern_dot_x8(k, (tl_type)w->type, w->ne[1])) continue;
+        if (!tl_kern_packs_matrix(k, (tl_type)w->type, w->ne[1])) continue;
         const size_t sz = (size_t)tl_kern_packed_rows(k, (tl_type)w->type, tl_w_rows(w)) *
                           tl_kern_row_bytes(k, (tl_type)w->type, w->ne[0]);
         struct pk_twin *tw = &p->twin[p->n++];
