@@ -106,8 +106,15 @@ static uint64_t snapshot_take(tl_ctx *c, int seq, int to_disk) {
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
     if (!c->snaps || !s || !s->cache || s->n_reg == 0) return 0;
     const uint64_t chain = s->chains[s->n_reg - 1];
-    if (tl_rsnap_get(c->snaps, chain)) {
-        if (c->sfloat[seq] == chain && to_disk) c->sfloat[seq] = 0; /* kept now: no longer replaced */
+    const int i = s->n_reg;
+    const void *have = tl_rsnap_get(c->snaps, chain);
+    if (have) {
+        /* another sequence's chunk made it (the same prefix): kept now, so
+         * that sequence's next chunk must not replace it */
+        for (int q = 0; to_disk && q < c->n_seq; q++)
+            if (c->sfloat[q] == chain) c->sfloat[q] = 0;
+        if (to_disk && c->sdisk)
+            tl_kvdisk_put(c->sdisk, s->keys[i - 1], parent_key(s, i), s->tok + (size_t)(i - 1) * TL_KV_BLOCK, have);
         return 0;
     }
     void *p = tl_rsnap_put(c->snaps, chain);
@@ -116,7 +123,6 @@ static uint64_t snapshot_take(tl_ctx *c, int seq, int to_disk) {
         return 0;
     }
     if (p && to_disk && c->sdisk) { /* keyed by the content key of the block it ends */
-        const int i = s->n_reg;
         tl_kvdisk_put(c->sdisk, s->keys[i - 1], parent_key(s, i), s->tok + (size_t)(i - 1) * TL_KV_BLOCK, p);
     }
     return p ? chain : 0;
@@ -145,9 +151,15 @@ void tl_seq_snapshot_after(tl_ctx *c, int seq, int n, int reg) {
 void tl_seq_snapshot(tl_ctx *c, int seq) { snapshot_take(c, seq, 1); }
 
 int tl_seq_keep_state_at(tl_ctx *c, int seq, int pos) {
-    if (!c || !c->snaps || seq <= 0 || seq >= c->n_seq || !tl_kv_seq_peek(c->kv, seq)) return 0;
+    const tl_kv_seq *s = c && c->snaps && seq > 0 && seq < c->n_seq ? tl_kv_seq_peek(c->kv, seq) : NULL;
+    if (!s) return 0;
     const int b = pos / TL_KV_BLOCK * TL_KV_BLOCK;
     if (b <= 0) return 0;
+    /* already there (a cached prefix reached it, maybe another sequence's
+     * chunk snapshot): kept from now on, not replaced by that one's next */
+    if (b / TL_KV_BLOCK <= s->n_reg && tl_rsnap_get(c->snaps, s->chains[b / TL_KV_BLOCK - 1]))
+        for (int q = 0; q < c->n_seq; q++)
+            if (c->sfloat[q] == s->chains[b / TL_KV_BLOCK - 1]) c->sfloat[q] = 0;
     int *pin = c->spin[seq];
     if (pin[0] != b && pin[1] != b) {
         if (pin[0] && pin[1]) pin[0] = pin[1], pin[1] = 0; /* the older one gives way */

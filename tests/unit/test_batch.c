@@ -534,7 +534,27 @@ static void keep_state(const char *file) {
     CHECK(got == 96, "%s: a prompt sharing 100 tokens resumed at %d", file, got);
     const int bad = feed(c, b, mix, got, N, 8, ref, nv);
     CHECK(bad == 0, "%s: after the kept state, %d rows differ from a cold run", file, bad);
+    tl_seq_close(c, a);
+    tl_seq_close(c, b);
     tl_ctx_free(c);
+    /* a sequence resumed at another's chunk snapshot and asked to keep that
+     * boundary: the other's next chunk no longer replaces it */
+    int32_t other[N];
+    for (int i = 0; i < N; i++) other[i] = i < 40 ? ids[i] : 1 + rnd(nv - 1);
+    if (tl_ctx_new(m, &cp, &c, &err) == 0) {
+        int x = 0, y = 0, z = 0;
+        CHECK(tl_seq_open(c, &x, &err) == 0 && tl_seq_open(c, &y, &err) == 0, "%s", err.msg);
+        feed(c, x, ids, 0, 32, 8, NULL, 0); /* chunk snapshots up to 32 */
+        const int ry = tl_seq_reuse_prefix(c, y, ids, N, N - 1);
+        CHECK(ry == 32 && tl_seq_keep_state_at(c, y, 32) == 32, "%s: resumed at %d", file, ry);
+        feed(c, x, ids, 32, 96, 8, NULL, 0); /* x's next chunks */
+        CHECK(tl_seq_open(c, &z, &err) == 0, "%s", err.msg);
+        const int rz = tl_seq_reuse_prefix(c, z, other, N, N - 1);
+        CHECK(rz == 32, "%s: the kept boundary survived the other's chunks: resumed at %d", file, rz);
+        tl_ctx_free(c);
+    } else {
+        CHECK(0, "ctx: %s", err.msg);
+    }
     free(ref);
     tl_model_free(m);
 }
