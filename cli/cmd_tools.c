@@ -154,7 +154,7 @@ int cmd_info(int argc, char **argv) {
         if (wb)
             printf("sliding-window layers: %zu bytes per position more in f16, a sequence keeping only its last %d "
                    "(the window) plus a batch of them: %.1f MiB at -b 512 (--swa-full: every position)\n",
-                   wb, n_swa, (double)wb * (double)((512 + n_swa - 1 + 31) / 16 * 16) / (1 << 20));
+                   wb, n_swa, (double)wb * tl_model_kv_ring_positions(m, 512) / (1 << 20));
         int n_rec = 0;
         const size_t sb = tl_model_state_bytes(m, &n_rec);
         if (sb)

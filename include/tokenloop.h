@@ -89,6 +89,10 @@ size_t tl_model_kv_bytes_per_pos(const tl_model *model, int kv_type_k, int kv_ty
  * only each sequence's last window plus a batch of those positions, in a
  * ring of its own, unless tl_ctx_params.swa_full puts them in the pool. */
 size_t tl_model_kv_window_bytes(const tl_model *model, int kv_type_k, int kv_type_v, int *n_swa);
+/* The positions such a ring holds with batches of n_batch: the window
+ * before a call's first row, the call, and a block (0: no window layers,
+ * or an encoder's, which attends to its whole text). */
+int tl_model_kv_ring_positions(const tl_model *model, int n_batch);
 /* The recurrent state one sequence carries whatever its length (Gated
  * DeltaNet layers: each value head's state and the convolution's window, in
  * f32), and how many layers keep one; 0 for a transformer. */

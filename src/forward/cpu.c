@@ -1694,10 +1694,9 @@ int tl_cpu_backend_new(const tl_model *m, const tl_backend_params *p, tl_backend
     const int want_fast_attn = p->numerics == TL_NUMERICS_FAST && hp->head_dim % 8 == 0 && hp->head_dim_swa % 8 == 0;
     /* each pool layer's rows at its own width (Gemma 4's differ); the
      * sliding-window ones too unless they are in rings */
-    size_t blk_bytes = 0;
-    for (int l = 0; l < hp->n_kv_layer; l++)
-        if (!p->ring_blocks || !tl_model_kv_swa(m, l))
-            blk_bytes += (size_t)TL_KV_BLOCK * (kf->row_bytes(m->kv_dim[l]) + vf->row_bytes(m->kv_dim[l]));
+    size_t blk_bytes = (size_t)TL_KV_BLOCK * (tl_model_kv_bytes_per_pos(m, p->kv_type_k, p->kv_type_v) +
+                                              (p->ring_blocks ? 0 : tl_model_kv_window_bytes(m, p->kv_type_k,
+                                                                                            p->kv_type_v, NULL)));
     if (!blk_bytes) /* no cached layer: a block's bookkeeping still sizes the pool */
         blk_bytes = (size_t)TL_KV_BLOCK * (kf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim) +
                                            vf->row_bytes((int64_t)hp->n_head_kv * hp->head_dim));

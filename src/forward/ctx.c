@@ -268,19 +268,24 @@ size_t tl_model_kv_window_bytes(const tl_model *m, int kv_type_k, int kv_type_v,
     return b;
 }
 
-static int ring_blocks(const tl_model *m, int n_ctx, int n_batch, int swa_full) {
-    const tl_hparams *hp = &m->hp;
+int tl_model_kv_ring_positions(const tl_model *m, int n_batch) {
+    if (!m || !m->arch || !m->hp.causal || m->hp.n_swa <= 0 || n_batch <= 0) return 0;
     int any = 0;
-    for (int l = 0; l < hp->n_kv_layer && !any; l++) any = tl_model_kv_swa(m, l);
-    if (swa_full || !any || !hp->causal || hp->n_swa <= 0 || n_batch <= 0) return 0;
+    for (int l = 0; l < m->hp.n_kv_layer && !any; l++) any = tl_model_kv_swa(m, l);
+    if (!any) return 0;
     /* a call's first row reaches n_swa - 1 back while its last (n_batch - 1
      * on) is written: position p is ring position p % (R * TL_KV_BLOCK), so
      * those n_swa - 1 + n_batch positions must not wrap onto each other; and
      * a block more, so that the window before the last block boundary is
      * still held when a call ended up to 15 positions past it (its snapshot,
      * tl_ctx_save) */
-    const long r = ((long)n_batch + hp->n_swa - 1 + 2 * TL_KV_BLOCK - 1) / TL_KV_BLOCK;
-    return r < ((long)n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK ? (int)r : 0;
+    const long r = ((long)n_batch + m->hp.n_swa - 1 + 2 * TL_KV_BLOCK - 1) / TL_KV_BLOCK;
+    return r * TL_KV_BLOCK < (1L << 30) ? (int)(r * TL_KV_BLOCK) : 0;
+}
+
+static int ring_blocks(const tl_model *m, int n_ctx, int n_batch, int swa_full) {
+    const int r = swa_full ? 0 : tl_model_kv_ring_positions(m, n_batch) / TL_KV_BLOCK;
+    return r < (n_ctx + TL_KV_BLOCK - 1) / TL_KV_BLOCK ? r : 0;
 }
 
 size_t tl_model_state_bytes(const tl_model *m, int *n_layers) {

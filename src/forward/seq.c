@@ -67,15 +67,17 @@ static const void *snapshot_at(tl_ctx *c, const tl_kv_seq *s, int i) {
     return p ? p : c->sstage;
 }
 
-/* Cuts seq back to the latest boundary within its first nb registered
- * blocks whose state is held (in RAM or on disk) and puts its recurrent
+/* Cuts seq back to the latest boundary at or before pos whose state is
+ * held (in RAM or on disk for its registered blocks; for the implicit
+ * sequence, which registers none, the end of its last prompt) and puts its
  * state there, or at the start when none is; returns that boundary. */
-static int resume_at_snapshot(tl_ctx *c, int seq, int nb) {
+static int resume_at_snapshot(tl_ctx *c, int seq, int pos) {
     const tl_kv_seq *s = tl_kv_seq_peek(c->kv, seq);
     const void *snap = NULL;
     int b = 0;
-    for (int i = nb; i > 0 && !snap; i--)
+    for (int i = s->n_reg < pos / TL_KV_BLOCK ? s->n_reg : pos / TL_KV_BLOCK; i > 0 && !snap; i--)
         if ((snap = snapshot_at(c, s, i))) b = i * TL_KV_BLOCK;
+    if (!snap && seq == 0 && c->snap0_pos > 0 && c->snap0_pos <= pos) snap = c->snap0, b = c->snap0_pos;
     int32_t from, to;
     if (b < s->len) tl_kv_seq_truncate(c->kv, seq, b, &from, &to); /* a boundary: never a copy */
     if (snap) c->be.ops->rs_load(c->be.state, seq, b, snap);
@@ -87,16 +89,7 @@ int tl_seq_rs_reach(tl_ctx *c, int seq, int len, tl_error *err) {
     if (!c->be.ops->rs_seek || c->be.ops->rs_seek(c->be.state, seq, len) == 0) return TL_OK;
     tl_kv_seq *s = tl_kv_seq_get(c->kv, seq);
     if (!s || len > s->len) return tl_fail(err, TL_ERR_ARG, "sequence %d cannot reach position %d", seq, len);
-    int b;
-    if (seq == 0 && c->snap0_pos > 0 && c->snap0_pos <= len) { /* the implicit one: its last prompt's end */
-        int32_t from, to;
-        b = c->snap0_pos;
-        if (b < s->len) tl_kv_seq_truncate(c->kv, 0, b, &from, &to); /* a boundary: never a copy */
-        c->be.ops->rs_load(c->be.state, 0, b, c->snap0);
-    } else { /* the latest snapshot of the prefix at or before len, else the start */
-        b = resume_at_snapshot(c, seq, s->n_reg < len / TL_KV_BLOCK ? s->n_reg : len / TL_KV_BLOCK);
-    }
-    return replay(c, seq, b, len, err);
+    return replay(c, seq, resume_at_snapshot(c, seq, len), len, err);
 }
 
 /* Takes the snapshot at seq's last registered boundary; to_disk: on disk
@@ -220,7 +213,7 @@ int tl_seq_reuse_prefix(tl_ctx *c, int seq, const int32_t *tokens, size_t n, siz
         }
     }
     /* recurrent layers: only as far as a snapshot of the state reaches */
-    return c->snaps ? resume_at_snapshot(c, seq, got / TL_KV_BLOCK) : got;
+    return c->snaps ? resume_at_snapshot(c, seq, got) : got;
 }
 
 void tl_seq_offer_disk(tl_ctx *c) {
