@@ -12,15 +12,13 @@ import http.client
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlcheck  # noqa: E402
 import tlserver  # noqa: E402
 from tlcheck import check  # noqa: E402
-from tlserver import SLOW, TL_BIN  # noqa: E402
+from tlserver import SLOW  # noqa: E402
 
 ROOT = tlcheck.ROOT
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -31,27 +29,11 @@ TRAIN = 8192
 
 
 def serve(args, env_extra=None, prefix=()):
-    """Starts a server; returns (process, port, its ready line or None, all output)."""
-    port = tlserver.free_port()
-    env = dict(os.environ, **(env_extra or {}))
-    p = subprocess.Popen([*prefix, TL_BIN, "serve", "-m", MODEL, "--port", str(port), "-t", "2", *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines, ready = [], None
-    t_end = time.time() + 60 * SLOW
-    while time.time() < t_end:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "ready (" in line:
-            ready = line
-            break
-    return p, port, ready, "".join(lines)
+    """(process, port, its ready line or None, all output) of a server of MODEL."""
+    return tlserver.serve_ready(MODEL, args, env_extra, prefix)
 
 
-def stop(p):
-    p.kill()
-    p.wait(timeout=30)
+stop = tlserver.stop_ready
 
 
 def post(port, body):

@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -87,16 +86,7 @@ def info_lines():
 
 
 def serve(args):
-    port = tlserver.free_port()
-    p = subprocess.Popen([TL_BIN, "serve", "-m", GEMMA, "--port", str(port), "-t", "2", "-np", "2", "-c", "4096",
-                          *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ready, lines = None, []
-    for line in p.stdout:
-        lines.append(line)
-        if "ready (" in line:
-            ready = line
-            break
-    return p, port, ready, "".join(lines)
+    return tlserver.serve_ready(GEMMA, ["-np", "2", "-c", "4096", *args])
 
 
 def turns(port):
@@ -160,8 +150,7 @@ def main():
                   f"the second turn resumes its cached prompt past the window (rings {ca}, whole {cb})")
     finally:
         for p in procs:
-            p.kill()
-            p.wait(timeout=30)
+            tlserver.stop_ready(p)
     return tlcheck.finish()
 
 

@@ -89,6 +89,32 @@ class Server:
             pass
 
 
+def serve_ready(model, args, env_extra=None, prefix=()):
+    """Starts `tokenloop serve` on a free port and reads its output up to the
+    ready line; returns (process, port, that line or None, all output so far).
+    Stop it with stop_ready."""
+    port = free_port()
+    env = dict(os.environ, **(env_extra or {}))
+    p = subprocess.Popen([*prefix, TL_BIN, "serve", "-m", model, "--port", str(port), "-t", "2", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines, ready = [], None
+    t_end = time.time() + 60 * SLOW
+    while time.time() < t_end:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "ready (" in line:
+            ready = line
+            break
+    return p, port, ready, "".join(lines)
+
+
+def stop_ready(p):
+    p.kill()
+    p.wait(timeout=30)
+
+
 def raise_fd_limit(n):
     """Lets this process, and what it starts, open n descriptors; returns how many it may."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

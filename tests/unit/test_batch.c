@@ -28,23 +28,33 @@ static int rnd(int n) {
     return (int)(rng % (uint64_t)n);
 }
 
-/* All logits of ids[0..n) evaluated alone, in one call. */
-static float *alone(tl_model *m, const int32_t *ids, int n, int threads) {
-    tl_ctx_params cp = {.n_ctx = 256, .n_threads = threads};
+/* All logits of ids[0..n) evaluated on the implicit sequence of a context
+ * made with cp (its KV stats after, in st if not NULL); NULL on failure. */
+static float *eval_all(tl_model *m, const tl_ctx_params *cp, const int32_t *ids, int n, tl_kv_stats *st) {
     tl_ctx *c;
     tl_error err = {0};
-    if (tl_ctx_new(m, &cp, &c, &err)) {
+    if (tl_ctx_new(m, cp, &c, &err)) {
         CHECK(0, "ctx: %s", err.msg);
         return NULL;
     }
     int nv = tl_model_n_vocab(m);
     float *out = malloc((size_t)n * nv * sizeof *out);
-    if (out && tl_ctx_eval(c, ids, (size_t)n, 1, &err) == 0)
-        for (int i = 0; i < n; i++) memcpy(out + (size_t)i * nv, tl_ctx_logits(c, i), (size_t)nv * sizeof *out);
-    else
-        CHECK(0, "eval alone: %s", err.msg);
+    const int ok = out && tl_ctx_eval(c, ids, (size_t)n, 1, &err) == 0;
+    CHECK(ok, "eval: %s", out ? err.msg : "out of memory");
+    for (int i = 0; ok && i < n; i++) memcpy(out + (size_t)i * nv, tl_ctx_logits(c, i), (size_t)nv * sizeof *out);
+    if (!ok) {
+        free(out);
+        out = NULL;
+    }
+    if (st) tl_ctx_kv_stats(c, st);
     tl_ctx_free(c);
     return out;
+}
+
+/* All logits of ids[0..n) evaluated alone, in one call. */
+static float *alone(tl_model *m, const int32_t *ids, int n, int threads) {
+    const tl_ctx_params cp = {.n_ctx = 256, .n_threads = threads};
+    return eval_all(m, &cp, ids, n, NULL);
 }
 
 /* The NS prompts fed together in random chunks (max_chunk tokens of each
@@ -362,21 +372,11 @@ static void rings(const char *file) {
     const int nv = tl_model_n_vocab(m);
     for (int i = 0; i < N; i++) ids[i] = 1 + rnd(nv - 1), other[i] = 1 + rnd(nv - 1);
     tl_ctx_params cp = {.n_ctx = 512, .n_threads = 2, .n_seq_max = 3, .n_batch = 8, .n_logits_max = 8, .swa_full = 1};
-    tl_ctx *full, *c;
-    float *ref = malloc((size_t)N * nv * sizeof *ref);
-    if (!ref || tl_ctx_new(m, &cp, &full, &err)) {
-        CHECK(0, "ctx: %s", err.msg);
-        free(ref);
-        tl_model_free(m);
-        return;
-    }
-    CHECK(tl_ctx_eval(full, ids, N, 1, &err) == 0, "%s", err.msg);
-    for (int i = 0; i < N; i++) memcpy(ref + (size_t)i * nv, tl_ctx_logits(full, i), (size_t)nv * sizeof *ref);
+    tl_ctx *c;
     tl_kv_stats fs, st;
-    tl_ctx_kv_stats(full, &fs);
-    tl_ctx_free(full);
+    float *ref = eval_all(m, &cp, ids, N, &fs);
     cp.swa_full = 0;
-    if (tl_ctx_new(m, &cp, &c, &err)) {
+    if (!ref || tl_ctx_new(m, &cp, &c, &err)) {
         CHECK(0, "ctx: %s", err.msg);
         free(ref);
         tl_model_free(m);
@@ -504,18 +504,15 @@ static void keep_state(const char *file) {
     for (int i = 0; i < N; i++) ids[i] = 1 + rnd(nv - 1), mix[i] = i < 100 ? ids[i] : 1 + rnd(nv - 1);
     tl_ctx_params cp = {.n_ctx = 512, .n_threads = 2, .n_seq_max = 3, .n_batch = 8, .n_logits_max = 8};
     tl_ctx *c;
-    float *ref = malloc((size_t)N * nv * sizeof *ref);
+    tl_kv_stats st;
+    float *ref = eval_all(m, &cp, mix, N, &st);
+    CHECK(!ref || st.n_snapshots == 0, "%s: sequence 0 kept %d states", file, st.n_snapshots);
     if (!ref || tl_ctx_new(m, &cp, &c, &err)) {
         CHECK(0, "ctx: %s", err.msg);
         free(ref);
         tl_model_free(m);
         return;
     }
-    CHECK(tl_ctx_eval(c, mix, N, 1, &err) == 0, "%s", err.msg); /* sequence 0: keeps nothing */
-    for (int i = 0; i < N; i++) memcpy(ref + (size_t)i * nv, tl_ctx_logits(c, i), (size_t)nv * sizeof *ref);
-    tl_kv_stats st;
-    tl_ctx_kv_stats(c, &st);
-    CHECK(st.n_snapshots == 0, "%s: sequence 0 kept %d states", file, st.n_snapshots);
     int a, b;
     CHECK(tl_seq_open(c, &a, &err) == 0, "%s", err.msg);
     CHECK(tl_seq_keep_state_at(c, a, 100) == 96, "%s: keep at 100 -> 96", file);
