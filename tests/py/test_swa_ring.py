@@ -102,6 +102,31 @@ def turns(port):
     return out, cached
 
 
+def commands_alike():
+    """run, perplexity and bench with and without --swa-full (their exact
+    spelling; chat parses its options with run's, and this file has no chat
+    template): the same tokens and figures, rings on (-c 2048 or 640, -b 64)."""
+    text = " ".join(f"Step {i}: the lantern lit {5 * i + 3} rooms of the tower." for i in range(110))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(text)
+        path = f.name
+    cases = [("run", ["run", "-f", path, "-n", "24", "--temp", "0", "--ids", "-c", "2048", "-b", "64"], "stdout"),
+             ("perplexity", ["perplexity", "-f", path, "-c", "640", "-b", "64", "--chunks", "1"], "ppl"),
+             ("bench", ["bench", "-p", "64", "-n", "4", "-d", "600", "-r", "1", "-o", "json"], "rc")]
+    try:
+        for what, args, cmp in cases:
+            got = []
+            for extra in ([], ["--swa-full"]):
+                r = subprocess.run([TL_BIN, args[0], "-m", GEMMA, "-t", "2", *args[1:], *extra],
+                                   capture_output=True, text=True, errors="replace", timeout=600 * tlserver.SLOW)
+                check(r.returncode == 0, f"{what} {' '.join(extra)}: {r.stderr[-300:]}")
+                ppl = [ln for ln in (r.stdout + r.stderr).splitlines() if "Final estimate" in ln]
+                got.append(r.stdout if cmp == "stdout" else ppl if cmp == "ppl" else r.returncode)
+            check(got[0] == got[1] and (cmp != "ppl" or got[0]), f"{what}: the same with and without --swa-full: {got}")
+    finally:
+        os.unlink(path)
+
+
 def main():
     if not check(os.path.exists(GEMMA), f"{GEMMA} exists (make models)"):
         return tlcheck.finish()
@@ -111,6 +136,7 @@ def main():
     check(f"sliding-window layers: {w_pos} bytes per position more in f16" in out and f"its last {window}" in out,
           f"info: the window layers' {w_pos} bytes and window {window}: {out}")
 
+    commands_alike()
     # past the window (512) in calls of 64: a ring of 36 blocks gone round
     ring_equals_full(GEMMA, 1100, 262144, ["-c", "2048", "-b", "64"], "Gemma 3 270M")
     with tempfile.TemporaryDirectory() as d:
