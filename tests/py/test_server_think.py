@@ -23,6 +23,7 @@ the Messages and Responses dialects' reasoning equal to chat's.
 Run: TL_BIN=build/tokenloop python3 tests/py/test_server_think.py"""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -247,6 +248,14 @@ def gemma4_on(model):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="tl-think-")
+    try:
+        run(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tlcheck.finish()
+
+
+def run(tmp):
     model = os.path.join(tmp, "think.gguf")
     if not make_model(model):
         tlcheck.finish()
@@ -368,7 +377,6 @@ def main():
     if g4_model(g4):
         gemma4_auto(g4)
         gemma4_on(g4)
-    tlcheck.finish()
 
 
 if __name__ == "__main__":
