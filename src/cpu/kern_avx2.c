@@ -293,7 +293,21 @@ AI float dot_lut32_x8(int mx, int64_t n, const void *vw, const void *va) {
     return acc;
 }
 
-static float dot_iq4_nl(int64_t n, const void *w, const void *a) { return dot_lut32(0, n, w, a); }
+/* IQ4_NL as tinyBLAS multiplies a matrix llama.cpp does not repack (quant.c's
+ * reference): one 8-lane chain over every block, the tree. */
+static float dot_iq4_nl(int64_t n, const void *vw, const void *va) {
+    const uint8_t *x = vw;
+    const block_q8_0 *y = va;
+    const __m256i table = bcast16(tl_kvalues_iq4nl), one = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / 32; ib++) {
+        const uint8_t *b = x + (size_t)ib * sizeof(block_iq4_nl);
+        const __m256i sum = _mm256_madd_epi16(lut_dot32(table, b + 2, y[ib].qs), one);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f_at(b, 0) * h2f(y[ib].d)), _mm256_cvtepi32_ps(sum), acc);
+    }
+    return hsum_f8(acc);
+}
+static float dot_iq4_nl_ggml(int64_t n, const void *w, const void *a) { return dot_lut32(0, n, w, a); }
 static float dot_iq4_nl_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(0, n, w, a); }
 static float dot_mxfp4_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(1, n, w, a); }
 static float dot_q4_0_x8(int64_t n, const void *w, const void *a) { return dot_lut32_x8(2, n, w, a); }
@@ -766,6 +780,7 @@ void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode) {
     k->vec_dot[TL_F16] = dot_f16;
     k->vec_dot[TL_F32] = dot_f32;
     k->vec_dot_id[TL_F32] = dot_f32_ggml;
+    k->vec_dot_id[TL_IQ4_NL] = dot_iq4_nl_ggml;
     k->tile_f32 = tile_f32;
     k->quantize[TL_Q8_0] = quantize_q8_0;
     k->quantize[TL_Q8_1] = quantize_q8_1;

@@ -1291,39 +1291,30 @@ static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
     return sumf;
 }
 
-/* ggml_vec_dot_iq4_nl_q8_0 on AVX2: MXFP4's order (above) with the f16 scale
- * and the non-linear table. */
+/* IQ4_NL as llama.cpp multiplies a matrix it does not repack (rows not a
+ * multiple of 8) in a prompt: tinyBLAS_Q0_AVX (llamafile_sgemm takes IQ4_NL
+ * for 2+ tokens), one 8-lane chain over every block, each lane the exact sum
+ * of 4 products (the block's low nibbles then its high ones) times the two
+ * scales' product by fma, then the x86 horizontal-sum tree. (Its one-token
+ * ggml_vec_dot_iq4_nl_q8_0, MXFP4's two chains, is what mul_mat_id takes:
+ * kern_ref.c's vec_dot_id.) */
 static float dot_iq4_nl(int64_t nb, const block_iq4_nl *x, const block_q8_0 *y) {
-    float acc[2][8] = {{0}};
-    int64_t ib = 0;
-    for (; ib + 1 < nb; ib += 2)
-        for (int h = 0; h < 2; h++) {
-            const block_iq4_nl *b = &x[ib + h];
-            const block_q8_0 *a = &y[ib + h];
-            const float scale = h2f(a->d) * h2f(b->d);
-            for (int l = 0; l < 8; l++) {
-                int sum = 0;
-                for (int k = 0; k < 4; k++) {
-                    const int e = 4 * l + k;
-                    const uint8_t q = e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
-                    sum += tl_kvalues_iq4nl[q] * a->qs[e];
-                }
-                acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
+    float acc[8] = {0};
+    for (int64_t ib = 0; ib < nb; ib++) {
+        const float scale = h2f(x[ib].d) * h2f(y[ib].d);
+        for (int l = 0; l < 8; l++) {
+            int sum = 0;
+            for (int k = 0; k < 4; k++) {
+                const int e = 4 * l + k;
+                const uint8_t q = e < 16 ? x[ib].qs[e] & 0x0F : x[ib].qs[e - 16] >> 4;
+                sum += tl_kvalues_iq4nl[q] * y[ib].qs[e];
             }
+            acc[l] = fmaf(scale, (float)sum, acc[l]);
         }
-    float r[4];
-    for (int l = 0; l < 4; l++) r[l] = (acc[0][l + 4] + acc[1][l + 4]) + (acc[0][l] + acc[1][l]);
-    float sumf = (r[0] + r[2]) + (r[1] + r[3]);
-    for (; ib < nb; ib++) {
-        const float d = h2f(y[ib].d) * h2f(x[ib].d);
-        int s1 = 0, s2 = 0;
-        for (int j = 0; j < QK4_NL / 2; j++) {
-            s1 += y[ib].qs[j] * tl_kvalues_iq4nl[x[ib].qs[j] & 0x0F];
-            s2 += y[ib].qs[j + QK4_NL / 2] * tl_kvalues_iq4nl[x[ib].qs[j] >> 4];
-        }
-        sumf += d * (float)(s1 + s2);
     }
-    return sumf;
+    float r[4];
+    for (int l = 0; l < 4; l++) r[l] = acc[l + 4] + acc[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
 }
 
 /* ggml_vec_dot_iq4_xs_q8_K on AVX2: per super-block, 8 int32 lanes, lane l

@@ -105,7 +105,10 @@ QUANTIZED = {"gptoss_mxfp4": ("gpt-oss", ["--seed", "25", "--type", "f16"], "MXF
              "qwen3_iq4xs": ("qwen3", ["--seed", "9", "--type", "f16"], "IQ4_XS"),
              # Q4_0 is repacked too (q4_0_8x8): dense and experts in that order
              "llama3_q4_0": ("llama3", ["--seed", "41", "--type", "f16"], "Q4_0"),
-             "qwen3moe_q4_0": ("qwen3moe", ["--seed", "42", "--type", "f16"], "Q4_0")}
+             "qwen3moe_q4_0": ("qwen3moe", ["--seed", "42", "--type", "f16"], "Q4_0"),
+             # IQ4_NL matrices of 4 rows (the DeltaNet's alpha and beta): not
+             # repacked, so llama.cpp's prompt takes tinyBLAS's one chain
+             "qwen35_iq4nl": ("qwen35", ["--seed", "40", "--type", "f16"], "IQ4_NL")}
 # The IQ4 files: their logits reach ~80, so the default mode's tolerance is
 # wider. (The exact mode is bitwise at every length: llama.cpp repacks IQ4_NL
 # matrices of rows a multiple of 8 on AVX2, iq4_nl_8x8, one order for every

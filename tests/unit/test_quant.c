@@ -500,6 +500,24 @@ static void check_level_dots(const tl_kernels *k, rng *r) {
               (long long)n, got, want);
         free(x), free(y);
     }
+    /* IQ4_NL's: ggml_vec_dot's two chains for experts, tinyBLAS's one for a
+     * matrix (vec_dot, above); odd block counts reach the pairs' leftover */
+    for (int64_t nb = 1; nb <= 9 && k->vec_dot_id[TL_IQ4_NL]; nb++) {
+        const int64_t n = 32 * nb;
+        float *x = xmalloc(n * sizeof *x);
+        uint8_t *w = xmalloc(tl_row_size(TL_IQ4_NL, n)), *a = xmalloc(tl_row_size(TL_Q8_0, n));
+        fill_rows(r, x, n);
+        tl_quantize_row(TL_IQ4_NL, x, w, n);
+        fill_rows(r, x, n);
+        tl_quantize_row_act(TL_Q8_0, x, a, n);
+        float want = ref.vec_dot_id[TL_IQ4_NL](n, w, a), got = k->vec_dot_id[TL_IQ4_NL](n, w, a);
+        float one = tl_vec_dot_ref(TL_IQ4_NL, n, w, a);
+        CHECK(memcmp(&want, &got, sizeof got) == 0, "level %s vec_dot_id iq4_nl n=%lld: %.9g vs ref %.9g", k->name,
+              (long long)n, got, want);
+        CHECK(fabsf(one - want) <= 1e-4f * (fabsf(want) + 1.0f), "iq4_nl n=%lld: one chain %.9g vs two %.9g",
+              (long long)n, one, want);
+        free(x), free(w), free(a);
+    }
     CHECK(k->dot_f16 != NULL, "%s: dot_f16 is NULL", k->name);
     if (!k->dot_f16) return;
     for (int64_t n = 1; n <= 300; n += (n < 40 ? 1 : 37)) {
