@@ -1102,6 +1102,26 @@ void tl_attn_online(const tl_attn_rows *a, int avx2) {
     tl_attn_drive(a, 4, widen_block_ref, rows_block_ref, NULL);
 }
 
+void tl_mul_add(int n, float *o, const float *y, float w, int first) {
+    for (int i = 0; i < n; i++) {
+        const float v = y[i] * w;
+        o[i] = first ? v : o[i] + v;
+    }
+}
+
+#ifdef TL_X86
+__attribute__((target("avx2"))) static void mul_add_avx2(int n, float *o, const float *y, float w, int first) {
+    const __m256 vw = _mm256_set1_ps(w);
+    int i = 0;
+    if (first)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vw));
+    else
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_loadu_ps(o + i), _mm256_mul_ps(_mm256_loadu_ps(y + i), vw)));
+    tl_mul_add(n - i, o + i, y + i, w, first);
+}
+#endif
+
 /* ---- bound to a level (tl_mathfn_bind) ---- */
 
 #define BIND(NAME, AVX2)                                                                                    \
@@ -1121,14 +1141,16 @@ BIND(avx2, 1)
 #undef BIND
 
 void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast) {
-    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online, NULL, NULL, NULL, NULL};
-    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online, NULL, NULL, NULL, NULL};
+    if (avx2) *m = (tl_mathfn){avx2_swiglu, avx2_geglu, avx2_softmax, avx2_round, avx2_pv, avx2_online, NULL, NULL, NULL, NULL, NULL};
+    else *m = (tl_mathfn){ref_swiglu, ref_geglu, ref_softmax, ref_round, ref_pv, ref_online, NULL, NULL, NULL, NULL, NULL};
     m->rmsnorm = fast ? tl_rmsnorm_fast : tl_rmsnorm_exact;
     m->f16_row = tl_f16_row;
     m->rope = tl_rope;
     m->fwht = tl_fwht;
+    m->mul_add = tl_mul_add;
 #ifdef TL_X86
     if (avx2) {
+        m->mul_add = mul_add_avx2;
         m->fwht = fwht_avx2;
         m->rope = rope_avx2;
         m->rmsnorm = fast ? rmsnorm_fast_avx2 : rmsnorm_exact_avx2;

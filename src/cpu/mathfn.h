@@ -218,6 +218,10 @@ void tl_f16_row(const float *x, uint16_t *y, int64_t n);
  * elementwise, so every vector width gives these bits. */
 void tl_fwht(float *x, int n);
 
+/* o[i] = y[i] * w (first) or o[i] + y[i] * w, the product rounded before the
+ * add (ggml_mul, then ggml_add: a mixture's weighted sum of its experts). */
+void tl_mul_add(int n, float *o, const float *y, float w, int first);
+
 /* The functions above bound to one level (scalar or AVX2) and numerics mode
  * (fast selects rmsnorm's order), as the kernel table holds them. The AVX2
  * paths give the scalar ones' bits. */
@@ -233,6 +237,7 @@ typedef struct tl_mathfn {
     void (*f16_row)(const float *x, uint16_t *y, int64_t n);
     void (*rope)(float *v, int n_heads, int head_dim, int n_rot, const float *cs, int neox);
     void (*fwht)(float *x, int n);
+    void (*mul_add)(int n, float *o, const float *y, float w, int first);
 } tl_mathfn;
 void tl_mathfn_bind(tl_mathfn *m, int avx2, int fast);
 

@@ -1044,10 +1044,7 @@ static void combine_tokens(tl_cpu *c, int t0, int t1, void *arg) {
             }
             if (E->down_b)
                 for (int r = 0; r < d; r++) y[r] += ((const float *)E->down_b->data)[(size_t)e * d + r];
-            for (int r = 0; r < d; r++) {
-                const float v = y[r] * w;
-                o[r] = i == 0 ? v : o[r] + v;
-            }
+            c->kern.math.mul_add(d, o, y, w, i == 0);
         }
     }
 }

@@ -345,6 +345,33 @@ static void check_fwht(void) {
     }
 }
 
+/* The weighted sum of a token's experts: AVX2 equals scalar, and the
+ * product is rounded before the add (ggml_mul then ggml_add), not fused. */
+static void check_mul_add(void) {
+    tl_mathfn ref, vec;
+    tl_mathfn_bind(&ref, 0, 1);
+    tl_mathfn_bind(&vec, 1, 1);
+    enum { N = 2051 };
+    static float y[N], a[N], b[N];
+    for (int i = 0; i < N; i++) y[i] = 3.0f * frand();
+    const int ns[] = {1, 7, 8, 9, 64, 2048, 2051};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int n = ns[c];
+        const float w = 0.3f + frand() * 0.1f;
+        for (int first = 1; first >= 0; first--) {
+            ref.mul_add(n, a, y, w, first);
+            vec.mul_add(n, b, y, w, first);
+            CHECK(same(a, b, n), "mul_add n=%d first=%d: AVX2 equals scalar", n, first);
+        }
+        int unfused = 1;
+        for (int i = 0; i < n; i++) {
+            const float v = y[i] * w;
+            unfused = unfused && a[i] == v + v;
+        }
+        CHECK(unfused, "mul_add n=%d: o + y*w with the product rounded first", n);
+    }
+}
+
 static void check_norm_rope(void) {
     tl_mathfn ref[2], vec[2];
     for (int fast = 0; fast < 2; fast++) {
@@ -407,5 +434,6 @@ int main(void) {
     check_attn();
     check_norm_rope();
     check_fwht();
+    check_mul_add();
     return tl_test_summary();
 }
