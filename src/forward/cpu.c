@@ -475,7 +475,7 @@ static void attend_fa(tl_cpu *c, const tl_attn_block *A, int layer, int swa, con
         } else {
             vs = expf(sk - M);
         }
-        S = fmaf(S, ms, vs);
+        S = S * ms + vs; /* here ggml's compiler rounded the product first (a sink near a row's maximum shows it) */
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     float *out = c->att + (size_t)t * qd + (size_t)h * hd;

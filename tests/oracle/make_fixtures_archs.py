@@ -66,6 +66,9 @@ MODELS = {
     "llama3_kvq8": ["llama3", "--seed", "12", "--type", "f32"],
     "qwen3_kvq4": ["qwen3", "--seed", "13", "--type", "q8_0"],
     "gptoss_kvq8k": ["gpt-oss", "--seed", "27", "--type", "f16"],
+    # F32 weights put sinks near a row's maximum: the sink's step after the
+    # keys rounds S*ms and then adds (the keys' steps are fused)
+    "gptoss_f32_kvq8": ["gpt-oss", "--seed", "12", "--type", "f32"],
     "mistral_kvq8v": ["mistral", "--seed", "14", "--type", "f32"],
     # heads of 64 and 128: llama.cpp rotates q/k (v) of a quantized cache by a
     # Walsh-Hadamard matrix there (64 and 128 for K, 64 for V)
@@ -92,7 +95,7 @@ MODELS = {
 }
 # fixture -> (K type, V type): llama.cpp's -ctk/-ctv, with flash attention on
 KV_TYPES = {"llama3_kvq8": ("q8_0", "q8_0"), "qwen3_kvq4": ("q4_0", "q4_0"),
-            "gptoss_kvq8k": ("q8_0", "f16"), "mistral_kvq8v": ("f16", "q8_0"),
+            "gptoss_kvq8k": ("q8_0", "f16"), "gptoss_f32_kvq8": ("q8_0", "q8_0"), "mistral_kvq8v": ("f16", "q8_0"),
             "llama3_kvq8_hd64": ("q8_0", "q8_0"), "qwen3_kvq4_hd128": ("q4_0", "q4_0"),
             "gemma4_kvq8": ("q8_0", "q8_0")}
 GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
