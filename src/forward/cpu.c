@@ -311,7 +311,7 @@ static void rope_cache(tl_cpu *c, int n_tok) {
     const tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     tl_w fw = m->rope_freqs;
-    if (!fw && m->rope_long) fw = c->n_ctx > hp->rope_n_ctx_orig ? m->rope_long : m->rope_short;
+    if (!fw) fw = tl_model_rope_factors(m, c->n_ctx);
     rope_cache_base(c, c->rope_cs, hp->rope_base, hp->rope_freq_scale, hp->n_rot, fw, n_tok);
     if (c->rope_cs_swa)
         rope_cache_base(c, c->rope_cs_swa, hp->rope_base_swa, hp->rope_freq_scale_swa, hp->n_rot_swa,

@@ -244,7 +244,8 @@ static void disk_identity(tl_ctx *c, uint8_t out[TL_KVKEY]) {
     /* Phi-3's LongRoPE rotates keys by its long or its short factors as the
      * context exceeds the original one or not: keys of one are not keys of
      * the other */
-    const char *rope = !c->m->rope_long ? "-" : c->n_ctx > c->m->hp.rope_n_ctx_orig ? "long" : "short";
+    const tl_w fw = tl_model_rope_factors(c->m, c->n_ctx);
+    const char *rope = !fw ? "-" : fw == c->m->rope_long ? "long" : "short";
     const int n = snprintf(head, sizeof head, "tokenloop kv blocks 2|%s|k %s|v %s|block %zu|layers %d|file %llu|rope %s",
                            c->be.numerics, tl_kv_type_name(c->be.kv_type_k), tl_kv_type_name(c->be.kv_type_v),
                            c->be.block_bytes, c->m->hp.n_layer, (unsigned long long)(g ? g->file_size : 0), rope);

@@ -1126,6 +1126,12 @@ size_t tl_model_step_bytes(const tl_model *m, int n_seq) {
     return n;
 }
 
+tl_w tl_model_rope_factors(const tl_model *m, int n_ctx) {
+    if (!m->rope_long) return NULL;
+    const int64_t padded = ((int64_t)n_ctx + 255) / 256 * 256;
+    return padded > m->hp.rope_n_ctx_orig ? m->rope_long : m->rope_short;
+}
+
 int tl_model_kv_swa(const tl_model *m, int l) {
     if (m->hp.n_swa <= 0) return 0;
     for (int i = 0; i < m->hp.n_layer; i++)

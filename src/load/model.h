@@ -257,6 +257,11 @@ int tl_block_weights(const tl_block *b, int matmul_only, tl_w *out);
 /* 1 when cache layer l (< hp.n_kv_layer) is a sliding-window layer's: its
  * positions older than the window are never read again. */
 int tl_model_kv_swa(const tl_model *m, int l);
+/* Phi-3's LongRoPE factors for a context of n_ctx positions per sequence:
+ * the long ones past the original context, else the short ones; NULL when
+ * the file has none. Decided on the context rounded up to 256 positions, as
+ * llama.cpp pads its own before choosing. */
+tl_w tl_model_rope_factors(const tl_model *m, int n_ctx);
 
 struct tl_model {
     tl_gguf *gguf;

@@ -26,6 +26,7 @@ MKMODEL = os.path.join(ROOT, "scripts", "mkmodel.py")
 
 N_THREADS = 2
 N_CTX = 512
+CTX = {"phi3_longrope_c100": 100}  # fixtures run at another context
 TOPK = 20
 LENGTHS = [5, 17, 40, 60]  # mistral's window is 16: the longer ones pass it
 
@@ -60,6 +61,9 @@ MODELS = {
     "phi3_longrope": ["phi3", "--seed", "10", "--type", "f32", "--longrope", "--rope-orig-ctx", "32",
                       "--rope-attn-factor", "1.1902"],
     "phi3_longrope_short": ["phi3", "--seed", "11", "--type", "q8_0", "--longrope"],
+    # a context of 100 over an original 200: llama.cpp rounds its context up
+    # to 256 before it chooses, so the long factors
+    "phi3_longrope_c100": ["phi3", "--seed", "12", "--type", "f32", "--longrope", "--rope-orig-ctx", "200"],
     # quantized KV caches (KV_TYPES below), run with flash attention as
     # llama.cpp requires for a quantized V: grouped-query heads, QK-norm, a
     # window with sinks (an f16 V accumulated in f16), a window (f16 K)
@@ -163,8 +167,9 @@ def main():
         path, args = make(name)
         kv = KV_TYPES.get(name)
         extra = {"flash_attn": True, "type_k": GGML_TYPES[kv[0]], "type_v": GGML_TYPES[kv[1]]} if kv else {}
+        n_ctx = CTX.get(name, N_CTX)
         llm = Llama(model_path=path, n_threads=N_THREADS, n_threads_batch=N_THREADS,
-                    n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
+                    n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
                     seed=1, verbose=False, **extra)
         cases = []
         for ids in sequences(sum(map(ord, name)), llm.n_vocab()):
@@ -206,7 +211,7 @@ def main():
                 **kv_meta,
                 "model_sha256": sha256(path),
                 "n_vocab": llm.n_vocab(),
-                "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_batch": N_CTX,
+                "settings": {"n_threads": N_THREADS, "n_ctx": n_ctx, "n_batch": n_ctx,
                              "logits_all": True,
                              **({"flash_attn": "on", "type_k": kv[0], "type_v": kv[1]} if kv
                                 else {"flash_attn": "off (default)"})},
