@@ -1062,8 +1062,10 @@ static void spm_emit(const tl_tokenizer *t, const char *text, uint32_t len, idve
 static int spm_fragment(const tl_tokenizer *t, work *w, const char *raw, size_t n, int prefix,
                         idvec *out, tl_error *err) {
     if (n > SIZE_MAX / 3 - 4) return tl_fail(err, TL_ERR_ARG, "text too long");
-    if (n + 1 > UINT32_MAX / 3) return tl_fail(err, TL_ERR_ARG, "text too long for one fragment");
-    if (work_reserve(w, n + 1, 3 * (n + 1)))
+    if (n + 1 > INT32_MAX / 3) return tl_fail(err, TL_ERR_ARG, "text too long for one fragment");
+    /* a symbol per character, but a stray lead byte takes the bytes after
+     * it, and a space's U+2581 is three: up to a symbol per byte of buf */
+    if (work_reserve(w, 3 * (n + 1), 3 * (n + 1)))
         return tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
     size_t m = 0;
     for (size_t i = 0; i < n + (size_t)prefix; i++) { /* spaces become U+2581 */

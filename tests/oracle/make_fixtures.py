@@ -22,6 +22,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 FIX = os.path.join(HERE, "fixtures")
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 GPT2_VOCAB = "/work/shared/vocab/ggml-vocab-gpt-2.gguf"
+SPM_VOCAB = "/work/shared/vocab/ggml-vocab-llama-spm.gguf"
 
 N_THREADS = 2
 N_CTX = 2048
@@ -169,10 +170,18 @@ def tokenizer_strings():
     return s
 
 
-def do_tokenizer(model_path, out_name):
+def spm_strings():
+    """Invalid UTF-8 where a SentencePiece-style vocabulary (spaces as U+2581)
+    splits otherwise than the text's characters: a lead byte takes bytes of
+    the U+2581 after it. (Not for byte-level BPE: llama.cpp aborts there.)"""
+    return [("invalid_lead_space", b) for b in
+            (b"\xda ", b"\xda \xda ", b"a\xc3 b", b"\xe2 \xf0  x", b" \xdf", b"\xf4 \xc2 \xe0 ", b"\xcc" * 3 + b"   ")]
+
+
+def do_tokenizer(model_path, out_name, extra=()):
     llm = load(model_path, vocab_only=True)
     items = []
-    for label, b in tokenizer_strings():
+    for label, b in tokenizer_strings() + list(extra):
         ids_sp = llm.tokenize(b, add_bos=False, special=True)
         ids_pl = llm.tokenize(b, add_bos=False, special=False)
         items.append({"label": label, "hex": b.hex(), "ids_special": ids_sp, "ids_plain": ids_pl})
@@ -454,6 +463,7 @@ def main():
     if "tokenizer" in parts:
         do_tokenizer(MODEL, "tokenizer.json")
         do_tokenizer(GPT2_VOCAB, "tokenizer_gpt2.json")
+        do_tokenizer(SPM_VOCAB, "tokenizer_llama_spm.json", spm_strings())
     if parts & {"logits", "greedy", "perplexity"}:
         llm = load(MODEL, logits_all=True)
         if "logits" in parts:

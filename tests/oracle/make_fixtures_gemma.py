@@ -49,7 +49,7 @@ def load(n_ctx, logits_all=True):
 def do_tokenizer():
     llm = load(512, logits_all=False)
     items = []
-    for label, b in mf.tokenizer_strings():
+    for label, b in mf.tokenizer_strings() + mf.spm_strings():
         items.append({"label": label, "hex": b.hex(),
                       "ids_special": llm.tokenize(b, add_bos=False, special=True),
                       "ids_plain": llm.tokenize(b, add_bos=False, special=False)})

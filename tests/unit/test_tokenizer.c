@@ -615,6 +615,7 @@ int main(void) {
         check_vocab_fixture(vocab_files[i]);
 
     check_oracle_json("tests/oracle/fixtures/tokenizer_gpt2.json", vocab_path("ggml-vocab-gpt-2.gguf"));
+    check_oracle_json("tests/oracle/fixtures/tokenizer_llama_spm.json", vocab_path("ggml-vocab-llama-spm.gguf"));
     check_oracle_json("tests/oracle/fixtures/tokenizer.json", SMOLLM);
     check_oracle_json("tests/oracle/fixtures/gemma_tokenizer.json", "models/gemma-3-270m-q4_k_m.gguf");
 
