@@ -65,16 +65,17 @@ static int only_keys(json_t *root, const char *const *keys, api_err *e) {
 }
 
 char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_len, api_err *e) {
-    static const char *const keys[] = {"content", "prompt", "messages", "add_special",
+    static const char *const keys[] = {"content", "prompt", "messages", "add_special", "add_special_tokens",
                                        "add_generation_prompt", "chat_template_kwargs", "model", NULL};
     memset(e, 0, sizeof *e);
     json_t *root = api_load_body(body, len, e);
     if (!root) return NULL;
     int32_t *ids = NULL;
-    int n = 0, add_special = -1, add_gen = 1, rc = only_keys(root, keys, e);
+    int n = 0, add_special = -1, add_tokens = -1, add_gen = 1, rc = only_keys(root, keys, e);
     const char *text = NULL;
     json_t *msgs = api_field(root, "messages");
     if (!rc && (api_get_bool(root, "add_special", &add_special, e) < 0 ||
+                api_get_bool(root, "add_special_tokens", &add_tokens, e) < 0 ||
                 api_get_bool(root, "add_generation_prompt", &add_gen, e) < 0 ||
                 api_get_str(root, "content", &text, e) < 0 || (!text && api_get_str(root, "prompt", &text, e) < 0)))
         rc = -1;
@@ -82,9 +83,21 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
     if (!rc && msgs) {
         rc = api_chat_prompt(a, msgs, NULL, api_field(root, "chat_template_kwargs"), add_gen, NULL, &ids, &n, NULL, e);
     } else if (!rc) {
-        size_t tl = strlen(text);
-        int bos = add_special < 0 ? tl_model_add_bos(a->m) : add_special;
-        rc = api_tokenize_text(a->m, text, tl, TL_TOK_PARSE_SPECIAL | (bos ? TL_TOK_ADD_BOS : 0), &ids, &n, e);
+        /* the tokenizer's own special tokens (BOS, EOS where the vocabulary
+         * adds them) or none: llama-server's add_special (default false,
+         * with its "content") or vLLM's add_special_tokens (default true,
+         * with its "prompt") */
+        const int special = add_special >= 0 ? add_special : add_tokens >= 0 ? add_tokens : !api_field(root, "content");
+        const int bos = special && tl_model_add_bos(a->m), eos = special && tl_model_add_eos(a->m);
+        rc = api_tokenize_text(a->m, text, strlen(text), TL_TOK_PARSE_SPECIAL | (bos ? TL_TOK_ADD_BOS : 0), &ids, &n,
+                               e);
+        int32_t *more = !rc && eos && tl_token_eos(a->m) >= 0 ? realloc(ids, (size_t)(n + 1) * sizeof *ids) : NULL;
+        if (more) {
+            ids = more;
+            ids[n++] = tl_token_eos(a->m);
+        } else if (!rc && eos && tl_token_eos(a->m) >= 0) {
+            rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
     }
     json_decref(root);
     json_t *o = rc ? NULL : json_object(), *arr = rc ? NULL : json_array();

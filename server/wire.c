@@ -98,6 +98,24 @@ int api_utf8_valid(const char *s, size_t n) {
     return 1;
 }
 
+/* The bytes at s that are not a character: a lead byte and the continuation
+ * bytes that could still have followed it (Unicode's "maximal subpart", as
+ * Python and browsers replace them, and llama-server), else one byte. */
+static size_t utf8_bad(const unsigned char *s, size_t n) {
+    const unsigned c = s[0];
+    const size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 1;
+    size_t k = 1;
+    for (; k < len && k < n; k++) {
+        unsigned lo = 0x80, hi = 0xbf;
+        if (k == 1 && c == 0xe0) lo = 0xa0;
+        if (k == 1 && c == 0xed) hi = 0x9f;
+        if (k == 1 && c == 0xf0) lo = 0x90;
+        if (k == 1 && c == 0xf4) hi = 0x8f;
+        if (s[k] < lo || s[k] > hi) break;
+    }
+    return k;
+}
+
 char *api_utf8_fix(const char *s, size_t n, size_t *out_len) {
     char *o = malloc(n * 3 + 1); /* each bad byte may become 3 bytes */
     if (!o) return NULL;
@@ -111,7 +129,7 @@ char *api_utf8_fix(const char *s, size_t n, size_t *out_len) {
         } else {
             memcpy(o + j, "\xef\xbf\xbd", 3);
             j += 3;
-            i++;
+            i += utf8_bad((const unsigned char *)s + i, n - i);
         }
     }
     o[j] = 0;

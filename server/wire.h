@@ -36,7 +36,10 @@ int api_json_depth(const char *s, size_t n);
  * UTF-8 characters (what a cut at a byte limit leaves). */
 void api_utf8_scrub(char *s);
 
-/* Bytes -> valid UTF-8 (each bad sequence becomes U+FFFD). malloc'ed, NUL-terminated. */
+/* Bytes -> valid UTF-8: each maximal subpart of a bad sequence (a lead byte
+ * and the continuation bytes it could still take, or one stray byte) becomes
+ * one U+FFFD, as Python's and llama-server's replacing decoders do.
+ * malloc'ed, NUL-terminated. */
 char *api_utf8_fix(const char *s, size_t n, size_t *out_len);
 
 /* jansson helpers every reply builder uses. api_jset/api_jpush take v (set or

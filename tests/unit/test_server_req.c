@@ -533,11 +533,76 @@ static void test_event_storage(void) {
     srv_req_release(r);
 }
 
+/* /tokenize's special tokens as llama-server's add_special (default false,
+ * with "content") and vLLM's add_special_tokens (default true, with
+ * "prompt") take them: the vocabulary's own, so BOS only where it adds one. */
+static int tok_ids(const api_ctx *a, const char *body, int32_t *ids, int cap) {
+    size_t n;
+    api_err e;
+    char *t = api_tokenize(a, body, strlen(body), &n, &e);
+    json_t *j = loads(t), *arr = j ? json_object_get(j, "tokens") : NULL;
+    int k = 0;
+    for (; arr && k < cap && k < (int)json_array_size(arr); k++) ids[k] = (int32_t)json_integer_value(json_array_get(arr, k));
+    if (!arr) k = -1;
+    json_decref(j);
+    free(t);
+    return k;
+}
+
+static void test_tokenize_special(void) {
+    const char *dir = getenv("TL_VOCAB_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf", dir && *dir ? dir : "../shared/vocab");
+    tl_model *spm = NULL;
+    tl_error err = {0};
+    if (tl_model_load_vocab(path, &spm, &err)) {
+        CHECK(0, "cannot load %s: %s", path, err.msg);
+        return;
+    }
+    api_ctx b = A;
+    b.m = spm;
+    const int32_t bos = tl_token_bos(spm);
+    int32_t ids[64];
+    const int plain = tok_ids(&b, "{\"content\":\"Hello world\"}", ids, 64);
+    CHECK(plain > 0 && ids[0] != bos, "content: no BOS unless asked (llama-server's default)");
+    int k = tok_ids(&b, "{\"content\":\"Hello world\",\"add_special\":true}", ids, 64);
+    CHECK(k == plain + 1 && ids[0] == bos, "add_special: the vocabulary's BOS (%d ids of %d)", k, plain);
+    k = tok_ids(&b, "{\"prompt\":\"Hello world\"}", ids, 64);
+    CHECK(k == plain + 1 && ids[0] == bos, "prompt: BOS by default (vLLM's add_special_tokens)");
+    k = tok_ids(&b, "{\"prompt\":\"Hello world\",\"add_special_tokens\":false}", ids, 64);
+    CHECK(k == plain && ids[0] != bos, "add_special_tokens false: none");
+    /* a vocabulary that adds no BOS (SmolLM2's): add_special adds nothing */
+    const int a0 = tok_ids(&A, "{\"content\":\"Hello world\"}", ids, 64);
+    k = tok_ids(&A, "{\"content\":\"Hello world\",\"add_special\":true}", ids, 64);
+    CHECK(a0 > 0 && k == a0 && !tl_model_add_bos(A.m), "add_special on a vocabulary without BOS: %d vs %d ids", k, a0);
+    tl_model_free(spm);
+}
+
 static void test_misc(void) {
     size_t n;
-    char *f = api_utf8_fix("a\xff\xc3\xa9\xe2\x82", 6, &n);
-    CHECK(f && !strcmp(f, "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd"), "U+FFFD per bad byte");
-    free(f);
+    /* one U+FFFD per maximal subpart (a lead byte and the continuation bytes
+     * it could still take), as Python's bytes.decode('utf-8', 'replace')
+     * gives for each input (its outputs, by hand) */
+    static const struct {
+        const char *in, *want;
+    } fix[] = {
+        {"a\xff\xc3\xa9\xe2\x82", "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd"},
+        {"\xe1\xac", "\xef\xbf\xbd"},
+        {"\xe1" "A", "\xef\xbf\xbd" "A"},
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xf0\x9f\x98", "\xef\xbf\xbd"},
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xe0\x80\xaf", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xf0\x9f\x98\x80\xf0\x9f", "\xf0\x9f\x98\x80\xef\xbf\xbd"},
+        {"\x80\x80x", "\xef\xbf\xbd\xef\xbf\xbdx"},
+    };
+    for (size_t i = 0; i < sizeof fix / sizeof fix[0]; i++) {
+        char *f = api_utf8_fix(fix[i].in, strlen(fix[i].in), &n);
+        CHECK(f && n == strlen(fix[i].want) && !strcmp(f, fix[i].want), "api_utf8_fix case %zu: U+FFFD per maximal subpart",
+              i);
+        free(f);
+    }
     api_err e;
     char *t = api_tokenize(&A, "{\"content\":\"Hello world\"}", 25, &n, &e);
     json_t *j = loads(t);
@@ -805,6 +870,7 @@ int main(void) {
     test_reasoning();
     test_event_storage();
     test_misc();
+    test_tokenize_special();
     test_tool_formats();
     test_gemma4_grammar();
     /* and compiled per request, as where the server could not compile it */
