@@ -39,8 +39,14 @@ struct R {
     size_t total;
     const char *src; /* normalized template source, for line:col */
     int depth;
+    int vdepth; /* lists and dicts open while printing one (JJ_MAX_NEST) */
     scope *root;
 };
+
+/* How deep printing, tojson and == follow lists and dicts: a value that
+ * contains itself (a namespace set into itself) or one nested in a loop would
+ * recurse without end or past the stack. */
+#define JJ_MAX_NEST 256
 
 /* Fails the render: message prefixed with the template position if pos >= 0. */
 _Noreturn __attribute__((format(printf, 4, 5))) void jj_die(R *r, int status, int pos, const char *fmt,

@@ -148,6 +148,7 @@ void jj_to_str(R *r, sb *b, val v) {
     case T_FLOAT: fmt_float(r, b, v.u.f); return;
     case T_STR: jj_sb_add(r, b, v.u.s.s, v.u.s.n); return;
     case T_LIST:
+        if (++r->vdepth > JJ_MAX_NEST) jj_die(r, TL_ERR_ARG, -1, "a value nested more than %d deep, or containing itself, cannot be printed", JJ_MAX_NEST);
         jj_sb_putc(r, b, v.u.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) jj_sb_puts(r, b, ", ");
@@ -155,8 +156,10 @@ void jj_to_str(R *r, sb *b, val v) {
         }
         if (v.u.l->tuple && v.u.l->n == 1) jj_sb_putc(r, b, ',');
         jj_sb_putc(r, b, v.u.l->tuple ? ')' : ']');
+        r->vdepth--;
         return;
     case T_DICT: case T_NS:
+        if (++r->vdepth > JJ_MAX_NEST) jj_die(r, TL_ERR_ARG, -1, "a value nested more than %d deep, or containing itself, cannot be printed", JJ_MAX_NEST);
         jj_sb_puts(r, b, v.t == T_NS ? "<Namespace {" : "{");
         for (size_t i = 0; i < v.u.d->n; i++) {
             if (i) jj_sb_puts(r, b, ", ");
@@ -165,6 +168,7 @@ void jj_to_str(R *r, sb *b, val v) {
             repr(r, b, v.u.d->v[i]);
         }
         jj_sb_puts(r, b, v.t == T_NS ? "}>" : "}");
+        r->vdepth--;
         return;
     default: jj_sb_puts(r, b, "<function>"); return;
     }
@@ -209,6 +213,8 @@ void jj_tojson(R *r, sb *b, val v, int indent, int level, int sort, int pos) {
         jj_sb_putc(r, b, '"');
         return;
     case T_LIST: case T_DICT: case T_NS: {
+        if (level >= JJ_MAX_NEST)
+            jj_die(r, TL_ERR_ARG, pos, "tojson: a value nested more than %d deep, or containing itself", JJ_MAX_NEST);
         int is_list = v.t == T_LIST;
         size_t n = is_list ? v.u.l->n : v.u.d->n;
         jj_sb_putc(r, b, is_list ? '[' : '{');
@@ -269,7 +275,10 @@ const char *jj_type_name(val v) {
     return names[v.t];
 }
 
-int jj_val_eq(val a, val b) {
+/* Past JJ_MAX_NEST levels (a value that contains itself) containers compare
+ * by identity, as Python's own comparison does for an element that is the
+ * other's. */
+static int val_eq(val a, val b, int depth) {
     if (is_num(a) && is_num(b)) {
         if (a.t == T_FLOAT || b.t == T_FLOAT) return num_f(a) == num_f(b);
         return num_i(a) == num_i(b);
@@ -279,20 +288,24 @@ int jj_val_eq(val a, val b) {
     case T_UNDEF: case T_NONE: return 1;
     case T_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.s, b.u.s.s, a.u.s.n);
     case T_LIST:
-        if (a.u.l->n != b.u.l->n) return 0;
+        if (a.u.l == b.u.l) return 1;
+        if (a.u.l->n != b.u.l->n || depth >= JJ_MAX_NEST) return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jj_val_eq(a.u.l->v[i], b.u.l->v[i])) return 0;
+            if (!val_eq(a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
         return 1;
     case T_DICT: case T_NS:
-        if (a.u.d->n != b.u.d->n) return 0;
+        if (a.u.d == b.u.d) return 1;
+        if (a.u.d->n != b.u.d->n || depth >= JJ_MAX_NEST) return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
             val *o = jj_dict_find(b.u.d, a.u.d->k[i], a.u.d->kn[i]);
-            if (!o || !jj_val_eq(a.u.d->v[i], *o)) return 0;
+            if (!o || !val_eq(a.u.d->v[i], *o, depth + 1)) return 0;
         }
         return 1;
     default: return a.u.d == b.u.d;
     }
 }
+
+int jj_val_eq(val a, val b) { return val_eq(a, b, 0); }
 
 /* -1, 0, 1 for numbers and strings; anything else is a TypeError in Python. */
 int jj_val_cmp(R *r, int pos, val a, val b) {

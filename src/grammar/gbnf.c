@@ -41,7 +41,12 @@ typedef struct parser {
     int n_elems;
     tl_error *err;
     int failed;
+    int depth; /* groups open: each is a level of recursion of the parser */
 } parser;
+
+/* Deeper groups than any grammar needs would overflow the stack (a request's
+ * grammar is a client's text). */
+#define GBNF_MAX_DEPTH 256
 
 static int fail(parser *p, const char *what) {
     if (!p->failed) tl_fail(p->err, TL_ERR_ARG, "grammar line %d: %s", p->line, what);
@@ -250,8 +255,11 @@ static int parse_atom(parser *p, int owner, pseq *u) {
     }
     if (c == '(') {
         p->s++;
+        if (p->depth >= GBNF_MAX_DEPTH) return fail(p, "groups nested more than 256 deep");
         int r = rule_synth(p, owner);
+        p->depth++;
         if (r < 0 || parse_alternatives(p, r, 1)) return -1;
+        p->depth--;
         skip_space(p, 1);
         if (p->s >= p->end || *p->s != ')') return fail(p, "expected ')'");
         p->s++;

@@ -24,6 +24,10 @@
 #define CACHE_N 64       /* allowed-token sets kept per matcher */
 #define IST_CAP 256      /* distinct states one walk interns */
 #define MAX_EXPAND 200000 /* rule expansions one step may take */
+/* expand()'s recursion (~110 bytes of stack a level): empty alternatives let
+ * it walk through many rules without the stack it follows growing (nested
+ * repetitions: a client's grammar overflowed the thread's stack) */
+#define MAX_DEPTH 8192
 #define CP_ANY 0xFFFFFFFFu /* a partial code point whose completions every stack takes alike */
 
 /* ---- the vocabulary trie ---- */
@@ -292,6 +296,7 @@ struct tl_matcher {
     } cache[CACHE_N];
     int clock;
     long n_expand; /* expansions since the count was last reset (MAX_EXPAND) */
+    int depth;     /* expand()'s recursion now (MAX_DEPTH) */
     /* the walk's states, interned, and their transitions by byte (-2: not
      * computed yet, -1: no stack survives): most nodes of the trie lead to a
      * state already seen, so a node usually costs one table read */
@@ -313,8 +318,8 @@ struct tl_matcher {
  * TL_ERR_NOMEM when memory ran out. */
 static int fail_status(const tl_matcher *m, tl_error *err) {
     if (m->limit)
-        return tl_fail(err, TL_ERR_UNSUPPORTED, "grammar: too complex to follow: nesting deeper than %d, or more "
-                       "than %d ways to one state", MAX_STACK, MAX_EXPAND);
+        return tl_fail(err, TL_ERR_UNSUPPORTED, "grammar: too complex to follow: nesting deeper than %d, more "
+                       "than %d ways to one state, or rules %d deep at one step", MAX_STACK, MAX_EXPAND, MAX_DEPTH);
     return tl_fail(err, TL_ERR_NOMEM, "grammar: out of memory");
 }
 
@@ -325,7 +330,7 @@ static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
     const tl_grammar *g = m->g;
     /* a grammar whose empty derivations multiply (a ::= "" | "", used n
      * times) would take 2^n paths to one state: bounded, it fails instead */
-    if (++m->n_expand > MAX_EXPAND) {
+    if (++m->n_expand > MAX_EXPAND || m->depth >= MAX_DEPTH) {
         m->failed = m->limit = 1;
         return;
     }
@@ -361,7 +366,9 @@ static void expand(tl_matcher *m, gstate *out, uint32_t *stk, int len) {
         int l = base;
         if (ret) s[l++] = p + 1;
         s[l++] = (uint32_t)g->alt[a];
+        m->depth++;
         expand(m, out, s, l);
+        m->depth--;
     }
     m->n_scratch = at;
 }

@@ -161,6 +161,7 @@ typedef struct rx {
     const char *p, *end;
     conv *c;
     const char *path;
+    int depth; /* groups open (a client's pattern: bounded before it overflows the stack) */
 } rx;
 
 static int rx_alt(rx *x, sb *b);
@@ -304,8 +305,12 @@ static int rx_atom(rx *x, sb *b) {
             if (x->p[1] != ':') return refuse(x->c, x->path, "pattern: lookaround and named groups are not supported");
             x->p += 2;
         }
+        /* each group is about three of the grammar's (gbnf.c's limit: 256) */
+        if (x->depth >= 64) return refuse(x->c, x->path, "pattern: groups nested more than 64 deep");
         sb_str(b, "(");
+        x->depth++;
         if (rx_alt(x, b)) return -1;
+        x->depth--;
         if (x->p >= x->end || *x->p != ')') return refuse(x->c, x->path, "pattern: missing ')'");
         x->p++;
         sb_str(b, ")");
@@ -479,7 +484,7 @@ static int visit_string(conv *c, json_t *s, const char *path, sb *b) {
         const char *p = json_string_value(pat);
         size_t n = strlen(p);
         if (n && p[0] == '^') p++, n--;
-        rx x = {p, p + n, c, path};
+        rx x = {p, p + n, c, path, 0};
         sb body = {0};
         int rc = rx_alt(&x, &body);
         if (!rc && x.p < x.end && !(*x.p == '$' && x.p + 1 == x.end)) rc = refuse(c, path, "pattern: unexpected ')'");
@@ -746,12 +751,14 @@ static void nonneg_range(sb *b, long long lo, long long hi) {
 /* A bound of an integer: minimum/maximum, or exclusive ones moved inwards. */
 static int int_bound(conv *c, json_t *s, const char *key, const char *xkey, int upper, long long *out,
                      const char *path) {
-    const double LIM = 9999999999999999.0; /* INT_DIGITS nines */
+    /* INT_DIGITS nines; a double holds 1e16 (one past it) exactly, not it */
+    const long long LIM = 9999999999999999LL;
+    const double TOO_FAR = 1e16;
     json_t *v = json_object_get(s, key), *x = json_object_get(s, xkey);
     if ((v && !json_is_number(v)) || (x && !json_is_number(x)))
         return refuse(c, path, "'%s' must be a number", v && !json_is_number(v) ? key : xkey);
     int have = 0;
-    double best = upper ? LIM : -LIM;
+    double best = upper ? TOO_FAR : -TOO_FAR;
     if (v) {
         double d = json_number_value(v);
         d = upper ? floor(d) : ceil(d);
@@ -764,9 +771,9 @@ static int int_bound(conv *c, json_t *s, const char *key, const char *xkey, int 
         best = upper ? (d < best ? d : best) : (d > best ? d : best);
         have = 1;
     }
-    if (best > LIM) best = LIM;
-    if (best < -LIM) best = -LIM;
-    *out = (long long)best;
+    if (have && (upper ? best <= -TOO_FAR : best >= TOO_FAR))
+        return refuse(c, path, "'%s' leaves no integer of at most %d digits", v ? key : xkey, INT_DIGITS);
+    *out = best >= TOO_FAR ? LIM : best <= -TOO_FAR ? -LIM : (long long)best;
     return have;
 }
 

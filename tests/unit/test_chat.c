@@ -154,6 +154,17 @@ int main(void) {
       NULL, "Hi A, Yo B");
     R("{{ bos_token }}{{ add_generation_prompt }}", "{\"messages\": [], \"bos_token\": \"<s>\"}", "<s>True");
     R("{{ messages[0].content }}", "[{\"role\": \"user\", \"content\": \"\\u00e9\\ud83d\\ude42\"}]", "é🙂");
+    /* a value that contains itself, or nested past any template's need:
+     * printing and tojson fail by name, == compares by identity there (each
+     * recursed without end or past the stack) */
+    F("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}", NULL, "containing itself");
+    F("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns | tojson }}", NULL, "containing itself");
+    F("{% set ns = namespace(v=[]) %}{% for i in range(100000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v|tojson }}",
+      NULL, "nested more than 256");
+    F("{% set ns = namespace(v=[]) %}{% for i in range(100000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v }}", NULL,
+      "nested more than 256");
+    R("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns == ns }}", NULL, "True");
+    R("{{ [[[1]], {'a': [2]}] == [[[1]], {'a': [2]}] }}{{ [[1]] == [[2]] }}", NULL, "TrueFalse");
     /* errors: raise_exception, unsupported constructs, syntax, undefined */
     F("{{ raise_exception('Roles must alternate') }}", NULL, "Roles must alternate");
     F("ok\n{% include 'x' %}", NULL, "line 2");

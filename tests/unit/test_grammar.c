@@ -69,6 +69,27 @@ static void check_errors(void) {
               i, bad[i].want, g ? "(accepted)" : err.msg);
         tl_grammar_free(g);
     }
+    /* nesting that recursed past the stack (a request's grammar or pattern
+     * killed the server): refused; 200 grammar levels and 60 pattern levels
+     * still convert */
+    enum { DEEP = 100000 };
+    char *deep = malloc(2 * DEEP + 64), *sch = malloc(2 * DEEP + 64);
+    for (int c = 0; deep && sch && c < 4; c++) {
+        const int levels = c == 0 ? 200 : c == 1 ? 60 : DEEP, pattern = c % 2;
+        int n = sprintf(deep, "root ::= "), k = sprintf(sch, "{\"type\": \"string\", \"pattern\": \"");
+        for (int i = 0; i < levels; i++) deep[n++] = '(', sch[k++] = '(';
+        n += sprintf(deep + n, "\"a\""), k += sprintf(sch + k, "a");
+        for (int i = 0; i < levels; i++) deep[n++] = ')', sch[k++] = ')';
+        sprintf(deep + n, "\n"), sprintf(sch + k, "\"}");
+        tl_error err = {0};
+        tl_grammar *g = NULL;
+        const int rc = pattern ? tl_grammar_from_json_schema(sch, strlen(sch), &g, &err) : tl_grammar_parse(deep, strlen(deep), &g, &err);
+        CHECK(levels < DEEP ? rc == 0 : rc != 0 && strstr(err.msg, pattern ? "nested more than 64" : "nested more than 256"),
+              "%s %d deep: %s", pattern ? "a pattern's groups" : "groups", levels, rc ? err.msg : "converted");
+        tl_grammar_free(g);
+    }
+    free(deep);
+    free(sch);
 }
 
 /* Whether text, whole, is an output of g (and may end there). */
@@ -172,6 +193,22 @@ static void check_int_ranges(const tl_vocab_trie *t) {
     tl_grammar *g = NULL;
     CHECK(tl_grammar_from_json_schema(none, strlen(none), &g, &err) != 0 && strstr(err.msg, "between"),
           "empty bounds refused: %s", err.msg);
+    tl_grammar_free(g);
+    /* bounds past the 16-digit integers the grammar writes: refused by name,
+     * not an empty rule (minimum) or a bare "-" (exclusiveMaximum) */
+    static const char *const far[] = {"{\"type\": \"integer\", \"minimum\": 1e16}",
+                                      "{\"type\": \"integer\", \"exclusiveMaximum\": -1e16}"};
+    for (int i = 0; i < 2; i++) {
+        g = NULL;
+        CHECK(tl_grammar_from_json_schema(far[i], strlen(far[i]), &g, &err) != 0 && strstr(err.msg, "16 digits"),
+              "%s refused: %s", far[i], err.msg);
+        tl_grammar_free(g);
+    }
+    const char *near = "{\"type\": \"integer\", \"minimum\": 9999999999999990, \"maximum\": 1e20}";
+    g = NULL;
+    CHECK(tl_grammar_from_json_schema(near, strlen(near), &g, &err) == 0 && accepts(g, t, "9999999999999999") == 1 &&
+              accepts(g, t, "9999999999999989") == 0,
+          "a minimum within 16 digits and a maximum past them: %s", err.msg);
     tl_grammar_free(g);
     const char *num = "{\"type\": [\"number\", \"integer\"], \"minimum\": 5}";
     CHECK(tl_grammar_from_json_schema(num, strlen(num), &g, &err) != 0 && strstr(err.msg, "minimum"),
@@ -398,6 +435,16 @@ int main(void) {
         CHECK(g && rc == TL_ERR_UNSUPPORTED && now() - t1 < 5.0,
               "a grammar with 2^40 ways to one state: refused (%d, want TL_ERR_UNSUPPORTED) in %.2f s: %s",
               rc, now() - t1, err.msg);
+        tl_matcher_free(mx);
+        tl_grammar_free(g);
+        /* nested repetitions: empty alternatives walk rule after rule in one
+         * expansion (it recursed past the stack); a limit, answered 400 */
+        g = parse("root ::= ((\"a\"{0,1000}){0,1000}){0,1000}\n", &err);
+        mx = NULL;
+        rc = g ? tl_matcher_new(g, t, &mx, &err) : -1;
+        if (!rc) rc = tl_matcher_accept_bytes(mx, "aaaa", 4, &err);
+        CHECK(g && rc == TL_ERR_UNSUPPORTED && strstr(err.msg, "too complex"), "nested repetitions: refused (%d): %s", rc,
+              err.msg);
         tl_matcher_free(mx);
         tl_grammar_free(g);
         check_texts(t);
