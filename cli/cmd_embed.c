@@ -118,26 +118,14 @@ int cmd_embed(int argc, char **argv) {
     size_t *nids = calloc((size_t)n_texts, sizeof *nids);
     int rc = !ids || !nids, longest = 0, total = 0;
     if (rc) cli_error("out of memory");
-    const int add_eos = tl_model_add_eos(m);
     for (int i = 0; !rc && i < n_texts; i++) {
         int32_t *t;
         size_t n;
-        if (tl_tokenize(m, texts[i], strlen(texts[i]), (tl_model_add_bos(m) ? TL_TOK_ADD_BOS : 0) | TL_TOK_PARSE_SPECIAL,
-                        &t, &n, &err)) {
+        /* llama.cpp's add_special: BOS, and EOS where the file says so */
+        if (tl_tokenize(m, texts[i], strlen(texts[i]), TL_TOK_ADD_SPECIAL | TL_TOK_PARSE_SPECIAL, &t, &n, &err)) {
             cli_tl_error(&err);
             rc = 1;
             break;
-        }
-        if (add_eos) { /* llama.cpp's add_special: EOS too where the file says so */
-            int32_t *g = realloc(t, (n + 1) * sizeof *g);
-            if (!g) {
-                tl_free(t);
-                cli_error("out of memory");
-                rc = 1;
-                break;
-            }
-            t = g;
-            t[n++] = tl_token_eos(m);
         }
         ids[i] = t;
         nids[i] = n;

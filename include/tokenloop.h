@@ -105,6 +105,8 @@ const char *tl_model_chat_template(const tl_model *model);
 enum {
     TL_TOK_ADD_BOS = 1,       /* prepend BOS */
     TL_TOK_PARSE_SPECIAL = 2, /* special-token text (e.g. "<|im_start|>") becomes the token */
+    TL_TOK_ADD_SPECIAL = 4,   /* the vocabulary's own: BOS where it adds one (WordPiece: and SEP after),
+                               * EOS where it adds one (llama.cpp's add_special) */
 };
 
 /* Tokenizes text[0..len) (any bytes). *ids is allocated; free with tl_free. */

@@ -42,15 +42,8 @@ srv_embed *emb_new(srv_req *r, int fmt, int d) {
  * special tokens parsed, EOS where the file asks (tokenizer.ggml.add_eos_token). */
 static int text_tokens(const api_ctx *a, json_t *v, int i, int32_t **ids, int *n, api_err *e) {
     if (json_string_length(v) == 0) return BAD("input", "input %d is an empty string", i);
-    const int flags = TL_TOK_PARSE_SPECIAL | (tl_model_add_bos(a->m) ? TL_TOK_ADD_BOS : 0);
-    if (api_tokenize_text(a->m, json_string_value(v), json_string_length(v), flags, ids, n, e)) return -1;
-    if (tl_model_add_eos(a->m)) {
-        int32_t *g = realloc(*ids, (size_t)(*n + 1) * sizeof *g);
-        if (!g) return OOM();
-        *ids = g;
-        g[(*n)++] = tl_token_eos(a->m);
-    }
-    return 0;
+    return api_tokenize_text(a->m, json_string_value(v), json_string_length(v),
+                             TL_TOK_PARSE_SPECIAL | TL_TOK_ADD_SPECIAL, ids, n, e);
 }
 
 /* The inputs: a string, an array of strings, an array of token ids, or an

@@ -88,16 +88,8 @@ char *api_tokenize(const api_ctx *a, const char *body, size_t len, size_t *out_l
          * with its "content") or vLLM's add_special_tokens (default true,
          * with its "prompt") */
         const int special = add_special >= 0 ? add_special : add_tokens >= 0 ? add_tokens : !api_field(root, "content");
-        const int bos = special && tl_model_add_bos(a->m), eos = special && tl_model_add_eos(a->m);
-        rc = api_tokenize_text(a->m, text, strlen(text), TL_TOK_PARSE_SPECIAL | (bos ? TL_TOK_ADD_BOS : 0), &ids, &n,
-                               e);
-        int32_t *more = !rc && eos && tl_token_eos(a->m) >= 0 ? realloc(ids, (size_t)(n + 1) * sizeof *ids) : NULL;
-        if (more) {
-            ids = more;
-            ids[n++] = tl_token_eos(a->m);
-        } else if (!rc && eos && tl_token_eos(a->m) >= 0) {
-            rc = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        }
+        rc = api_tokenize_text(a->m, text, strlen(text), TL_TOK_PARSE_SPECIAL | (special ? TL_TOK_ADD_SPECIAL : 0),
+                               &ids, &n, e);
     }
     json_decref(root);
     json_t *o = rc ? NULL : json_object(), *arr = rc ? NULL : json_array();

@@ -1255,7 +1255,8 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
     work w = {0};
     fragvec fr = {0};
     int st = TL_OK;
-    if ((flags & TL_TOK_ADD_BOS) && t->bos >= 0) push_id(&out, t->bos);
+    const int add_bos = (flags & TL_TOK_ADD_BOS) || ((flags & TL_TOK_ADD_SPECIAL) && t->add_bos);
+    if (add_bos && t->bos >= 0) push_id(&out, t->bos);
     if (partition(t, text, len, !!(flags & TL_TOK_PARSE_SPECIAL), &fr))
         st = tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
     int prev_special = 1; /* SPM: a space is prefixed after a special token or at the start */
@@ -1275,7 +1276,8 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
             prev_special = 0;
         }
     }
-    if (st == TL_OK && t->type == TOK_WPM && (flags & TL_TOK_ADD_BOS) && t->sep >= 0) push_id(&out, t->sep);
+    if (st == TL_OK && t->type == TOK_WPM && add_bos && t->sep >= 0) push_id(&out, t->sep);
+    if (st == TL_OK && (flags & TL_TOK_ADD_SPECIAL) && t->add_eos && t->eos >= 0) push_id(&out, t->eos);
     if (st == TL_OK && out.oom) st = tl_fail(err, TL_ERR_NOMEM, "out of memory tokenizing");
     free(fr.v);
     free(w.s);

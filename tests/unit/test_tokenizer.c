@@ -166,6 +166,34 @@ done:
     unload(&l);
 }
 
+/* TL_TOK_ADD_SPECIAL: the vocabulary's own markers (llama.cpp's
+ * add_special): BOS where the file adds it (llama-spm), none where it does
+ * not (gpt-2); EOS where add_eos_token says
+ * so, which the vocabularies here leave off. */
+static void check_add_special(void) {
+    static const struct {
+        const char *file;
+        int want_bos;
+    } v[] = {{"ggml-vocab-llama-spm.gguf", 1}, {"ggml-vocab-gpt-2.gguf", 0}, {"ggml-vocab-phi-3.gguf", 1}};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        loaded l;
+        if (load(vocab_path(v[i].file), &l)) {
+            CHECK(0, "loading %s", v[i].file);
+            continue;
+        }
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        const char *s = "Hello world";
+        int ok = !encode(l.t, s, strlen(s), TL_TOK_ADD_SPECIAL, &a, &na) &&
+                 !encode(l.t, s, strlen(s), v[i].want_bos ? TL_TOK_ADD_BOS : 0, &b, &nb);
+        CHECK(ok && same_ids(a, na, b, nb) && (v[i].want_bos ? na > 0 && a[0] == tl_tokenizer_bos(l.t) : 1),
+              "%s: add_special gives %s", v[i].file, v[i].want_bos ? "the BOS add_bos does" : "no BOS");
+        free(a);
+        free(b);
+        unload(&l);
+    }
+}
+
 /* ---- llama.cpp oracle fixtures (tests/oracle/fixtures/tokenizer*.json) ---- */
 
 static size_t parse_hex(const char *s, char *out) {
@@ -614,6 +642,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof vocab_files / sizeof vocab_files[0]; i++)
         check_vocab_fixture(vocab_files[i]);
 
+    check_add_special();
     check_oracle_json("tests/oracle/fixtures/tokenizer_gpt2.json", vocab_path("ggml-vocab-gpt-2.gguf"));
     check_oracle_json("tests/oracle/fixtures/tokenizer_llama_spm.json", vocab_path("ggml-vocab-llama-spm.gguf"));
     check_oracle_json("tests/oracle/fixtures/tokenizer.json", SMOLLM);
