@@ -85,46 +85,6 @@ static float ref_dot_f16_ggml(int64_t n, const void *w, const void *a) {
     return (float)s;
 }
 
-/* ggml_vec_dot_iq4_nl_q8_0 on AVX2 (mul_mat_id's dot for IQ4_NL experts it
- * does not repack, where a matrix takes tinyBLAS's one chain): blocks in
- * pairs, even ones into one 8-lane accumulator and odd ones into another,
- * added lane by lane, the tree; an odd last block after, as a scalar. */
-static float ref_dot_iq4_nl_ggml(int64_t n, const void *vw, const void *va) {
-    const block_iq4_nl *x = vw;
-    const block_q8_0 *y = va;
-    const int64_t nb = n / QK4_NL;
-    float acc[2][8] = {{0}};
-    int64_t ib = 0;
-    for (; ib + 1 < nb; ib += 2)
-        for (int h = 0; h < 2; h++) {
-            const block_iq4_nl *b = &x[ib + h];
-            const block_q8_0 *a = &y[ib + h];
-            const float scale = tl_fp16_to_fp32(a->d) * tl_fp16_to_fp32(b->d);
-            for (int l = 0; l < 8; l++) {
-                int sum = 0;
-                for (int k = 0; k < 4; k++) {
-                    const int e = 4 * l + k;
-                    const uint8_t q = e < 16 ? b->qs[e] & 0x0F : b->qs[e - 16] >> 4;
-                    sum += tl_kvalues_iq4nl[q] * a->qs[e];
-                }
-                acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
-            }
-        }
-    float r[4];
-    for (int l = 0; l < 4; l++) r[l] = (acc[0][l + 4] + acc[1][l + 4]) + (acc[0][l] + acc[1][l]);
-    float sumf = (r[0] + r[2]) + (r[1] + r[3]);
-    for (; ib < nb; ib++) {
-        const float d = tl_fp16_to_fp32(y[ib].d) * tl_fp16_to_fp32(x[ib].d);
-        int s1 = 0, s2 = 0;
-        for (int j = 0; j < QK4_NL / 2; j++) {
-            s1 += y[ib].qs[j] * tl_kvalues_iq4nl[x[ib].qs[j] & 0x0F];
-            s2 += y[ib].qs[j + QK4_NL / 2] * tl_kvalues_iq4nl[x[ib].qs[j] >> 4];
-        }
-        sumf += d * (float)(s1 + s2);
-    }
-    return sumf;
-}
-
 /* IQ4_NL, MXFP4 and Q4_0 (a table of nibble - 8) in llama.cpp's repacked
  * order (kernels.h vec_dot_x8). */
 static const int8_t q4_0_values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
@@ -155,7 +115,7 @@ void tl_kernels_fill_ref(tl_kernels *k) {
     k->vec_dot_x8[TL_Q4_0] = ref_dot_q4_0_x8;
     k->vec_dot_id[TL_F32] = ref_dot_f32_ggml;
     k->vec_dot_id[TL_F16] = ref_dot_f16_ggml;
-    k->vec_dot_id[TL_IQ4_NL] = ref_dot_iq4_nl_ggml;
+    k->vec_dot_id[TL_IQ4_NL] = tl_vec_dot_iq4_nl_ggml;
     k->vec_dot[TL_F32] = ref_dot_F32;
     k->vec_dot[TL_F16] = ref_dot_F16;
     k->vec_dot[TL_BF16] = ref_dot_BF16;

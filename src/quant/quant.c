@@ -82,6 +82,11 @@ size_t tl_row_size(tl_type type, int64_t n) {
 /* ---- helpers ---------------------------------------------------------------- */
 
 static inline float h2f(uint16_t h) { return tl_fp16_to_fp32(h); }
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 static inline uint16_t f2h(float f) { return tl_fp32_to_fp16(f); }
 
 /* ggml's nearest_int: adding 1.5*2^23 leaves the integer in the low mantissa
@@ -1251,45 +1256,48 @@ static float dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_K *y) {
     return hsum8(acc);
 }
 
-/* ggml_vec_dot_mxfp4_q8_0 on AVX2: blocks in pairs, even ones into one
- * 8-lane accumulator and odd ones into another, each lane the exact sum of 4
- * products times (q8's d times the block's scale) by fma; the two added lane
- * by lane, then the x86 horizontal-sum tree; an odd last block added after. */
-static float dot_mxfp4(int64_t nb, const block_mxfp4 *x, const block_q8_0 *y) {
-    float acc[2][8] = {{0}};
+/* ggml_vec_dot_mxfp4_q8_0 and ggml_vec_dot_iq4_nl_q8_0 on AVX2 (mx: which):
+ * blocks in pairs, even ones into one 8-lane accumulator and odd ones into
+ * another, each lane the exact sum of 4 products (the block's low nibbles,
+ * then its high ones, through the table) times (q8's d times the block's
+ * scale) by fma; the two added lane by lane, then the x86 horizontal-sum
+ * tree; an odd last block added after. */
+static float dot_lut_pairs(int mx, int64_t nb, const void *vx, const block_q8_0 *y) {
+    const size_t bs = mx ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const int8_t *tv = mx ? tl_kvalues_mxfp4 : tl_kvalues_iq4nl;
+    float acc[2][8] = {{0}}, sumf;
     int64_t ib = 0;
     for (; ib + 1 < nb; ib += 2)
         for (int h = 0; h < 2; h++) {
-            const block_mxfp4 *b = &x[ib + h];
+            const uint8_t *b = (const uint8_t *)vx + (size_t)(ib + h) * bs, *qs = b + (mx ? 1 : 2);
             const block_q8_0 *a = &y[ib + h];
-            const float scale = h2f(a->d) * tl_e8m0_half(b->e);
-            int8_t v[QK_MXFP4];
-            for (int j = 0; j < QK_MXFP4 / 2; j++) {
-                v[j] = tl_kvalues_mxfp4[b->qs[j] & 0x0F];
-                v[j + QK_MXFP4 / 2] = tl_kvalues_mxfp4[b->qs[j] >> 4];
-            }
+            const float scale = h2f(a->d) * (mx ? tl_e8m0_half(b[0]) : h2f(load_u16(b)));
             for (int l = 0; l < 8; l++) {
                 int sum = 0;
-                for (int k = 0; k < 4; k++) sum += v[4 * l + k] * a->qs[4 * l + k];
+                for (int k = 0; k < 4; k++) {
+                    const int e = 4 * l + k;
+                    sum += tv[e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4] * a->qs[e];
+                }
                 acc[h][l] = fmaf(scale, (float)sum, acc[h][l]);
             }
         }
-    float lane[8];
-    for (int l = 0; l < 8; l++) lane[l] = acc[0][l] + acc[1][l];
     float r[4];
-    for (int l = 0; l < 4; l++) r[l] = lane[l + 4] + lane[l];
-    float sumf = (r[0] + r[2]) + (r[1] + r[3]);
+    for (int l = 0; l < 4; l++) r[l] = (acc[0][l + 4] + acc[1][l + 4]) + (acc[0][l] + acc[1][l]);
+    sumf = (r[0] + r[2]) + (r[1] + r[3]);
     for (; ib < nb; ib++) {
-        const float d = h2f(y[ib].d) * tl_e8m0_half(x[ib].e);
+        const uint8_t *b = (const uint8_t *)vx + (size_t)ib * bs, *qs = b + (mx ? 1 : 2);
+        const float d = h2f(y[ib].d) * (mx ? tl_e8m0_half(b[0]) : h2f(load_u16(b)));
         int s1 = 0, s2 = 0;
-        for (int j = 0; j < QK_MXFP4 / 2; j++) {
-            s1 += y[ib].qs[j] * tl_kvalues_mxfp4[x[ib].qs[j] & 0x0F];
-            s2 += y[ib].qs[j + QK_MXFP4 / 2] * tl_kvalues_mxfp4[x[ib].qs[j] >> 4];
+        for (int j = 0; j < 16; j++) {
+            s1 += y[ib].qs[j] * tv[qs[j] & 0x0F];
+            s2 += y[ib].qs[j + 16] * tv[qs[j] >> 4];
         }
         sumf += d * (float)(s1 + s2);
     }
     return sumf;
 }
+
+float tl_vec_dot_iq4_nl_ggml(int64_t n, const void *w, const void *a) { return dot_lut_pairs(0, n / QK4_NL, w, a); }
 
 /* IQ4_NL as llama.cpp multiplies a matrix it does not repack (rows not a
  * multiple of 8) in a prompt: tinyBLAS_Q0_AVX (llamafile_sgemm takes IQ4_NL
@@ -1364,7 +1372,7 @@ float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a) {
     case TL_Q4_K: return dot_q4_K(nb, w, a);
     case TL_Q5_K: return dot_q5_K(nb, w, a);
     case TL_Q6_K: return dot_q6_K(nb, w, a);
-    case TL_MXFP4: return dot_mxfp4(nb, w, a);
+    case TL_MXFP4: return dot_lut_pairs(1, nb, w, a);
     case TL_IQ4_NL: return dot_iq4_nl(nb, w, a);
     case TL_IQ4_XS: return dot_iq4_xs(nb, w, a);
     default: return NAN;

@@ -176,5 +176,9 @@ int tl_quantize_row_act(tl_type type, const float *src, void *dst, int64_t n);
 /* Reference (scalar, plain C) dot of weight row w (type) with activation row a
  * (in type's vec_dot_type), n elements. The oracle for every SIMD kernel. */
 float tl_vec_dot_ref(tl_type type, int64_t n, const void *w, const void *a);
+/* IQ4_NL as ggml_vec_dot_iq4_nl_q8_0 takes it (two chains of 8 lanes, even
+ * and odd blocks): mul_mat_id's order, where tl_vec_dot_ref's is the one
+ * chain tinyBLAS takes for a matrix. */
+float tl_vec_dot_iq4_nl_ggml(int64_t n, const void *w, const void *a);
 
 #endif
