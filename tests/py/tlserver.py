@@ -89,10 +89,10 @@ class Server:
             pass
 
 
-def serve_ready(model, args, env_extra=None, prefix=()):
+def serve_ready(model, args, env_extra=None, prefix=(), until="ready ("):
     """Starts `tokenloop serve` on a free port and reads its output up to the
-    ready line; returns (process, port, that line or None, all output so far).
-    Stop it with stop_ready."""
+    ready line (or the first holding `until`); returns (process, port, that
+    line or None, all output so far). Stop it with stop_ready."""
     port = free_port()
     env = dict(os.environ, **(env_extra or {}))
     p = subprocess.Popen([*prefix, TL_BIN, "serve", "-m", model, "--port", str(port), "-t", "2", *args],
@@ -104,7 +104,7 @@ def serve_ready(model, args, env_extra=None, prefix=()):
         if not line:
             break
         lines.append(line)
-        if "ready (" in line:
+        if until in line:
             ready = line
             break
     return p, port, ready, "".join(lines)
