@@ -10,6 +10,14 @@
 
 #include "cpu/mathfn.h"
 
+/* The quantized instances of the decode path (attn512_direct) double this
+ * file's compile time, which the SIMDe-emulated build (tests/simde) pays
+ * many times over under ASan; it sets TL_ATTN512_QDIRECT 0 and runs
+ * quantized decode through the widening path (the same bits). */
+#ifndef TL_ATTN512_QDIRECT
+#define TL_ATTN512_QDIRECT 1
+#endif
+
 /* The maxima of eight 8-lane rows, row r in lane r. */
 AI __m256 attn512_max8x8(const __m256 *h) {
     __m256 a[4], b[2];
@@ -95,6 +103,100 @@ AI __m512 attn512_ldq(const uint8_t *row, int c, int fmt, __m512 d) {
 AI __m256 attn512_ld8(const void *p, size_t i, int f16) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* 16 quants of a row from element c (c % 16 == 0) as floats, without
+ * their d: Q8_0 (fmt 2) or Q4_0 (3). */
+AI __m512 attn512_ldq_raw(const uint8_t *row, int c, int fmt) {
+    const uint8_t *b = row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18);
+    __m128i q;
+    if (fmt == 2) {
+        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2 + c % 32));
+    } else {
+        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
+        if (c % 32) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
+/* tl_attn_vw and tl_attn_vo on 16 lanes. */
+AI __m512 attn512_vw(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    return _mm512_maskz_mov_ps(keep, _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u))));
+}
+
+AI __m512 attn512_vo(__m512 o, __m512 alv) {
+    const __m512 x = _mm512_mul_ps(o, alv);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ), x);
+}
+
+/* Group g's d of a quantized V block's 16 slots: widened (fmt 0: vd, as
+ * [group][slot]) or from the cache's rows vs bytes apart (fmt 2, 3). */
+AI __m512 attn512_vd(const void *vb, const float *vd, size_t vs, int g, int fmt) {
+    if (fmt == 0) return _mm512_loadu_ps(vd + 16 * g);
+    const uint8_t *b = (const uint8_t *)vb + (size_t)g * (fmt == 2 ? 34 : 18);
+#if TL_ATTN512_QDIRECT
+    /* each slot's d and the two bytes after it (its first quants) */
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32((int)vs));
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(at, (const void *)b, 1)));
+#else
+    uint16_t h[16];
+    for (int j = 0; j < 16; j++) memcpy(&h[j], b + (size_t)j * vs, 2);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)h));
+#endif
+}
+
+/* R rows' weights w[r][g*16 + j] = tl_attn_vw(p_rj x d_jg) for ng groups,
+ * p rows 16 apart (0 where not live). */
+AI void attn512_vweights(int ng, int R, const float *p, const void *vb, const float *vd, size_t vs, int fmt,
+                         float (*w)[8 * 16]) {
+    for (int g = 0; g < ng; g++) {
+        const __m512 d = attn512_vd(vb, vd, vs, g, fmt);
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(w[r] + 16 * g, attn512_vw(_mm512_mul_ps(_mm512_loadu_ps(p + 16 * r), d)));
+    }
+}
+
+/* A quantized V's sum (mathfn.h) for R rows, slots st..st+n-1 with weights
+ * w (attn512_vweights): o from tl_attn_vo, then fma(w, q, o) in key order,
+ * W (16, 32 or 64) dimensions per pass from c0 on. The quants widened as
+ * floats (fmt 0, rows hd apart) or the cache's rows (2, 3; vs bytes apart). */
+AI void attn512_pvq_t(int hd, int R, int W, int c0, float *const *o, const float *al, const float (*w)[8 * 16], int st,
+                      int n, const void *vf, size_t vs, int fmt) {
+    for (; c0 + W <= hd; c0 += W) {
+        __m512 acc[4][4];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) {
+                const __m512 ov = _mm512_loadu_ps(o[r] + c0 + 16 * i);
+                acc[r][i] = al[r] == 1.0f ? ov : attn512_vo(ov, _mm512_set1_ps(al[r]));
+            }
+        for (int j = st; j < st + n; j++) {
+            __m512 v[4];
+            UNROLL
+            for (int i = 0; i < W / 16; i++)
+                v[i] = fmt ? attn512_ldq_raw((const uint8_t *)vf + (size_t)j * vs, c0 + 16 * i, fmt)
+                           : _mm512_loadu_ps((const float *)vf + (size_t)j * hd + c0 + 16 * i);
+            UNROLL
+            for (int r = 0; r < R; r++)
+                UNROLL
+                for (int h = 0; h < (W + 31) / 32; h++) { /* a weight per group: c0 % 32 == 0 or W == 16 */
+                    const __m512 wb = _mm512_set1_ps(w[r][(c0 + 32 * h) / 32 * 16 + j]);
+                    UNROLL
+                    for (int i = 2 * h; i < 2 * h + 2; i++)
+                        if (i < W / 16) acc[r][i] = _mm512_fmadd_ps(wb, v[i], acc[r][i]);
+                }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r] + c0 + 16 * i, acc[r][i]);
+    }
 }
 
 /* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
@@ -390,7 +492,13 @@ AI void attn512_scores_call(int hd, int R, const float *const *q, const float *k
 AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
                        float *const *l, int st, int en, const void *kt, const void *vf, size_t vs, int fmt) {
     const int hd = a->hd;
-    float sc[8 * 16];
+    float sc[8 * 16], vdq[8 * 16];
+    const float *vd = NULL;
+    if (a->v_fmt != TL_ATTN_F16) { /* a quantized V's d: read before the scores, off their path */
+        if (fmt)
+            for (int g = 0; g < hd / 32; g++) _mm512_storeu_ps(vdq + 16 * g, attn512_vd(vf, NULL, vs, g, fmt));
+        vd = fmt ? vdq : tl_attn_vd(a, (const float *)vf);
+    }
     if (tl_attn_kint(a)) attn512_scores_int_call(a, R, q, kt, sc);
     else if (fmt) attn512_scores_t(hd, R, q, kt, fmt, sc);
     else attn512_scores_call(hd, R, q, (const float *)kt, sc);
@@ -436,6 +544,26 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
         *l[r] = ln[r];
     }
     const int n = en - st + 1;
+    if (a->v_fmt != TL_ATTN_F16) { /* the quants, weighed per group (mathfn.h) */
+        float w[8][8 * 16];
+        attn512_vweights(hd / 32, R, &t[0][0], vf, vd, vs, 0, w);
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            const int rn = R - r0 < 4 ? R - r0 : 4;
+#define PVQ_PASSES(RN)                                                                                  \
+    do {                                                                                                \
+        attn512_pvq_t(hd, RN, 64, 0, o + r0, al + r0, (const float (*)[8 * 16])(w + r0), st, n, vf, vs, fmt); \
+        attn512_pvq_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, (const float (*)[8 * 16])(w + r0), st, n, vf, vs, fmt); \
+    } while (0)
+            switch (rn) {
+            case 1: PVQ_PASSES(1); break;
+            case 2: PVQ_PASSES(2); break;
+            case 3: PVQ_PASSES(3); break;
+            default: PVQ_PASSES(4); break;
+            }
+#undef PVQ_PASSES
+        }
+        return;
+    }
     const void *v0 = fmt >= 2   ? (const void *)((const uint8_t *)vf + (size_t)st * vs)
                      : fmt == 1 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
                                 : (const void *)((const float *)vf + (size_t)st * vs);
@@ -594,11 +722,106 @@ AI void attn512_pv_multi(int hd, int R, int W, int c0, int r0, float *const *o, 
     }
 }
 
+/* attn512_pv_multi for a quantized V: block k's weights w[k][r] (as
+ * attn512_vweights), o from tl_attn_vo at each block's start. */
+AI void attn512_pvq_multi(int hd, int R, int W, int c0, int r0, float *const *o, const float (*al)[8],
+                          const unsigned char *one, const float (*w)[8][8 * 16], int nb, const float *vf) {
+    const unsigned rows = ((1u << R) - 1) << r0;
+    for (; c0 + W <= hd; c0 += W) {
+        __m512 acc[4][4];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
+        for (int k = 0; k < nb; k++) {
+            if ((one[k] & rows) != rows)
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    if (al[k][r0 + r] == 1.0f) continue;
+                    const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
+                    UNROLL
+                    for (int i = 0; i < W / 16; i++) acc[r][i] = attn512_vo(acc[r][i], alv);
+                }
+            const float *vk = vf + (size_t)k * 16 * hd + c0;
+            for (int j = 0; j < 16; j++) {
+                __m512 v[4];
+                UNROLL
+                for (int i = 0; i < W / 16; i++) v[i] = _mm512_loadu_ps(vk + (size_t)j * hd + 16 * i);
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    UNROLL
+                    for (int h = 0; h < (W + 31) / 32; h++) { /* a weight per group: c0 % 32 == 0 */
+                        const __m512 wb = _mm512_set1_ps(w[k][r0 + r][(c0 / 32 + h) * 16 + j]);
+                        UNROLL
+                        for (int i = 2 * h; i < 2 * h + 2; i++)
+                            if (i < W / 16) acc[r][i] = _mm512_fmadd_ps(wb, v[i], acc[r][i]);
+                    }
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r0 + r] + c0 + 16 * i, acc[r][i]);
+    }
+}
+
+#if R8_BF16
+/* The same sums by vdpbf16ps, two keys an instruction: V as bf16 pairs
+ * (tl_attn_vb: pair j's 16 dimensions from c at (j * hd/16 + c/16) * 16
+ * lanes, lane i the earlier key's quant in its high half, the later's in
+ * the low), and the weights as pairs the same way (wp[k][r][g*8 + j]).
+ * vdpbf16ps adds the high halves' product first, then the low's: the
+ * fmas of attn512_pvq_multi in the same order, with the same bits
+ * (mathfn.h: every product exact, no partial sum subnormal). */
+AI void attn512_pvb_multi(int hd, int R, int W, int c0, int r0, float *const *o, const float (*al)[8],
+                          const unsigned char *one, const uint32_t (*wp)[8][4 * 16], int nb, const uint32_t *vb) {
+    const unsigned rows = ((1u << R) - 1) << r0;
+    const int nc = hd / 16;
+    for (; c0 + W <= hd; c0 += W) {
+        __m512 acc[4][4];
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
+        for (int k = 0; k < nb; k++) {
+            if ((one[k] & rows) != rows)
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    if (al[k][r0 + r] == 1.0f) continue;
+                    const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
+                    UNROLL
+                    for (int i = 0; i < W / 16; i++) acc[r][i] = attn512_vo(acc[r][i], alv);
+                }
+            const uint32_t *vk = vb + (size_t)k * 8 * 16 * nc + (size_t)c0;
+            for (int j = 0; j < 8; j++) {
+                __m512bh v[4];
+                UNROLL
+                for (int i = 0; i < W / 16; i++)
+                    v[i] = (__m512bh)_mm512_loadu_si512((const void *)(vk + (size_t)j * 16 * nc + 16 * i));
+                UNROLL
+                for (int r = 0; r < R; r++)
+                    UNROLL
+                    for (int h = 0; h < (W + 31) / 32; h++) { /* a weight per group: c0 % 32 == 0 */
+                        const __m512bh wb = (__m512bh)_mm512_set1_epi32((int)wp[k][r0 + r][(c0 / 32 + h) * 8 + j]);
+                        UNROLL
+                        for (int i = 2 * h; i < 2 * h + 2; i++)
+                            if (i < W / 16) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], v[i], wb);
+                    }
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r0 + r] + c0 + 16 * i, acc[r][i]);
+    }
+}
+#endif
+
 /* nb whole blocks (every slot live) for R rows: attn512_rows_r's steps block
  * after block, m and l in registers between blocks, the scores two blocks
  * at a time, and V summed over all nb blocks per pass over o. */
 AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
-                        float *const *l, int nb, const float *kt, const float *vf) {
+                        float *const *l, int nb, const float *kt, const float *vf, int bf) {
     const int hd = a->hd;
     float sc[TL_ATTN_NB][8 * 16], al[TL_ATTN_NB][8];
     unsigned char one[TL_ATTN_NB]; /* block k: bit r when row r's alpha is 1 */
@@ -657,6 +880,71 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         *m[r] = mo[r];
         *l[r] = lo[r];
     }
+    if (a->v_fmt != TL_ATTN_F16) { /* the quants, weighed per group (mathfn.h) */
+        const int ng = hd / 32;
+#if R8_BF16
+        if (bf) {
+            /* the weights as pairs: vcvtne2ps2bf16 rounds as tl_attn_vw,
+             * zeroed below the threshold by its mask */
+            uint32_t wp[TL_ATTN_NB][8][4 * 16];
+            const __m512 tiny = _mm512_set1_ps(0x1p-100f);
+            for (k = 0; k < nb; k++) {
+                const float *vd = tl_attn_vd(a, vf + (size_t)k * 16 * hd);
+                for (int g = 0; g < ng; g += 2) {
+                    const __m512 d0 = _mm512_loadu_ps(vd + 16 * g);
+                    const __m512 d1 = g + 1 < ng ? _mm512_loadu_ps(vd + 16 * (g + 1)) : _mm512_setzero_ps();
+                    for (int r = 0; r < R; r++) {
+                        const __m512 p = _mm512_loadu_ps(sc[k] + 16 * r);
+                        const __m512 x0 = _mm512_mul_ps(p, d0), x1 = _mm512_mul_ps(p, d1);
+                        const __mmask32 keep = _mm512_kunpackw(
+                            _mm512_cmp_ps_mask(_mm512_abs_ps(x1), tiny, _CMP_GE_OQ),
+                            _mm512_cmp_ps_mask(_mm512_abs_ps(x0), tiny, _CMP_GE_OQ));
+                        const __m512i pr = (__m512i)_mm512_maskz_cvtne2ps_pbh(keep, x1, x0);
+                        _mm512_storeu_si512((void *)(wp[k][r] + 8 * g), _mm512_rol_epi32(pr, 16));
+                    }
+                }
+            }
+            const uint32_t *vb = (const uint32_t *)(const void *)tl_attn_vb(a, vf);
+            for (int r0 = 0; r0 < R; r0 += 4) {
+                const int rn = R - r0 < 4 ? R - r0 : 4;
+#define PVB_PASSES(RN)                                                                                     \
+    do {                                                                                                   \
+        attn512_pvb_multi(hd, RN, 64, 0, r0, o, al, one, (const uint32_t (*)[8][4 * 16])wp, nb, vb);       \
+        attn512_pvb_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, (const uint32_t (*)[8][4 * 16])wp, nb, vb); \
+    } while (0)
+                switch (rn) {
+                case 1: PVB_PASSES(1); break;
+                case 2: PVB_PASSES(2); break;
+                case 3: PVB_PASSES(3); break;
+                default: PVB_PASSES(4); break;
+                }
+#undef PVB_PASSES
+            }
+            return;
+        }
+#else
+        (void)bf;
+#endif
+        float w[TL_ATTN_NB][8][8 * 16];
+        for (k = 0; k < nb; k++)
+            attn512_vweights(ng, R, sc[k], NULL, tl_attn_vd(a, vf + (size_t)k * 16 * hd), 0, 0, w[k]);
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            const int rn = R - r0 < 4 ? R - r0 : 4;
+#define PVQ_PASSES(RN)                                                                                      \
+    do {                                                                                                    \
+        attn512_pvq_multi(hd, RN, 64, 0, r0, o, al, one, (const float (*)[8][8 * 16])w, nb, vf);            \
+        attn512_pvq_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, (const float (*)[8][8 * 16])w, nb, vf); \
+    } while (0)
+            switch (rn) {
+            case 1: PVQ_PASSES(1); break;
+            case 2: PVQ_PASSES(2); break;
+            case 3: PVQ_PASSES(3); break;
+            default: PVQ_PASSES(4); break;
+            }
+#undef PVQ_PASSES
+        }
+        return;
+    }
     for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
         const int rn = R - r0 < 4 ? R - r0 : 4;
 #define PV_PASSES(RN)                                                                   \
@@ -689,7 +977,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
     __attribute__((noinline)) static void attn512_multi_##R(const tl_attn_rows *a, const float *const *q,    \
                                                             float *const *o, float *const *m, float *const *l, \
                                                             int nb, const float *kt, const float *vf) {        \
-        attn512_multi_r(a, R, q, o, m, l, nb, kt, vf);                                                        \
+        attn512_multi_r(a, R, q, o, m, l, nb, kt, vf, 0);                                                     \
     }
 ATTN512_MULTI(1)
 ATTN512_MULTI(2)
@@ -734,13 +1022,7 @@ static void attn512_multi(const tl_attn_rows *a, int R, const float *const *q, f
     ATTN512_ROWS16(6, F, NAME)                                                                                 \
     ATTN512_ROWS16(7, F, NAME)                                                                                 \
     ATTN512_ROWS16(8, F, NAME)
-/* The quantized instances double this file's compile time, which the
- * SIMDe-emulated build (tests/simde) pays many times over under ASan; it
- * sets TL_ATTN512_QDIRECT 0 and runs quantized decode through the widening
- * path (the same bits). */
-#ifndef TL_ATTN512_QDIRECT
-#define TL_ATTN512_QDIRECT 1
-#endif
+/* (TL_ATTN512_QDIRECT: at the top of this file.) */
 ATTN512_ROWS16_ALL(1, rows16)
 #if TL_ATTN512_QDIRECT
 ATTN512_ROWS16_ALL(2, rowsq8)
@@ -812,15 +1094,78 @@ static void attn512_direct(const tl_attn_rows *a) {
     tl_attn_finish(a, m, folded);
 }
 
+/* Whether the rows read the cache's blocks as they are (attn512_direct):
+ * K transposed, one type for K and V, few rows. */
+static int attn512_direct_ok(const tl_attn_rows *a) {
+    return (a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == a->v_fmt &&
+           (TL_ATTN512_QDIRECT || a->k_fmt == TL_ATTN_F16);
+}
+
 static void attn512_online(const tl_attn_rows *a) {
-    /* the cache's blocks read as they are: K transposed, one type for K and V */
-    if ((a->T == 1 || a->T * a->G <= 8) && a->k_tr && a->bs == 16 && a->k_fmt == a->v_fmt &&
-        (TL_ATTN512_QDIRECT || a->k_fmt == TL_ATTN_F16)) {
+    if (attn512_direct_ok(a)) {
         attn512_direct(a);
         return;
     }
     tl_attn_drive(a, 8, tl_attn_widen_avx2, attn512_rows, attn512_multi);
 }
+
+#if R8_BF16
+/* A quantized V's sums by vdpbf16ps (attn512_pvb_multi) in the runs of whole
+ * blocks, where a block's bf16 pairs, made once, serve every row; a partial
+ * block's rows and decode keep the fmas (the same bits). Where vdpbf16ps
+ * issues at the fma's rate (AMD Zen 4: two keys an instruction against
+ * one) this halves the V sum's instructions; on the Xeon measured it issues
+ * at half that rate and gains nothing (docs/PERFORMANCE.md). */
+#define ATTN512_MULTIB(R)                                                                                      \
+    __attribute__((noinline)) static void attn512_multib_##R(const tl_attn_rows *a, const float *const *q,    \
+                                                             float *const *o, float *const *m, float *const *l, \
+                                                             int nb, const float *kt, const float *vf) {        \
+        attn512_multi_r(a, R, q, o, m, l, nb, kt, vf, 1);                                                      \
+    }
+ATTN512_MULTIB(1)
+ATTN512_MULTIB(2)
+ATTN512_MULTIB(3)
+ATTN512_MULTIB(4)
+ATTN512_MULTIB(5)
+ATTN512_MULTIB(6)
+ATTN512_MULTIB(7)
+ATTN512_MULTIB(8)
+#undef ATTN512_MULTIB
+
+static const attn512_multi_fn attn512_multib_by_r[8] = {attn512_multib_1, attn512_multib_2, attn512_multib_3,
+                                                        attn512_multib_4, attn512_multib_5, attn512_multib_6,
+                                                        attn512_multib_7, attn512_multib_8};
+
+static void attn512_multib(const tl_attn_rows *a, int R, const float *const *q, float *const *o, float *const *m,
+                           float *const *l, int nb, const float *kt, const float *vf) {
+    attn512_multib_by_r[(R >= 1 && R <= 8 ? R : 8) - 1](a, q, o, m, l, nb, kt, vf);
+}
+
+/* tl_attn_widen_avx2, and for a whole block of a quantized V its bf16
+ * pairs (attn512_pvb_multi's layout) from the widened quants: small
+ * integers, so a float's high half is its bf16. */
+static void attn512_widen_bf(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
+    tl_attn_widen_avx2(a, b0, ws, we, kt, vf);
+    if (ws != b0 || we != b0 + 15) return; /* the runs of whole blocks alone read the pairs */
+    const int hd = a->hd;
+    uint32_t *vb = (uint32_t *)(void *)tl_attn_vb(a, vf);
+    for (int j = 0; j < 8; j++) {
+        const float *v0 = vf + (size_t)(2 * j) * hd, *v1 = v0 + hd;
+        for (int c = 0; c < hd; c += 16)
+            _mm512_storeu_si512((void *)(vb + (size_t)j * 16 * (hd / 16) + c),
+                                _mm512_or_si512(_mm512_castps_si512(_mm512_loadu_ps(v0 + c)),
+                                                _mm512_srli_epi32(_mm512_castps_si512(_mm512_loadu_ps(v1 + c)), 16)));
+    }
+}
+
+static void attn512_online_bf(const tl_attn_rows *a) {
+    if (a->v_fmt == TL_ATTN_F16 || attn512_direct_ok(a)) {
+        attn512_online(a);
+        return;
+    }
+    tl_attn_drive(a, 8, attn512_widen_bf, attn512_rows, attn512_multib);
+}
+#endif
 
 /* Without VNNI a quantized K's integer scores are the AVX2 level's. */
 static void attn512_online_novnni(const tl_attn_rows *a) {
@@ -829,5 +1174,9 @@ static void attn512_online_novnni(const tl_attn_rows *a) {
 }
 
 static void attn512_fill(tl_kernels *k, int vnni) { k->math.attn_online = vnni ? attn512_online : attn512_online_novnni; }
+
+#if R8_BF16
+static void attn512_fill_bf(tl_kernels *k) { k->math.attn_online = attn512_online_bf; }
+#endif
 
 #endif

@@ -292,14 +292,14 @@ VARIANTS(dot_q6_K)
 #define R8_PN 4
 #endif
 #include "cpu/r8_tile.h"
+#ifndef R8_BF16
+#define R8_BF16 1
+#endif
 #include "cpu/attn512.h"
 
 /* ---- BF16 with vdpbf16ps (AVX-512 BF16): one instruction is two steps of
  * the r8h BF16 chain (cpu/r8.c) for 8 rows (ymm) or two groups' 16 (zmm); the
  * levels below emulate it (r8h_gemm_bf16 in cpu/r8_tile.h). */
-#ifndef R8_BF16
-#define R8_BF16 1
-#endif
 #if R8_BF16
 AI __m512bh r8bz_x(const uint8_t *a, int64_t p) {
     int32_t v;
@@ -388,11 +388,12 @@ void tl_r8k_gemm_zmm(int q5, int64_t n, const void *w, size_t ws, int nr, const 
     r8k_gemm(q5, 1, n, w, ws, nr, a, as, nt, y, ys);
 }
 
-void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode) {
+void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode, int dp_attn) {
 #if R8_BF16
     if (mode == TL_NUM_FAST) k->gemm[TL_BF16] = r8b_gemm_dp;
+    if (mode == TL_NUM_FAST && dp_attn) attn512_fill_bf(k);
 #else
-    (void)k, (void)mode;
+    (void)k, (void)mode, (void)dp_attn;
 #endif
 }
 

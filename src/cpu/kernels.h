@@ -213,7 +213,9 @@ void tl_kernels_fill_ref(tl_kernels *k);
 void tl_kernels_fill_avx2(tl_kernels *k, tl_num_mode mode);
 void tl_kernels_fill_avx512(tl_kernels *k, int vnni, tl_num_mode mode);
 /* The BF16 gemm with vdpbf16ps (fast mode; the same bits as the emulation
- * the levels below run, see cpu/r8.c). */
-void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode);
+ * the levels below run, see cpu/r8.c); with dp_attn also a quantized V's
+ * sums in the fast attention (cpu/attn512.h), for cores where vdpbf16ps
+ * issues as often as an fma. */
+void tl_kernels_fill_avx512bf16(tl_kernels *k, tl_num_mode mode, int dp_attn);
 
 #endif

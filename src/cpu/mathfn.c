@@ -472,6 +472,16 @@ static void row_block_ref(const tl_attn_rows *a, const float *q, float *o, float
         v[i] = p0 + p1;
     }
     *l = *l * alpha + (((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+    if (a->v_fmt != TL_ATTN_F16) { /* the quants, weighed per group (mathfn.h) */
+        const float *vd = tl_attn_vd(a, vf);
+        for (int d = 0; d < hd; d++) {
+            float acc = tl_attn_vo(o[d], alpha);
+            for (int j = st; j <= en; j++)
+                acc = fmaf(tl_attn_vw(s[j] * vd[d / 32 * SLOTS + j]), vf[(size_t)j * hd + d], acc);
+            o[d] = acc;
+        }
+        return;
+    }
     for (int d = 0; d < hd; d++) {
         float acc = o[d] * alpha;
         for (int j = st; j <= en; j++) acc = fmaf(s[j], vf[(size_t)j * hd + d], acc);
@@ -490,14 +500,19 @@ static uint16_t ld_u16(const uint8_t *p) {
     return h;
 }
 
-/* Element d of a row in format fmt: ggml's dequantization, d * q. */
+/* Element d of a row in format fmt: f16 widened, or a quant as it is (its
+ * block's d apart: row_d). */
 static float row_elem(const uint8_t *row, int fmt, int d) {
     if (fmt == TL_ATTN_F16) return tl_fp16_to_fp32(ld_u16(row + 2 * (size_t)d));
     const uint8_t *b = row + (size_t)(d / 32) * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
-    const float s = tl_fp16_to_fp32(ld_u16(b));
-    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)b[2 + d % 32] * s;
+    if (fmt == TL_ATTN_Q8_0) return (float)(int8_t)b[2 + d % 32];
     const uint8_t q = b[2 + d % 16];
-    return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8) * s;
+    return (float)((d % 32 < 16 ? q & 15 : q >> 4) - 8);
+}
+
+/* Group g's d of a quantized row. */
+static float row_d(const uint8_t *row, int fmt, int g) {
+    return tl_fp16_to_fp32(ld_u16(row + (size_t)g * (fmt == TL_ATTN_Q8_0 ? 34 : 18)));
 }
 
 void tl_attn_kint_block(const tl_attn_rows *a, int b0, int ws, int we, uint8_t *kt) {
@@ -586,7 +601,9 @@ static float k_elem(const tl_attn_rows *a, int p, int d) {
 
 /* The block at b0: K transposed for its live slots, V rows ws..we. */
 static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float *kt, float *vf) {
-    const int kint = tl_attn_kint(a);
+    const int kint = tl_attn_kint(a), ng = a->hd / 32;
+    float *vd = a->v_fmt != TL_ATTN_F16 ? tl_attn_vd(a, vf) : NULL;
+    if (vd) memset(vd, 0, SLOTS * (size_t)ng * sizeof *vd); /* slots not live weigh 0 x 0 */
     if (kint) tl_attn_kint_block(a, b0, ws, we, (uint8_t *)kt);
     for (int p = ws; p <= we; p++) {
         const uint8_t *vr = (const uint8_t *)a->v + kv_row_at(a, p, a->v_stride);
@@ -594,6 +611,7 @@ static void widen_block_ref(const tl_attn_rows *a, int b0, int ws, int we, float
             if (!kint) kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
             vf[(size_t)(p - b0) * a->hd + d] = row_elem(vr, a->v_fmt, d);
         }
+        for (int g = 0; vd && g < ng; g++) vd[g * SLOTS + (p - b0)] = row_d(vr, a->v_fmt, g);
     }
 }
 
@@ -631,27 +649,28 @@ void tl_attn_prefetch(const tl_attn_rows *a, int b0) {
     }
 }
 
-/* A quantized V row (hd elements) into vo. */
-AVX2_AI void widen_v_q(int fmt, int hd, const uint8_t *row, float *vo) {
+/* A quantized V row (hd elements) into vo as its quants, group g's d into
+ * vd[g * 16]. */
+AVX2_AI void widen_v_q(int fmt, int hd, const uint8_t *row, float *vo, float *vd) {
     const __m128i m4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
     for (int g = 0; g < hd / 32; g++) {
         const uint8_t *b = row + (size_t)g * (fmt == TL_ATTN_Q8_0 ? 34 : 18);
-        const __m256 s = _mm256_set1_ps(tl_fp16_to_fp32(ld_u16(b)));
+        vd[g * SLOTS] = tl_fp16_to_fp32(ld_u16(b));
         float *o = vo + g * 32;
         if (fmt == TL_ATTN_Q8_0) {
             for (int j = 0; j < 4; j++) {
                 const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + 8 * j));
-                _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s));
+                _mm256_storeu_ps(o + 8 * j, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
             }
             continue;
         }
         const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), e8);
         const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), e8);
-        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s));
-        _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s));
-        _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s));
-        _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s));
+        _mm256_storeu_ps(o, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+        _mm256_storeu_ps(o + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+        _mm256_storeu_ps(o + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+        _mm256_storeu_ps(o + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
     }
 }
 
@@ -671,6 +690,7 @@ AVX2_AI void widen_q_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *
         for (int p = ws; p <= we; p++)
             for (int d = 0; d < hd; d++) kt[d * SLOTS + (p - b0)] = k_elem(a, p, d);
     }
+    if (a->v_fmt != TL_ATTN_F16) memset(tl_attn_vd(a, vf), 0, SLOTS * (size_t)(hd / 32) * sizeof(float));
     for (int p = ws; p <= we; p++) {
         const uint8_t *vr = (const uint8_t *)a->v + kv_row_at(a, p, a->v_stride);
         float *vo = vf + (size_t)(p - b0) * hd;
@@ -678,7 +698,7 @@ AVX2_AI void widen_q_avx2(const tl_attn_rows *a, int b0, int ws, int we, float *
             for (int c = 0; c < hd; c += 8)
                 _mm256_storeu_ps(vo + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(vr + 2 * c))));
         else
-            widen_v_q(a->v_fmt, hd, vr, vo);
+            widen_v_q(a->v_fmt, hd, vr, vo, tl_attn_vd(a, vf) + (p - b0));
     }
 }
 
@@ -853,6 +873,47 @@ AVX2_AI void pv_rows_avx2(int hd, int R, float *const *o, const float *al, const
     else pv_pass_avx2(hd, R, 8, o, al, p, n, vf);
 }
 
+/* tl_attn_vw on 8 lanes (|x| < 2^16). */
+AVX2_AI __m256 attn_vw8(__m256 x) {
+    const __m256 keep = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ);
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                           _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    return _mm256_and_ps(_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u))), keep);
+}
+
+/* tl_attn_vo on 8 lanes. */
+AVX2_AI __m256 attn_vo8(__m256 o, float alpha) {
+    if (alpha == 1.0f) return o;
+    const __m256 x = _mm256_mul_ps(o, _mm256_set1_ps(alpha));
+    return _mm256_and_ps(x, _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(0x1p-100f), _CMP_GE_OQ));
+}
+
+/* A quantized V's sum (mathfn.h) for R (<= 4) rows: w[r][g*16 + j] the
+ * weight of slot j in group g, vf the block's quants (rows hd apart), slots
+ * st.. n of them; W (16 or 32) dimensions per pass, each within a group. */
+AVX2_AI void pvq_pass_avx2(int hd, int R, int W, float *const *o, const float *al, const float (*w)[8 * SLOTS],
+                           int st, int n, const float *vf) {
+    for (int c0 = 0; c0 < hd; c0 += W) {
+        const int g = c0 / 32;
+        __m256 acc[4][4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++)
+                acc[r][i] = attn_vo8(_mm256_loadu_ps(o[r] + c0 + 8 * i), al[r]);
+        for (int j = st; j < st + n; j++) {
+            const float *vj = vf + (size_t)j * hd + c0;
+            __m256 v[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) v[i] = _mm256_loadu_ps(vj + 8 * i);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const __m256 wj = _mm256_set1_ps(w[r][g * SLOTS + j]);
+                _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) acc[r][i] = _mm256_fmadd_ps(wj, v[i], acc[r][i]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int i = 0; i < W / 8; i++) _mm256_storeu_ps(o[r] + c0 + 8 * i, acc[r][i]);
+    }
+}
+
 /* R (<= 4) rows of one token (so the same live slots st..en) over a widened
  * block; each row's float operations are those of row_block_ref. */
 AVX2_AI void rows_block_r_avx2(const tl_attn_rows *a, int R, const float *const *q, float *const *o,
@@ -865,6 +926,19 @@ AVX2_AI void rows_block_r_avx2(const tl_attn_rows *a, int R, const float *const 
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         al[r] = softmax_step_avx2(a, s[r][0], s[r][1], st, en, t[r], m[r], l[r]);
         p[r] = t[r] + st;
+    }
+    if (a->v_fmt != TL_ATTN_F16) { /* weights per group: p x the slots' d, as bf16 */
+        const int ng = a->hd / 32;
+        const float *vd = tl_attn_vd(a, vf);
+        float w[4][8 * SLOTS];
+        for (int g = 0; g < ng; g++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                for (int h = 0; h < SLOTS; h += 8)
+                    _mm256_storeu_ps(w[r] + g * SLOTS + h, attn_vw8(_mm256_mul_ps(_mm256_loadu_ps(t[r] + h),
+                                                                                  _mm256_loadu_ps(vd + g * SLOTS + h))));
+        if (R <= 2) pvq_pass_avx2(a->hd, R, 32, o, al, (const float (*)[8 * SLOTS])w, st, en - st + 1, vf);
+        else pvq_pass_avx2(a->hd, R, 16, o, al, (const float (*)[8 * SLOTS])w, st, en - st + 1, vf);
+        return;
     }
     pv_rows_avx2(a->hd, R, o, al, p, en - st + 1, vf + (size_t)st * a->hd);
 }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* exp(x) by the polynomial ggml uses on x86 (ARM optimized-routines' expf:
  * max error ~1.5 ulp), bitwise equal to its 8-lane AVX2 version. */
@@ -55,9 +56,15 @@ void tl_geglu(int n, float *y, const float *g, const float *u, const uint16_t *t
  * tree ((0+4)+(2+6))+((1+5)+(3+7))), o = o*alpha then
  * o = fma(p_j, v_j, o) in key order; finally o * (1/l). A row's steps depend on
  * its position alone, never on T or its neighbours. hd is a multiple of 8 and
- * bs at most 16; the AVX2 and scalar paths give the same bits. A quantized
- * V widens exactly (d times a quant of 8 bits or fewer fits a float's
- * mantissa), so what follows the widening is the f16 cache's arithmetic.
+ * bs at most 16; the AVX2 and scalar paths give the same bits.
+ * A quantized V is summed as bf16 pairs would sum it (tl_attn_vw): per key
+ * j and 32-dimension group g a weight w = p_j x d_jg rounded to bf16 (to
+ * nearest even; 0 below 2^-100 in magnitude), the quants as they are (exact
+ * in bf16), o = fma(w, q_j, o) in key order; a block starts from o x alpha
+ * (0 below 2^-100; o itself when alpha is 1). Each product is exact and
+ * every partial sum 0 or a multiple of 2^-123, never subnormal, so
+ * vdpbf16ps, which flushes subnormals, gives these bits two keys at a time
+ * (the earlier key in the pair's odd slot, which it adds first).
  * A quantized K is scored in integers, as llama.cpp's CPU attention scores
  * it (its q rounded to K's dot type): each query row is rounded per 32
  * dimensions g (dq_g = max|q|/127, q8 = q*(1/dq_g) to nearest even; 0 for a
@@ -121,10 +128,34 @@ typedef struct tl_attn_rows {
 } tl_attn_rows;
 /* Whole blocks a level's multi-block function takes at once (tl_attn_drive). */
 #define TL_ATTN_NB 4
+/* The scratch: the widened blocks' K and V (TL_ATTN_NB x 16 x hd floats
+ * each), the rows' state, their rounded q, then for a quantized V the
+ * blocks' d as floats ([block][group][slot]) and the bf16 pairs a level may
+ * widen V into (8 x hd floats a block: tl_attn_vb). */
+static inline size_t tl_attn_scratch_tail(int hd, int G, int T) {
+    return 2 * (size_t)TL_ATTN_NB * 16 * hd + 4 * (size_t)G * T + (size_t)G * T * hd +
+           (size_t)G * T * tl_attn_qrec_floats(hd);
+}
 static inline size_t tl_attn_scratch(int hd, int G, int bs, int T) {
     (void)bs; /* blocks are widened to 16 slots whatever bs (at most 16) */
-    return 2 * (size_t)TL_ATTN_NB * 16 * hd + 16 + 4 * (size_t)G * T + (size_t)G * T * hd +
-           (size_t)G * T * tl_attn_qrec_floats(hd);
+    return tl_attn_scratch_tail(hd, G, T) + (size_t)TL_ATTN_NB * 16 * (size_t)(hd / 32) +
+           (size_t)TL_ATTN_NB * 8 * hd + 16;
+}
+/* A quantized V's weight: x (= p x d) rounded to bf16, to nearest even, or
+ * 0 below 2^-100 in magnitude (mathfn.h's attention; |x| < 2^16). */
+static inline float tl_attn_vw(float x) {
+    if (!(x >= 0x1p-100f || x <= -0x1p-100f)) return 0.0f;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+/* A quantized V's sum at a block's start: o x alpha, 0 below 2^-100. */
+static inline float tl_attn_vo(float o, float alpha) {
+    if (alpha == 1.0f) return o;
+    const float x = o * alpha;
+    return x >= 0x1p-100f || x <= -0x1p-100f ? x : 0.0f;
 }
 void tl_attn_online(const tl_attn_rows *a, int avx2);
 
@@ -155,6 +186,18 @@ static inline float *tl_attn_qrec(const tl_attn_rows *a, int i, int h) {
     const size_t n = (size_t)a->G * a->T;
     return a->scratch + 2 * (size_t)TL_ATTN_NB * 16 * a->hd + 4 * n + n * (size_t)a->hd +
            (size_t)(i * a->G + h) * tl_attn_qrec_floats(a->hd);
+}
+/* For a quantized V, the d's ([group][slot]) and the bf16 pairs of the
+ * block whose widened V is at vf (tl_attn_drive's vf + k x 16 x hd). */
+static inline size_t tl_attn_vblock(const tl_attn_rows *a, const float *vf) {
+    return (size_t)(vf - (a->scratch + (size_t)TL_ATTN_NB * 16 * a->hd)) / (16 * (size_t)a->hd);
+}
+static inline float *tl_attn_vd(const tl_attn_rows *a, const float *vf) {
+    return a->scratch + tl_attn_scratch_tail(a->hd, a->G, a->T) + tl_attn_vblock(a, vf) * 16 * (size_t)(a->hd / 32);
+}
+static inline float *tl_attn_vb(const tl_attn_rows *a, const float *vf) {
+    return a->scratch + tl_attn_scratch_tail(a->hd, a->G, a->T) + (size_t)TL_ATTN_NB * 16 * (size_t)(a->hd / 32) +
+           tl_attn_vblock(a, vf) * 8 * (size_t)a->hd;
 }
 static inline const float *tl_attn_qrow(const tl_attn_rows *a, int i, int h) {
     if (!tl_attn_kint(a)) return a->q + (size_t)i * a->q_tok + (size_t)h * a->q_stride;

@@ -885,8 +885,10 @@ static void check_attn_q(const tl_kernels *k, rng *r) {
                 vf->store(&m, x, vc + (size_t)p * vrb, kvd);
             }
             for (int i = 0; i < T * G * hd; i++) q[i] = 3.0f * frand(r);
+            /* every other case with scores far apart: tiny weights, the
+             * quantized V's thresholds (mathfn.h) */
             tl_attn_rows a = {.hd = hd, .G = G, .bs = BS, .T = T, .q = q, .q_stride = (size_t)hd,
-                              .q_tok = (size_t)G * hd, .scale = 0.125f, .k = kc + kf->row_bytes(hd) * BS,
+                              .q_tok = (size_t)G * hd, .scale = ci % 2 ? 40.0f : 0.125f, .k = kc + kf->row_bytes(hd) * BS,
                               .v = vc + vf->row_bytes(hd), .k_stride = krb, .v_stride = vrb, .k_fmt = kf->attn_fmt,
                               .v_fmt = vf->attn_fmt, .k_tr = 1, .blk = blk, .pos0 = pos0, .n_swa = swa, .out = o1,
                               .out_stride = (size_t)hd, .out_tok = (size_t)G * hd, .scratch = scr};
@@ -1022,9 +1024,10 @@ int main(void) {
         if (level == TL_CPU_AVX512BF16) { /* what it adds to VNNI's: the BF16 gemm on vdpbf16ps */
             tl_kernels_fill_avx2(&k, TL_NUM_EXACT);
             tl_kernels_fill_avx512(&k, 1, TL_NUM_FAST);
-            tl_kernels_fill_avx512bf16(&k, TL_NUM_FAST);
+            tl_kernels_fill_avx512bf16(&k, TL_NUM_FAST, 1);
             k.name = "avx512-bf16";
             check_r8(&k, &rfast, &r);
+            check_attn_q(&k, &r); /* a quantized V summed by vdpbf16ps */
             continue;
         }
         tl_kernels_fill_avx2(&k, TL_NUM_EXACT);

@@ -275,8 +275,13 @@ static void attn_case_q(int hd, int G, int T, int pos0, int n_swa, int kf, int v
     }
     CHECK(alone_ok, "attn %s/%s hd=%d G=%d T=%d pos0=%d: each token alone gives its bits in the run", fmt_name(kf),
           fmt_name(vf), hd, G, T, pos0);
-    CHECK(worst < 1e-5, "attn %s/%s hd=%d G=%d T=%d pos0=%d swa=%d: max error %g vs double over the dequantized cache",
-          fmt_name(kf), fmt_name(vf), hd, G, T, pos0, n_swa, worst);
+    /* a quantized V's weights are rounded to bf16 (mathfn.h, 8 significant
+     * bits): each within 2^-8 of itself, so the sum within 2^-8 of max |v| */
+    double vmax = 0;
+    for (size_t i = 0; i < (size_t)np * kvd; i++) vmax = fmax(vmax, fabs(vd[i]));
+    const double tol = vf == TL_ATTN_F16 ? 1e-5 : 0x1p-8 * vmax + 1e-5;
+    CHECK(worst < tol, "attn %s/%s hd=%d G=%d T=%d pos0=%d swa=%d: max error %g (bound %g) vs double over the "
+          "dequantized cache", fmt_name(kf), fmt_name(vf), hd, G, T, pos0, n_swa, worst, tol);
     free(kr), free(ktr), free(vr), free(x), free(kd), free(vd), free(q), free(o5), free(scr);
     for (int i = 0; i < 4; i++) free(o[i]);
 }
