@@ -28,7 +28,8 @@ typedef struct prule {
     pseq *alt;
     int n_alt, cap_alt;
     int defined;
-    int line; /* where it was first referenced or defined */
+    int line;  /* where it was first referenced or defined */
+    int owner; /* a group's or repetition's rule: the written rule it is in, + 1 (0: written) */
 } prule;
 
 typedef struct parser {
@@ -106,7 +107,10 @@ static int rule_synth(parser *p, int owner) {
     char buf[96];
     int k = snprintf(buf, sizeof buf, "%.60s_%d", p->r[owner].name, p->n_r);
     int i = rule_add(p, buf, (size_t)k);
-    if (i >= 0) p->r[i].defined = 1;
+    if (i >= 0) {
+        p->r[i].defined = 1;
+        p->r[i].owner = p->r[owner].owner ? p->r[owner].owner : owner + 1;
+    }
     return i;
 }
 
@@ -429,7 +433,8 @@ static int left_cycle(const tl_grammar *g, const uint8_t *nullable, int r, uint8
     return -1;
 }
 
-static int check(tl_grammar *g, tl_error *err) {
+/* owner[r]: as prule's (for the messages: a user knows the rules written). */
+static int check(tl_grammar *g, const int *owner, tl_error *err) {
     uint8_t *nullable = calloc((size_t)g->n_rule, 1), *mark = calloc((size_t)g->n_rule, 1);
     if (!nullable || !mark) {
         free(nullable);
@@ -450,7 +455,13 @@ static int check(tl_grammar *g, tl_error *err) {
     int rc = TL_OK;
     for (int r = 0; r < g->n_rule && !rc; r++) {
         int c = left_cycle(g, nullable, r, mark);
-        if (c >= 0) rc = tl_fail(err, TL_ERR_ARG, "grammar: rule '%s' is left-recursive", g->name[c]);
+        if (c >= 0 && owner[c])
+            rc = tl_fail(err, TL_ERR_ARG,
+                         "grammar: a group or repetition in rule '%s' is left-recursive: it repeats something that "
+                         "can match nothing, as (\"a\"*)* does (write (\"a\"+)* or \"a\"*)",
+                         g->name[owner[c] - 1]);
+        else if (c >= 0)
+            rc = tl_fail(err, TL_ERR_ARG, "grammar: rule '%s' is left-recursive", g->name[c]);
     }
     free(nullable);
     free(mark);
@@ -540,8 +551,11 @@ int tl_grammar_parse(const char *text, size_t len, tl_grammar **out, tl_error *e
     g->n_rg = p.n_rg;
     p.rg = NULL;
     g->root = root;
+    int *owner = malloc((size_t)p.n_r * sizeof *owner);
+    for (int i = 0; owner && i < p.n_r; i++) owner[i] = p.r[i].owner;
     parser_free(&p);
-    int rc = check(g, err);
+    int rc = owner ? check(g, owner, err) : tl_fail(err, TL_ERR_NOMEM, "out of memory");
+    free(owner);
     if (rc) {
         tl_grammar_free(g);
         return rc;

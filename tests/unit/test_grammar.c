@@ -52,6 +52,10 @@ static void check_errors(void) {
         {"start ::= \"a\"\n", "no 'root'"},
         {"root ::= root \"a\" | \"b\"\n", "left-recursive"},
         {"root ::= x\nx ::= y? root \"a\"\ny ::= \"b\"\n", "left-recursive"},
+        /* a repetition of what can match nothing (llama.cpp refuses it too),
+         * named by the rule the user wrote, not the one made for the group */
+        {"root ::= \"x\" item\nitem ::= (\"a\"*)*\n", "repetition in rule 'item' is left-recursive"},
+        {"root ::= (\"b\" | (\"a\"?)+)*\n", "repetition in rule 'root' is left-recursive"},
         {"root ::= \"abc\n", "newline inside"},
         {"root ::= [a-\n", "newline inside"},
         {"root ::= \"a\" \"\\q\"\n", "unknown escape"},
@@ -425,16 +429,19 @@ int main(void) {
     CHECK(tl_vocab_trie_new(m, &t, &err) == 0, "trie: %s", err.msg);
     printf("SmolLM2 vocabulary trie: %.1f ms\n", (now() - t0) * 1e3);
     if (t) {
-        /* empty derivations that multiply: refused in bounded time, not 2^40 paths */
+        /* empty derivations that multiply: refused, not 2^40 paths walked (a
+         * walk would not end within the suite's time limit; the time is
+         * printed, never asserted: CI machines are shared) */
         tl_grammar *g = parse("root ::= a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a a \"x\"\n"
                               "a ::= \"\" | \"\"\n", &err);
         tl_matcher *mx = NULL;
         double t1 = now();
         int rc = g ? tl_matcher_new(g, t, &mx, &err) : -1;
         /* a limit of the matcher, not memory: the server answers it 400, not 503 */
-        CHECK(g && rc == TL_ERR_UNSUPPORTED && now() - t1 < 5.0,
-              "a grammar with 2^40 ways to one state: refused (%d, want TL_ERR_UNSUPPORTED) in %.2f s: %s",
-              rc, now() - t1, err.msg);
+        const double dt = now() - t1;
+        CHECK(g && rc == TL_ERR_UNSUPPORTED, "a grammar with 2^40 ways to one state: refused (%d, want "
+              "TL_ERR_UNSUPPORTED): %s", rc, err.msg);
+        printf("a grammar with 2^40 ways to one state: refused in %.3f s\n", dt);
         tl_matcher_free(mx);
         tl_grammar_free(g);
         /* nested repetitions: empty alternatives walk rule after rule in one
