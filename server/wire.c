@@ -15,6 +15,7 @@
 
 #include "api.h"
 #include "chat/chat.h"
+#include "tokenize/unicode.h"
 #include "tools.h"
 
 #define MAX_DEPTH 32
@@ -59,30 +60,10 @@ void api_buf_free(api_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 if it is not one. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
-    else return 0;
-    if (n < len) return 0;
-    unsigned cp = c & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
 void api_utf8_scrub(char *s) {
     size_t n = strlen(s), j = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = tl_utf8_char((const unsigned char *)s + i, n - i);
         if (k) memmove(s + j, s + i, k), j += k, i += k;
         else i++;
     }
@@ -91,29 +72,11 @@ void api_utf8_scrub(char *s) {
 
 int api_utf8_valid(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = tl_utf8_char((const unsigned char *)s + i, n - i);
         if (!k) return 0;
         i += k;
     }
     return 1;
-}
-
-/* The bytes at s that are not a character: a lead byte and the continuation
- * bytes that could still have followed it (Unicode's "maximal subpart", as
- * Python and browsers replace them, and llama-server), else one byte. */
-static size_t utf8_bad(const unsigned char *s, size_t n) {
-    const unsigned c = s[0];
-    const size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 1;
-    size_t k = 1;
-    for (; k < len && k < n; k++) {
-        unsigned lo = 0x80, hi = 0xbf;
-        if (k == 1 && c == 0xe0) lo = 0xa0;
-        if (k == 1 && c == 0xed) hi = 0x9f;
-        if (k == 1 && c == 0xf0) lo = 0x90;
-        if (k == 1 && c == 0xf4) hi = 0x8f;
-        if (s[k] < lo || s[k] > hi) break;
-    }
-    return k;
 }
 
 char *api_utf8_fix(const char *s, size_t n, size_t *out_len) {
@@ -121,7 +84,7 @@ char *api_utf8_fix(const char *s, size_t n, size_t *out_len) {
     if (!o) return NULL;
     size_t j = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = tl_utf8_char((const unsigned char *)s + i, n - i);
         if (k) {
             memcpy(o + j, s + i, k);
             j += k;
@@ -129,7 +92,7 @@ char *api_utf8_fix(const char *s, size_t n, size_t *out_len) {
         } else {
             memcpy(o + j, "\xef\xbf\xbd", 3);
             j += 3;
-            i += utf8_bad((const unsigned char *)s + i, n - i);
+            i += tl_utf8_bad((const unsigned char *)s + i, n - i);
         }
     }
     o[j] = 0;

@@ -263,3 +263,41 @@ int tl_regex_split_run(const tl_regex_split *rs, const char *text, size_t len, t
     *n_spans = cur.n;
     return TL_OK;
 }
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if it is not one. */
+size_t tl_utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    unsigned cp = c & (0x7f >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+/* The bytes at s that are not a character: a lead byte and the continuation
+ * bytes that could still have followed it (Unicode's "maximal subpart", as
+ * Python and browsers replace them, and llama-server), else one byte. */
+size_t tl_utf8_bad(const unsigned char *s, size_t n) {
+    const unsigned c = s[0];
+    const size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 1;
+    size_t k = 1;
+    for (; k < len && k < n; k++) {
+        unsigned lo = 0x80, hi = 0xbf;
+        if (k == 1 && c == 0xe0) lo = 0xa0;
+        if (k == 1 && c == 0xed) hi = 0x9f;
+        if (k == 1 && c == 0xf0) lo = 0x90;
+        if (k == 1 && c == 0xf4) hi = 0x8f;
+        if (s[k] < lo || s[k] > hi) break;
+    }
+    return k;
+}

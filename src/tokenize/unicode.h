@@ -31,6 +31,13 @@ size_t tl_utf8_normalize(const char *in, size_t n, char *out, int *has_surrogate
  * byte offsets. */
 void tl_utf8_mask_surrogates(const char *s, size_t n, char *out);
 
+/* Length (1..4) of the well-formed UTF-8 character at s[0..n) (no overlong
+ * form, surrogate or code point past U+10FFFF), or 0 if there is none. */
+size_t tl_utf8_char(const unsigned char *s, size_t n);
+/* Where tl_utf8_char gives 0: how many bytes one U+FFFD replaces (Unicode's
+ * maximal subpart, as Python, browsers and llama-server replace them). */
+size_t tl_utf8_bad(const unsigned char *s, size_t n);
+
 /* GPT-2's table: the code point each byte is shown as in a byte-level vocab. */
 uint32_t tl_gpt2_byte_to_cp(unsigned char b);
 /* Inverse: the byte for code point cp, or -1 if cp stands for no byte. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "tokenloop.h"
+#include "tokenize/unicode.h"
 
 static const char *const PHASE[] = {"?", "prefill", "decode", "verify"};
 static const char *const SOURCE[] = {"sampled", "draft", "grammar", "forced"};
@@ -34,7 +35,8 @@ static __attribute__((format(printf, 2, 3))) void pf(jw *w, const char *fmt, ...
 }
 
 /* A JSON string: escapes, and U+FFFD for bytes that are not UTF-8 (a
- * token may end inside a character the next one completes). */
+ * token may end inside a character the next one completes), one per
+ * maximal subpart as the server's replies have it. */
 static void jstr(jw *w, const char *s, size_t n) {
     put(w, "\"", 1);
     for (size_t i = 0; i < n;) {
@@ -46,19 +48,14 @@ static void jstr(jw *w, const char *s, size_t n) {
         } else if (c < 0x20) {
             pf(w, "\\u%04x", c);
             i++;
-        } else if (c < 0x80) {
-            put(w, s + i, 1);
-            i++;
         } else {
-            size_t k = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
-            int ok = k && i + k <= n;
-            for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
-            if (ok) {
+            const size_t k = tl_utf8_char((const unsigned char *)s + i, n - i);
+            if (k) {
                 put(w, s + i, k);
                 i += k;
             } else {
                 put(w, "\\ufffd", 6);
-                i++;
+                i += tl_utf8_bad((const unsigned char *)s + i, n - i);
             }
         }
     }

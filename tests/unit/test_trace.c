@@ -37,9 +37,35 @@ static void on_record(const tl_trace_step *st, void *user) {
     if (f && atoi(f + 9) > 0) s->forced_in_json++;
 }
 
+/* A token's text that is not UTF-8 in the JSON: one U+FFFD per maximal
+ * subpart (as Python's decoder, browsers and the server's replies), valid
+ * characters kept, escapes for quotes and control bytes. */
+static void check_json_text(void) {
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"a\xe2\x82z", "a\\ufffdz"},              /* a character cut short: one */
+        {"\xe2\x82\xac", "\xe2\x82\xac"},          /* the euro sign as it is */
+        {"\xc0\xaf", "\\ufffd\\ufffd"},             /* an overlong slash: two */
+        {"\xed\xa0\x80", "\\ufffd\\ufffd\\ufffd"}, /* a surrogate: three */
+        {"\xf0\x9f\x98", "\\ufffd"},                /* an emoji's first three bytes */
+        {"\"\x01\xff", "\\\"\\u0001\\ufffd"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tl_trace_token tok = {.token = -1, .text = cases[i].in, .text_len = strlen(cases[i].in)};
+        tl_trace_seq q = {.tokens = &tok, .n_tokens = 1};
+        tl_trace_step st = {.version = TL_TRACE_VERSION, .seqs = &q, .n_seqs = 1, .ttft_s = -1};
+        char buf[2048], want[64];
+        snprintf(want, sizeof want, "\"text\":\"%s\"}", cases[i].want);
+        tl_trace_json(&st, NULL, buf, sizeof buf);
+        CHECK(strstr(buf, want) != NULL, "trace JSON of case %zu: want %s in %s", i, want, buf);
+    }
+}
+
 int main(void) {
     tl_model *m = NULL;
     tl_error err = {0};
+    check_json_text();
     if (tl_model_load(MODEL, &m, &err)) {
         CHECK(0, "%s: %s (run make models)", MODEL, err.msg);
         return tl_test_summary();
