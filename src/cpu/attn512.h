@@ -120,6 +120,18 @@ AI __m512 attn512_ldq_raw(const uint8_t *row, int c, int fmt) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
 }
 
+/* PASS(RN) with RN the constant equal to rn (1 to 4): the V sums' row
+ * counts, each its own unrolled instance. */
+#define ATTN512_BY_RN(rn, PASS)         \
+    do {                                \
+        switch (rn) {                   \
+        case 1: PASS(1); break;         \
+        case 2: PASS(2); break;         \
+        case 3: PASS(3); break;         \
+        default: PASS(4); break;        \
+        }                               \
+    } while (0)
+
 /* tl_attn_vw and tl_attn_vo on 16 lanes. */
 AI __m512 attn512_vw(__m512 x) {
     const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ);
@@ -554,12 +566,7 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
         attn512_pvq_t(hd, RN, 64, 0, o + r0, al + r0, (const float (*)[8 * 16])(w + r0), st, n, vf, vs, fmt); \
         attn512_pvq_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, (const float (*)[8 * 16])(w + r0), st, n, vf, vs, fmt); \
     } while (0)
-            switch (rn) {
-            case 1: PVQ_PASSES(1); break;
-            case 2: PVQ_PASSES(2); break;
-            case 3: PVQ_PASSES(3); break;
-            default: PVQ_PASSES(4); break;
-            }
+            ATTN512_BY_RN(rn, PVQ_PASSES);
 #undef PVQ_PASSES
         }
         return;
@@ -575,12 +582,7 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
         attn512_pv_t(hd, RN, 64, 0, o + r0, al + r0, p + r0, n, v0, vs, fmt);           \
         attn512_pv_t(hd, RN, 16, hd / 64 * 64, o + r0, al + r0, p + r0, n, v0, vs, fmt); \
     } while (0)
-        switch (rn) {
-        case 1: PV_PASSES(1); break;
-        case 2: PV_PASSES(2); break;
-        case 3: PV_PASSES(3); break;
-        default: PV_PASSES(4); break;
-        }
+        ATTN512_BY_RN(rn, PV_PASSES);
 #undef PV_PASSES
         for (int c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
             for (int r = r0; r < r0 + rn; r++) {
@@ -912,12 +914,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         attn512_pvb_multi(hd, RN, 64, 0, r0, o, al, one, (const uint32_t (*)[8][4 * 16])wp, nb, vb);       \
         attn512_pvb_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, (const uint32_t (*)[8][4 * 16])wp, nb, vb); \
     } while (0)
-                switch (rn) {
-                case 1: PVB_PASSES(1); break;
-                case 2: PVB_PASSES(2); break;
-                case 3: PVB_PASSES(3); break;
-                default: PVB_PASSES(4); break;
-                }
+                ATTN512_BY_RN(rn, PVB_PASSES);
 #undef PVB_PASSES
             }
             return;
@@ -935,12 +932,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         attn512_pvq_multi(hd, RN, 64, 0, r0, o, al, one, (const float (*)[8][8 * 16])w, nb, vf);            \
         attn512_pvq_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, (const float (*)[8][8 * 16])w, nb, vf); \
     } while (0)
-            switch (rn) {
-            case 1: PVQ_PASSES(1); break;
-            case 2: PVQ_PASSES(2); break;
-            case 3: PVQ_PASSES(3); break;
-            default: PVQ_PASSES(4); break;
-            }
+            ATTN512_BY_RN(rn, PVQ_PASSES);
 #undef PVQ_PASSES
         }
         return;
@@ -952,12 +944,7 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         attn512_pv_multi(hd, RN, 64, 0, r0, o, al, one, sc, nb, vf);                    \
         attn512_pv_multi(hd, RN, 16, hd / 64 * 64, r0, o, al, one, sc, nb, vf);         \
     } while (0)
-        switch (rn) {
-        case 1: PV_PASSES(1); break;
-        case 2: PV_PASSES(2); break;
-        case 3: PV_PASSES(3); break;
-        default: PV_PASSES(4); break;
-        }
+        ATTN512_BY_RN(rn, PV_PASSES);
 #undef PV_PASSES
         for (int c0 = hd / 16 * 16; c0 < hd; c0 += 8) /* a last 8 dimensions */
             for (int r = r0; r < r0 + rn; r++) {
