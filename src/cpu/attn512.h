@@ -724,6 +724,29 @@ AI void attn512_pv_multi(int hd, int R, int W, int c0, int r0, float *const *o, 
     }
 }
 
+/* R rows' W sums from c0 on: loaded from o (store 0) or stored to it. */
+AI void attn512_acc_io(int R, int W, int c0, float *const *o, __m512 (*acc)[4], int store) {
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int i = 0; i < W / 16; i++) {
+            if (store) _mm512_storeu_ps(o[r] + c0 + 16 * i, acc[r][i]);
+            else acc[r][i] = _mm512_loadu_ps(o[r] + c0 + 16 * i);
+        }
+}
+
+/* A quantized V's block start for R rows: tl_attn_vo with each row's alpha
+ * (al[r]), the sums left as they are where it is 1. */
+AI void attn512_acc_vo(int R, int W, const float *al, __m512 (*acc)[4]) {
+    UNROLL
+    for (int r = 0; r < R; r++) {
+        if (al[r] == 1.0f) continue;
+        const __m512 alv = _mm512_set1_ps(al[r]);
+        UNROLL
+        for (int i = 0; i < W / 16; i++) acc[r][i] = attn512_vo(acc[r][i], alv);
+    }
+}
+
 /* attn512_pv_multi for a quantized V: block k's weights w[k][r] (as
  * attn512_vweights), o from tl_attn_vo at each block's start. */
 AI void attn512_pvq_multi(int hd, int R, int W, int c0, int r0, float *const *o, const float (*al)[8],
@@ -731,19 +754,9 @@ AI void attn512_pvq_multi(int hd, int R, int W, int c0, int r0, float *const *o,
     const unsigned rows = ((1u << R) - 1) << r0;
     for (; c0 + W <= hd; c0 += W) {
         __m512 acc[4][4];
-        UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
+        attn512_acc_io(R, W, c0, o + r0, acc, 0);
         for (int k = 0; k < nb; k++) {
-            if ((one[k] & rows) != rows)
-                UNROLL
-                for (int r = 0; r < R; r++) {
-                    if (al[k][r0 + r] == 1.0f) continue;
-                    const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
-                    UNROLL
-                    for (int i = 0; i < W / 16; i++) acc[r][i] = attn512_vo(acc[r][i], alv);
-                }
+            if ((one[k] & rows) != rows) attn512_acc_vo(R, W, al[k] + r0, acc);
             const float *vk = vf + (size_t)k * 16 * hd + c0;
             for (int j = 0; j < 16; j++) {
                 __m512 v[4];
@@ -760,10 +773,7 @@ AI void attn512_pvq_multi(int hd, int R, int W, int c0, int r0, float *const *o,
                     }
             }
         }
-        UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r0 + r] + c0 + 16 * i, acc[r][i]);
+        attn512_acc_io(R, W, c0, o + r0, acc, 1);
     }
 }
 
@@ -781,19 +791,9 @@ AI void attn512_pvb_multi(int hd, int R, int W, int c0, int r0, float *const *o,
     const int nc = hd / 16;
     for (; c0 + W <= hd; c0 += W) {
         __m512 acc[4][4];
-        UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int i = 0; i < W / 16; i++) acc[r][i] = _mm512_loadu_ps(o[r0 + r] + c0 + 16 * i);
+        attn512_acc_io(R, W, c0, o + r0, acc, 0);
         for (int k = 0; k < nb; k++) {
-            if ((one[k] & rows) != rows)
-                UNROLL
-                for (int r = 0; r < R; r++) {
-                    if (al[k][r0 + r] == 1.0f) continue;
-                    const __m512 alv = _mm512_set1_ps(al[k][r0 + r]);
-                    UNROLL
-                    for (int i = 0; i < W / 16; i++) acc[r][i] = attn512_vo(acc[r][i], alv);
-                }
+            if ((one[k] & rows) != rows) attn512_acc_vo(R, W, al[k] + r0, acc);
             const uint32_t *vk = vb + (size_t)k * 8 * 16 * nc + (size_t)c0;
             for (int j = 0; j < 8; j++) {
                 __m512bh v[4];
@@ -811,10 +811,7 @@ AI void attn512_pvb_multi(int hd, int R, int W, int c0, int r0, float *const *o,
                     }
             }
         }
-        UNROLL
-        for (int r = 0; r < R; r++)
-            UNROLL
-            for (int i = 0; i < W / 16; i++) _mm512_storeu_ps(o[r0 + r] + c0 + 16 * i, acc[r][i]);
+        attn512_acc_io(R, W, c0, o + r0, acc, 1);
     }
 }
 #endif
