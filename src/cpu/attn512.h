@@ -78,28 +78,6 @@ AI __m512 attn512_ld(const void *p, size_t i, int f16) {
     return _mm512_loadu_ps((const float *)p + i);
 }
 
-/* 16 elements of a quantized row from element c (c % 16 == 0): ggml's
- * block of 32 (Q8_0, fmt 2; Q4_0, fmt 3: elements i and i + 16 share a
- * byte), widened exactly: the quant as a float times the block's d. */
-AI __m512 attn512_vscale(const uint8_t *row, int c, int fmt) {
-    uint16_t h;
-    memcpy(&h, row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18), sizeof h);
-    return _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
-}
-
-AI __m512 attn512_ldq(const uint8_t *row, int c, int fmt, __m512 d) {
-    const uint8_t *b = row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18);
-    __m128i q;
-    if (fmt == 2) {
-        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2 + c % 32));
-    } else {
-        q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
-        if (c % 32) q = _mm_srli_epi16(q, 4);
-        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
-    }
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-}
-
 AI __m256 attn512_ld8(const void *p, size_t i, int f16) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
@@ -107,7 +85,7 @@ AI __m256 attn512_ld8(const void *p, size_t i, int f16) {
 
 /* 16 quants of a row from element c (c % 16 == 0) as floats, without
  * their d: Q8_0 (fmt 2) or Q4_0 (3). */
-AI __m512 attn512_ldq_raw(const uint8_t *row, int c, int fmt) {
+AI __m512 attn512_ldq(const uint8_t *row, int c, int fmt) {
     const uint8_t *b = row + (size_t)(c / 32) * (fmt == 2 ? 34 : 18);
     __m128i q;
     if (fmt == 2) {
@@ -192,7 +170,7 @@ AI void attn512_pvq_t(int hd, int R, int W, int c0, float *const *o, const float
             __m512 v[4];
             UNROLL
             for (int i = 0; i < W / 16; i++)
-                v[i] = fmt ? attn512_ldq_raw((const uint8_t *)vf + (size_t)j * vs, c0 + 16 * i, fmt)
+                v[i] = fmt ? attn512_ldq((const uint8_t *)vf + (size_t)j * vs, c0 + 16 * i, fmt)
                            : _mm512_loadu_ps((const float *)vf + (size_t)j * hd + c0 + 16 * i);
             UNROLL
             for (int r = 0; r < R; r++)
@@ -213,7 +191,7 @@ AI void attn512_pvq_t(int hd, int R, int W, int c0, float *const *o, const float
 
 /* o = o*alpha, then o = fma(p_j, v_j, o) for the n keys, R rows sharing the
  * V loads, W (16, 32 or 64) dimensions per pass from c0 on. fmt: V rows of
- * f32 (0) or f16 (1) vs elements apart, or quantized (2, 3) vs bytes apart. */
+ * f32 (0) or f16 (1) vs elements apart (a quantized V: attn512_pvq_t). */
 AI void attn512_pv_t(int hd, int R, int W, int c0, float *const *o, const float *al, const float *const *p, int n,
                      const void *vf, size_t vs, int fmt) {
     for (; c0 + W <= hd; c0 += W) {
@@ -225,13 +203,9 @@ AI void attn512_pv_t(int hd, int R, int W, int c0, float *const *o, const float 
                 acc[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o[r] + c0 + 16 * i), _mm512_set1_ps(al[r]));
         for (int j = 0; j < n; j++) {
             const size_t vj = (size_t)j * vs + (size_t)c0;
-            __m512 v[4], d = _mm512_setzero_ps();
+            __m512 v[4];
             UNROLL
-            for (int i = 0; i < W / 16; i++) {
-                const uint8_t *vr = (const uint8_t *)vf + (size_t)j * vs;
-                if (fmt >= 2 && (i == 0 || (c0 + 16 * i) % 32 == 0)) d = attn512_vscale(vr, c0 + 16 * i, fmt);
-                v[i] = fmt >= 2 ? attn512_ldq(vr, c0 + 16 * i, fmt, d) : attn512_ld(vf, vj + 16 * (size_t)i, fmt);
-            }
+            for (int i = 0; i < W / 16; i++) v[i] = attn512_ld(vf, vj + 16 * (size_t)i, fmt);
             UNROLL
             for (int r = 0; r < R; r++) {
                 const __m512 pj = _mm512_set1_ps(p[r][j]);
@@ -571,9 +545,8 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
         }
         return;
     }
-    const void *v0 = fmt >= 2   ? (const void *)((const uint8_t *)vf + (size_t)st * vs)
-                     : fmt == 1 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
-                                : (const void *)((const float *)vf + (size_t)st * vs);
+    const void *v0 = fmt == 1 ? (const void *)((const uint16_t *)vf + (size_t)st * vs)
+                              : (const void *)((const float *)vf + (size_t)st * vs);
     for (int r0 = 0; r0 < R; r0 += 4) { /* V sums four rows at a time (16 sums in registers) */
         const int rn = R - r0 < 4 ? R - r0 : 4;
         /* 64 dimensions per pass, then 16 */
