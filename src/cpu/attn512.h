@@ -513,12 +513,13 @@ AI void attn512_rows_t(const tl_attn_rows *a, int R, const float *const *q, floa
     _mm256_storeu_ps(mn, mv);
     _Pragma("GCC unroll 8")
     for (int r = 0; r < 8; r++) {
-        const int rr = r < R ? r : 0;
-        const __m512 pv = _mm512_maskz_mov_ps(live, attn512_exp(_mm512_maskz_sub_ps(live, s[rr], _mm512_set1_ps(mn[r]))));
-        if (r < R) {
-            _mm512_storeu_ps(t[r], pv);
-            p[r] = t[r] + st;
+        if (r >= R) { /* a row past R: its lane of the sums is dropped (each lane is its row's alone) */
+            h[r] = _mm256_setzero_ps();
+            continue;
         }
+        const __m512 pv = _mm512_maskz_mov_ps(live, attn512_exp(_mm512_maskz_sub_ps(live, s[r], _mm512_set1_ps(mn[r]))));
+        _mm512_storeu_ps(t[r], pv);
+        p[r] = t[r] + st;
         h[r] = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1)); /* slots j + j+8 */
     }
     /* l = l*alpha + each row's sum by the tree ((0+4)+(2+6)) + ((1+5)+(3+7)) */
@@ -838,8 +839,12 @@ AI void attn512_multi_r(const tl_attn_rows *a, int R, const float *const *q, flo
         _mm256_storeu_ps(mn, mv);
         _Pragma("GCC unroll 8")
         for (int r = 0; r < 8; r++) {
+            if (r >= R) { /* a row past R: its lane of the sums is dropped */
+                h[r] = _mm256_setzero_ps();
+                continue;
+            }
             const __m512 pv = attn512_exp(_mm512_sub_ps(s[r], _mm512_set1_ps(mn[r])));
-            if (r < R) _mm512_storeu_ps(sc[k] + 16 * r, pv);
+            _mm512_storeu_ps(sc[k] + 16 * r, pv);
             h[r] = _mm256_add_ps(_mm512_castps512_ps256(pv), _mm512_extractf32x8_ps(pv, 1)); /* slots j + j+8 */
         }
         lv = _mm256_add_ps(_mm256_mul_ps(lv, alv), attn512_sum8x8(h));
