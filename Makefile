@@ -47,9 +47,15 @@ SIMDE_LIB = $(filter-out $(BUILD)/src/cpu/kern_avx512.o $(BUILD)/src/cpu/dispatc
 all: $(BUILD)/libtokenloop.a $(BUILD)/libtlserver.a $(BUILD)/tokenloop $(if $(filter build,$(BUILD)),tokenloop) \
      $(TEST_BIN) $(TOOL_BIN) $(SIMDE_BIN)
 
+# SIMDe makes every intrinsic an inline function: at -O2 with full debug info
+# gcc 12 spent ~30 minutes of one core on this object under the sanitizers
+# (CI's longest step, 2026-12-07; 3.3 minutes without them) for a test that
+# then ran 9 s. At -O1 with line tables only (-g1: sanitizer reports still
+# name the lines) 3.3 minutes under them, 1.2 without, and the test 37-60 s.
+# The bits do not depend on the level (no fp contraction, no fast-math).
 $(BUILD)/simde/kern_avx512_emu.o: tests/simde/kern_avx512_emu.c src/cpu/kern_avx512.c src/cpu/tile32.h src/cpu/r8_tile.h src/cpu/pair512.h src/cpu/attn512.h src/cpu/mathfn.h src/cpu/simd256.h src/cpu/kernels.h src/quant/quant.h
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -Werror,$(CFLAGS)) -w -mavx2 -mfma -mf16c -c $< -o $@
+	$(CC) $(filter-out -Werror -g $(OPT),$(CFLAGS)) -O1 -g1 -w -mavx2 -mfma -mf16c -c $< -o $@
 
 $(BUILD)/simde/dispatch.o: src/cpu/dispatch.c
 	@mkdir -p $(dir $@)
