@@ -148,16 +148,6 @@ AI void finish(int q6, const int32_t (*cs)[16][16], int m, const uint8_t *at, co
     }
 }
 
-/* Bytes ahead each of a pair's two group streams asks for, into L2, as the
- * decode tiles do (cpu/r8_tile.h R8_PREFETCH). A step of 16 sequences
- * multiplies the dense matrices here, 16 tokens per weight read from DRAM:
- * on the Xeon with AMX (2026-12-07) that read 11.5 GB/s without and 12.4
- * with (Q4_K, 2048 x 512), and the hybrid file's 16-stream decode gained
- * 1.5-4% in three rounds in turn; prompts (compute-bound) read the same. */
-#ifndef AMX_PREFETCH
-#define AMX_PREFETCH 2048
-#endif
-
 /* Token tiles per pass: their running sums stay in L1 beside the weights'
  * tiles (y's rows are a matrix width apart: 16 of them share a cache set). */
 #define TC 16
@@ -183,9 +173,9 @@ AI void rows16(int kind, int64_t n, const uint8_t *w0, size_t gs, int nrow, cons
         const int nc = ntt - tc < TC ? ntt - tc : TC;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *o0 = w0 + (size_t)b * 8 * sb, *o1 = o0 + gs;
-            for (size_t p = 0; p < 8 * sb; p += 64) {
-                _mm_prefetch((const char *)(o0 + AMX_PREFETCH + p), _MM_HINT_T1);
-                _mm_prefetch((const char *)(o1 + AMX_PREFETCH + p), _MM_HINT_T1);
+            for (size_t p = 0; p < 8 * sb; p += 64) { /* a 16-sequence step reads its weights from memory */
+                _mm_prefetch((const char *)(o0 + TL_WEIGHT_PREFETCH + p), _MM_HINT_T1);
+                _mm_prefetch((const char *)(o1 + TL_WEIGHT_PREFETCH + p), _MM_HINT_T1);
             }
             __m512i mnp[4];
             if (q6) {

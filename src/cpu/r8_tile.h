@@ -41,15 +41,11 @@
 _Static_assert(!R8_ZMM || R8_PN == 4, "the 512-bit token switch makes 1..4");
 _Static_assert(R8_PN == 4 || R8_PN == 6 || R8_PN == 8, "the token switch below makes 1..R8_PN");
 
-/* Bytes ahead each group stream asks for (decode reads weights from memory),
- * into L2. Only Intel asks (on AMD the decode tiles leave the stream to the
- * core: hw_stream). On a Xeon with AMX (2026-12-07), the MoE files' decode
- * from DRAM, in turn: 1024 ahead +6-7%, 2048 +11-15%, 3072 +6-9%, 4096
- * +3-9%, 16384 +0-4% and 32768 -1% against 8192 (the earlier choice, taken
- * on the AMD EPYC, where 2048 ahead into L1 had decoded SmolLM2 Q4_0 at
- * 0.6x). */
+/* Each group stream asks TL_WEIGHT_PREFETCH bytes ahead (kernels.h); only
+ * Intel asks (on AMD the decode tiles leave the stream to the core:
+ * hw_stream). */
 #ifndef R8_PREFETCH
-#define R8_PREFETCH 2048
+#define R8_PREFETCH TL_WEIGHT_PREFETCH
 #endif
 #ifndef R8_HINT
 #define R8_HINT _MM_HINT_T1
